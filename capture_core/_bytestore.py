@@ -1,0 +1,60 @@
+"""The byte-store interface beneath the capture store.
+
+Keys are `/`-separated paths relative to the store root, built only from validated segments.
+A missing key reads as `None`; backend exceptions are translated into `capture_core.errors`.
+Every write is create-only, so concurrent writers never overwrite each other.
+Listing reflects every other client's completed writes (no listing cache).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+
+
+def check_key(key: str) -> str:
+    """Refuse a key that could leave the store root; keys are built by us, so this is a guard."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"store key {key!r} is not a relative path inside the store root")
+    return key
+
+
+class ByteStore(ABC):
+    """Create-only object storage with durable writes and uncached listings."""
+
+    url: str
+
+    @abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """Return the object's bytes, or `None` when it does not exist."""
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, bytes | None]:
+        """Return several objects; backends with latency override this to read concurrently."""
+        return {key: self.get(key) for key in keys}
+
+    @abstractmethod
+    def create(self, key: str, data: bytes) -> bool:
+        """Durably write `data` if `key` is absent. Return `False`, writing nothing, if present.
+
+        A `False` may also mean our own earlier attempt landed; callers compare bytes.
+        """
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether the object exists."""
+
+    @abstractmethod
+    def list_prefix(self, prefix: str) -> list[str]:
+        """Every key below `prefix/`, recursively, sorted."""
+
+    @abstractmethod
+    def list_children(self, prefix: str) -> list[str]:
+        """Names of the immediate children (objects or folders) of `prefix` ('' is the root)."""
+
+    @abstractmethod
+    def delete(self, keys: Iterable[str]) -> None:
+        """Delete objects; missing ones are fine. Callers verify by listing."""
+
+    def close(self) -> None:
+        """Release resources. Safe to repeat."""

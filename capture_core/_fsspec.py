@@ -1,0 +1,186 @@
+"""`FsspecStore`: the byte store on any fsspec filesystem (S3 and S3-compatible, memory, others).
+
+Creates use `pipe_file(mode="create")`, which S3 sends as a conditional `If-None-Match: *` PUT.
+Filesystems whose create is check-then-write (memory) are serialised within the process.
+S3 clients are built without a listing cache and with deliberate, bounded retries.
+Backend exceptions are translated here, so no caller catches botocore.
+`s3fs` and `botocore` are imported only when an S3 URL is opened.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import fsspec
+
+from capture_core._bytestore import ByteStore, check_key
+from capture_core.errors import CaptureStoreError, StoreUnavailableError
+
+_NONATOMIC_CREATE_LOCK = threading.Lock()
+
+S3_DEFAULTS: dict[str, Any] = {
+    "use_listings_cache": False,
+    "config_kwargs": {
+        "connect_timeout": 5,
+        "read_timeout": 60,
+        "retries": {"max_attempts": 4, "mode": "standard"},
+    },
+}
+S3_CLIENT_RETRIES = 3  # s3fs's own retry loop, on top of botocore's attempts
+
+
+def _s3_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(S3_DEFAULTS)
+    for key, value in options.items():
+        if key == "config_kwargs":
+            merged["config_kwargs"].update(value)
+        else:
+            merged[key] = value
+    merged["use_listings_cache"] = False
+    return merged
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(
+        names
+        & {
+            "EndpointConnectionError",
+            "ConnectionClosedError",
+            "ConnectTimeoutError",
+            "ReadTimeoutError",
+            "ClientConnectorError",
+            "ServerDisconnectedError",
+            "NoCredentialsError",
+        }
+    )
+
+
+class FsspecStore(ByteStore):
+    """A byte store at an fsspec URL; `storage_options` go to the filesystem constructor."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._options = dict(storage_options or {})
+        protocol = fsspec.core.split_protocol(self.url)[0] or "file"
+        options = _s3_options(self._options) if protocol in ("s3", "s3a") else self._options
+        self.fs, self._root = fsspec.core.url_to_fs(self.url, **options)
+        if protocol in ("s3", "s3a"):
+            self.fs.retries = S3_CLIENT_RETRIES
+        self._root = self._root.rstrip("/")
+        self._atomic_create = bool(getattr(self.fs, "async_impl", False))
+
+    def __reduce__(self) -> tuple[type[FsspecStore], tuple[str, dict[str, Any]]]:
+        return (FsspecStore, (self.url, self._options))
+
+    def _path(self, key: str) -> str:
+        return f"{self._root}/{check_key(key)}"
+
+    def _relative(self, path: str) -> str:
+        return path[len(self._root) + 1 :] if path.startswith(self._root + "/") else path
+
+    def _translate(self, exc: Exception, what: str) -> Exception:
+        if isinstance(exc, (FileNotFoundError, FileExistsError, CaptureStoreError)):
+            return exc
+        if _is_connection_error(exc):
+            return StoreUnavailableError(
+                f"storage at {self.url} is unreachable while trying to {what}: "
+                f"{type(exc).__name__}: {exc}; check the endpoint and network, then retry"
+            )
+        if isinstance(exc, PermissionError):
+            return PermissionError(
+                f"storage at {self.url} refused to {what}: {exc}; check the credentials "
+                "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or storage options) and permissions"
+            )
+        if isinstance(exc, OSError):
+            return StoreUnavailableError(f"storage at {self.url} failed to {what}: {exc}")
+        return CaptureStoreError(
+            f"storage at {self.url} failed to {what}: {type(exc).__name__}: {exc}"
+        )
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self.fs.cat_file(self._path(key))
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            raise self._translate(exc, f"read {key}") from exc
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, bytes | None]:
+        if len(keys) < 2:
+            return super().get_many(keys)
+        paths = [self._path(key) for key in keys]
+        try:
+            found = self.fs.cat(paths, on_error="return")
+        except Exception as exc:
+            raise self._translate(exc, f"read {len(keys)} objects") from exc
+        out: dict[str, bytes | None] = {}
+        for key, path in zip(keys, paths, strict=True):
+            value = found.get(path, found.get(self.fs._strip_protocol(path)))
+            if isinstance(value, FileNotFoundError):
+                out[key] = None
+            elif isinstance(value, Exception):
+                raise self._translate(value, f"read {key}") from value
+            else:
+                out[key] = value
+        return out
+
+    def create(self, key: str, data: bytes) -> bool:
+        if not data:
+            raise ValueError(f"refusing to create empty object {key}: empty creates are not exclusive")
+        path = self._path(key)
+        try:
+            if self._atomic_create:
+                self.fs.pipe_file(path, data, mode="create")
+            else:
+                with _NONATOMIC_CREATE_LOCK:
+                    self.fs.pipe_file(path, data, mode="create")
+        except FileExistsError:
+            return False
+        except Exception as exc:
+            raise self._translate(exc, f"create {key}") from exc
+        return True
+
+    def exists(self, key: str) -> bool:
+        try:
+            return bool(self.fs.exists(self._path(key)))
+        except Exception as exc:
+            raise self._translate(exc, f"check {key}") from exc
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        try:
+            found = self.fs.find(self._path(prefix))
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise self._translate(exc, f"list {prefix}") from exc
+        return sorted(self._relative(path) for path in found)
+
+    def list_children(self, prefix: str) -> list[str]:
+        path = self._path(prefix) if prefix else self._root
+        try:
+            found = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise self._translate(exc, f"list {prefix or 'the root'}") from exc
+        return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in found} - {""})
+
+    def delete(self, keys: Iterable[str]) -> None:
+        paths = [self._path(key) for key in keys]
+        if not paths:
+            return
+        try:
+            if self._atomic_create:
+                self.fs.rm(paths)
+            else:
+                for path in paths:
+                    if self.fs.exists(path):
+                        self.fs.rm_file(path)
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise self._translate(exc, f"delete {len(paths)} objects") from exc

@@ -1,0 +1,167 @@
+"""`LocalStore`: the byte store on a local (or locally mounted) POSIX filesystem.
+
+A create writes a temporary file, fsyncs it, publishes it with `os.link` and fsyncs the folder.
+`os.link` fails if the name exists, so publication is exclusive and atomic: no torn object.
+Temporary files live in `<root>/.tmp/`, never beside published objects.
+This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import uuid
+from collections.abc import Iterable
+
+from capture_core._bytestore import ByteStore, check_key
+from capture_core.errors import CaptureStoreError
+
+TMP_DIR = ".tmp"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalStore(ByteStore):
+    """A byte store rooted at an absolute local path."""
+
+    def __init__(self, root: str) -> None:
+        if not os.path.isabs(root):
+            raise ValueError(f"local store root {root!r} must be an absolute path")
+        self.root = os.path.normpath(root)
+        self.url = self.root
+        self._known_dirs: set[str] = set()
+        self._dirs_lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[type[LocalStore], tuple[str]]:
+        return (LocalStore, (self.root,))
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *check_key(key).split("/"))
+
+    def _ensure_dir(self, path: str) -> None:
+        """Create a folder and its missing parents, fsyncing each parent that gained an entry."""
+        if path in self._known_dirs:
+            return
+        missing: list[str] = []
+        probe = path
+        while not os.path.isdir(probe):
+            missing.append(probe)
+            probe = os.path.dirname(probe)
+        for folder in reversed(missing):
+            try:
+                os.mkdir(folder)
+            except FileExistsError:
+                continue
+            _fsync_dir(os.path.dirname(folder))
+        with self._dirs_lock:
+            self._known_dirs.add(path)
+
+    def _forget_dir(self, path: str) -> None:
+        with self._dirs_lock:
+            self._known_dirs = {d for d in self._known_dirs if not d.startswith(path)}
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def create(self, key: str, data: bytes) -> bool:
+        target = self._path(key)
+        folder = os.path.dirname(target)
+        tmp_dir = os.path.join(self.root, TMP_DIR)
+        self._ensure_dir(tmp_dir)
+        tmp = os.path.join(tmp_dir, uuid.uuid4().hex)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            return self._publish(tmp, target, folder)
+        finally:
+            os.unlink(tmp)
+
+    def _publish(self, tmp: str, target: str, folder: str) -> bool:
+        for _attempt in range(3):
+            self._ensure_dir(folder)
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                return False
+            except FileNotFoundError:
+                self._forget_dir(folder)  # removed by a concurrent delete; recreate it
+                continue
+            _fsync_dir(folder)
+            return True
+        raise CaptureStoreError(f"could not publish {target}: its folder keeps disappearing")
+
+    def exists(self, key: str) -> bool:
+        return os.path.exists(self._path(key))
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        base = self._path(prefix)
+        keys: list[str] = []
+        for folder, dirs, files in os.walk(base):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            rel = os.path.relpath(folder, self.root).replace(os.sep, "/")
+            keys.extend(f"{rel}/{name}" for name in files if not name.startswith("."))
+        return sorted(keys)
+
+    def list_children(self, prefix: str) -> list[str]:
+        folder = self._path(prefix) if prefix else self.root
+        try:
+            return sorted(name for name in os.listdir(folder) if not name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def delete(self, keys: Iterable[str]) -> None:
+        folders: set[str] = set()
+        for key in keys:
+            path = self._path(key)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            folders.add(os.path.dirname(path))
+        for folder in sorted(folders, key=len, reverse=True):
+            self._prune(folder)
+
+    def _prune(self, folder: str) -> None:
+        """Remove now-empty folders up to the root and make the removals durable."""
+        while folder != self.root and folder.startswith(self.root):
+            try:
+                os.rmdir(folder)
+            except OSError as exc:
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    _fsync_dir(folder)
+                    return
+                if exc.errno != errno.ENOENT:
+                    raise
+            self._forget_dir(folder)
+            folder = os.path.dirname(folder)
+        _fsync_dir(self.root)
+
+    def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
+        """Delete temporary files left by crashed writers; return how many were removed."""
+        tmp_dir = os.path.join(self.root, TMP_DIR)
+        removed = 0
+        for entry in os.scandir(tmp_dir) if os.path.isdir(tmp_dir) else ():
+            try:
+                if now - entry.stat().st_mtime > older_than_seconds:
+                    os.unlink(entry.path)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed

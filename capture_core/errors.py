@@ -1,0 +1,32 @@
+"""Errors raised by the capture store and the byte stores beneath it.
+
+Backend exceptions (botocore, aiohttp, OS) are translated into these in one place.
+Each message names the rollout or object involved and what to do next.
+This module imports nothing beyond the standard library.
+"""
+
+from __future__ import annotations
+
+
+class CaptureStoreError(Exception):
+    """Base class for capture-store failures."""
+
+
+class StoreUnavailableError(CaptureStoreError, OSError):
+    """The storage endpoint could not be reached or refused the request; retrying may help."""
+
+
+class CaptureFencedError(CaptureStoreError):
+    """A write reached a rollout that is already frozen or retired."""
+
+
+class CaptureRetiredError(CaptureFencedError):
+    """The rollout's capture was retired after handoff; it cannot be written or frozen again."""
+
+
+class CaptureConflictError(CaptureStoreError):
+    """A call id was reused with a different payload; the rollout is now incomplete."""
+
+
+class UnreadableCaptureError(CaptureStoreError):
+    """A stored object is not a valid record for this reader (garbage, or a newer schema)."""

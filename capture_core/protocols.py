@@ -1,0 +1,72 @@
+"""The capture protocols: what a writer (`TokenSink`) and a finalizer (`TokenSource`) need.
+
+A sink is what a model server writes captured calls into.
+A source is what finalization freezes and, after durable handoff, retires.
+`TokenCaptureStore` is both; a training framework may bring its own source.
+Each method's docstring says whether a repeat is safe and what must fail.
+This module imports only `records`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from capture_core.records import TokenEntry
+
+
+@dataclass(frozen=True)
+class TokenCaptureSnapshot:
+    """A frozen rollout capture: the entries a finalizer consumes and the version it consumed.
+
+    `incomplete` means a call was lost or conflicted; such a snapshot must be masked.
+    `incomplete_reasons` says why, for the record's error and the run report.
+    Entry order carries no meaning.
+    """
+
+    rollout_id: str
+    entries: tuple[TokenEntry, ...]
+    incomplete: bool
+    snapshot_id: str
+    version: int
+    incomplete_reasons: tuple[str, ...] = field(default=())
+
+
+@runtime_checkable
+class TokenSink(Protocol):
+    """Where a model server records calls while a rollout runs."""
+
+    async def put(self, entry: Any) -> None:
+        """Record one call durably.
+
+        A byte-identical repeat is a no-op; a different payload for the same call id raises
+        and marks the rollout incomplete. A put after freeze raises or changes the version.
+        """
+
+    async def mark_incomplete(self, rollout_id: str, model_call_id: str = "") -> None:
+        """Durably record that a call was lost. Repeats add evidence; they never clear it."""
+
+    async def close(self) -> None:
+        """Release resources. Safe to repeat."""
+
+
+@runtime_checkable
+class TokenSource(Protocol):
+    """Where finalization reads a rollout's capture and retires it after handoff."""
+
+    async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
+        """Fence and read a rollout's capture.
+
+        Idempotent: with no change in between, a repeat returns the same snapshot id,
+        version and entries. A rollout with no records yields an empty snapshot.
+        """
+
+    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
+        """Retire exactly the consumed snapshot.
+
+        Returns `False` and deletes nothing when anything changed since that freeze.
+        Only call it after the finalized record was durably handed off.
+        """
+
+    async def close(self) -> None:
+        """Release resources. Safe to repeat."""

@@ -1,0 +1,173 @@
+"""Captured model calls as versioned records.
+
+A `TokenEntry` holds one model call's exact prompt ids, generated ids and log probs.
+Its field names and meaning match NeMo Gym's `TokenEntry`, so either side reads the other.
+Readers refuse records whose schema version is newer than theirs.
+Unknown extra fields are kept and round-trip unchanged.
+This module also extracts token arrays from served Responses and Chat Completions payloads.
+It does not import the store, the builder or Prefect.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Schema changelog:
+#   1: first version (prompt, generation, log probs, optional routed experts, content items).
+TOKEN_ENTRY_RECORD_SCHEMA_VERSION = 1
+
+REQUIRED_TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+TOKEN_FIELDS = (*REQUIRED_TOKEN_FIELDS, "routed_experts")
+
+
+class TokenEntry(BaseModel):
+    """One captured model call, schema version 1.
+
+    `output_items` is the call's assistant content with token arrays stripped.
+    `token_item_index` names the output item that originally carried the arrays.
+    `created_at` is diagnostic and breaks ties when choosing the main chain.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = TOKEN_ENTRY_RECORD_SCHEMA_VERSION
+    rollout_id: str
+    model_call_id: str
+    model: str = ""
+    prompt_token_ids: list[int]
+    generation_token_ids: list[int]
+    generation_log_probs: list[float]
+    routed_experts: Any = None
+    output_items: list[dict[str, Any]] = Field(default_factory=list)
+    token_item_index: int | None = None
+    created_at: float = 0.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_newer_schema(cls, data: Any) -> Any:
+        version = data.get("schema_version") if isinstance(data, Mapping) else None
+        if isinstance(version, int) and version > TOKEN_ENTRY_RECORD_SCHEMA_VERSION:
+            raise ValueError(
+                f"token record schema_version {version} is newer than this reader supports "
+                f"({TOKEN_ENTRY_RECORD_SCHEMA_VERSION}); upgrade tokcap before reading it "
+                "(new fields may change what the token ids mean)"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> TokenEntry:
+        if self.schema_version < 1:
+            raise ValueError(f"token record schema_version {self.schema_version} is invalid")
+        n_ids, n_lps = len(self.generation_token_ids), len(self.generation_log_probs)
+        if n_ids != n_lps:
+            raise ValueError(
+                f"call {self.model_call_id!r}: generation_token_ids has {n_ids} ids but "
+                f"generation_log_probs has {n_lps} values; capture one log prob per "
+                "generated token"
+            )
+        if not all(map(math.isfinite, self.generation_log_probs)):
+            raise ValueError(
+                f"call {self.model_call_id!r}: generation_log_probs holds a NaN or infinite "
+                "value; store finite log probs (clip -inf to a large negative number)"
+            )
+        index = self.token_item_index
+        if index is not None and not 0 <= index < len(self.output_items):
+            raise ValueError(
+                f"call {self.model_call_id!r}: token_item_index {index} does not index "
+                f"output_items (length {len(self.output_items)}); set it to the carrier "
+                "item's position or leave it unset"
+            )
+        return self
+
+
+def coerce_token_entry(entry: Any) -> TokenEntry:
+    """Validate a `TokenEntry`, a NeMo Gym entry (anything with `model_dump()`) or a mapping.
+
+    Every input is re-validated, so a foreign object cannot bypass the checks.
+    """
+    if isinstance(entry, TokenEntry):
+        return TokenEntry.model_validate(entry.model_dump())
+    if hasattr(entry, "model_dump"):
+        return TokenEntry.model_validate(entry.model_dump())
+    if isinstance(entry, Mapping):
+        return TokenEntry.model_validate(dict(entry))
+    raise TypeError(
+        f"expected a TokenEntry, an object with model_dump() or a mapping, got {type(entry)!r}"
+    )
+
+
+def _carrier_items(response: Mapping[str, Any]) -> list[Any]:
+    """The items that may carry token arrays: Responses `output` or Chat `choices[*].message`."""
+    if isinstance(response.get("output"), list):
+        return list(response["output"])
+    if isinstance(response.get("choices"), list):
+        return [c.get("message") if isinstance(c, Mapping) else None for c in response["choices"]]
+    return []
+
+
+def _carries_tokens(item: Any) -> bool:
+    return isinstance(item, Mapping) and any(field in item for field in TOKEN_FIELDS)
+
+
+def extract_token_fields(response: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Return the token arrays of a served response, or `None` when no item carries them.
+
+    The result holds the three required arrays, `routed_experts` (possibly `None`) and
+    `token_item_index`. A carrier missing a required array, or two carriers, is an error.
+    """
+    carriers = [i for i, item in enumerate(_carrier_items(response)) if _carries_tokens(item)]
+    if not carriers:
+        return None
+    if len(carriers) > 1:
+        raise ValueError(
+            f"response items {carriers} all carry token arrays; exactly one item may carry "
+            "them, so the capture cannot tell which call they belong to"
+        )
+    index = carriers[0]
+    item = _carrier_items(response)[index]
+    missing = [field for field in REQUIRED_TOKEN_FIELDS if item.get(field) is None]
+    if missing:
+        raise ValueError(
+            f"response item {index} carries token arrays but lacks {missing}; a carrier "
+            "needs prompt_token_ids, generation_token_ids and generation_log_probs"
+        )
+    fields = {field: item[field] for field in REQUIRED_TOKEN_FIELDS}
+    fields["routed_experts"] = item.get("routed_experts")
+    fields["token_item_index"] = index
+    return fields
+
+
+def strip_token_fields(item: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a copy of an item without token arrays."""
+    return {key: value for key, value in item.items() if key not in TOKEN_FIELDS}
+
+
+def response_to_output_items(response: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Return the call's content items with token arrays stripped, in their served order."""
+    return [strip_token_fields(item) for item in _carrier_items(response) if isinstance(item, Mapping)]
+
+
+def token_entry_from_response(
+    rollout_id: str,
+    model_call_id: str,
+    response: Mapping[str, Any],
+    *,
+    model: str = "",
+    created_at: float = 0.0,
+) -> TokenEntry | None:
+    """Build the capture record of one served call, or `None` when it carries no tokens."""
+    fields = extract_token_fields(response)
+    if fields is None:
+        return None
+    return TokenEntry(
+        rollout_id=rollout_id,
+        model_call_id=model_call_id,
+        model=model or str(response.get("model") or ""),
+        output_items=response_to_output_items(response),
+        created_at=created_at,
+        **fields,
+    )

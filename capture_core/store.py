@@ -1,0 +1,450 @@
+"""`TokenCaptureStore`: the capture protocol on any filesystem, without a lock service.
+
+One object per event, every write create-only, so racing writers and freezers stay correct.
+Layout under the root: `<rollout>/e/<call>` entries, `<rollout>/i/<call>` intents,
+`<rollout>/x/<id>` incomplete markers, `<rollout>/FROZEN` (first freezer wins) and
+`<rollout>/RETIRED` (the tombstone left by a successful drop).
+A snapshot's version is the number of event objects, which only grows until drop or delete.
+It is a `TokenSink` and a `TokenSource`; NeMo Gym can load it as a custom sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import ValidationError
+
+from capture_core._bytestore import ByteStore
+from capture_core._fsspec import FsspecStore
+from capture_core._local import LocalStore
+from capture_core.errors import (
+    CaptureConflictError,
+    CaptureFencedError,
+    CaptureRetiredError,
+    CaptureStoreError,
+    UnreadableCaptureError,
+)
+from capture_core.ids import ROLLOUT_ID_PATTERN, validate_rollout_id
+from capture_core.protocols import TokenCaptureSnapshot
+from capture_core.records import TokenEntry, coerce_token_entry
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+ENTRY, INTENT, MARKER = "e", "i", "x"
+EVENT_KINDS = (ENTRY, INTENT, MARKER)
+FROZEN, RETIRED = "FROZEN", "RETIRED"
+MAX_PLAIN_CALL_KEY = 160
+IO_THREADS = 32
+
+
+def open_byte_store(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> ByteStore:
+    """Open the byte store for a local path, a `file://` URL or any other fsspec URL."""
+    text = os.fspath(url)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    if "://" not in text:
+        if not os.path.isabs(text):
+            raise ValueError(
+                f"store location {text!r} is relative; use an absolute path or a URL such as "
+                "s3://bucket/prefix"
+            )
+        return LocalStore(text)
+    return FsspecStore(text, storage_options)
+
+
+def call_key(model_call_id: str) -> str:
+    """A filesystem-safe, case-insensitive, reversible key for a free-form call id.
+
+    Very long ids are keyed by their digest; the entry itself still holds the exact id.
+    """
+    encoded = base64.b32encode(model_call_id.encode("utf-8")).decode("ascii").rstrip("=").lower()
+    if len(encoded) <= MAX_PLAIN_CALL_KEY:
+        return "c" + encoded
+    return "h" + hashlib.sha256(model_call_id.encode("utf-8")).hexdigest()
+
+
+def encode_entry(entry: TokenEntry) -> bytes:
+    """Canonical bytes of an entry: equal entries encode to equal bytes."""
+    return orjson.dumps(entry.model_dump(), option=orjson.OPT_SORT_KEYS)
+
+
+def _json(payload: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+
+
+class TokenCaptureStore:
+    """Capture store at `root`: an absolute path, `file://`, `memory://` or `s3://bucket/prefix`.
+
+    `storage_options` go to the fsspec filesystem (endpoint, credentials); they are never
+    logged or shown in `repr`. Async methods run blocking I/O on a private thread pool.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> None:
+        self.root = os.fspath(root)
+        self.storage_options = dict(storage_options or {})
+        self._bytes = open_byte_store(self.root, self.storage_options)
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"TokenCaptureStore({self.root!r})"
+
+    def __reduce__(self) -> tuple[type[TokenCaptureStore], tuple[str, dict[str, Any]]]:
+        return (TokenCaptureStore, (self.root, self.storage_options))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, TokenCaptureStore)
+            and self.root == other.root
+            and self.storage_options == other.storage_options
+        )
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    @property
+    def byte_store(self) -> ByteStore:
+        """The byte store beneath; for tools and tests that inspect the raw layout."""
+        return self._bytes
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="tokcap-io")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # -- writes ---------------------------------------------------------------------------
+
+    async def put(self, entry: Any) -> None:
+        """Record one call durably. See `put_now`."""
+        await self._run(self.put_now, entry)
+
+    def append(self, entry: Any) -> None:
+        """Synchronous `put`, the name NeMo Gym's sink protocol uses."""
+        self.put_now(entry)
+
+    def put_now(self, entry: Any) -> None:
+        """Record one call durably; when this returns every client of the root sees it.
+
+        A byte-identical repeat is a no-op, also after freeze. A different payload for the
+        same call id raises `CaptureConflictError` and marks the rollout incomplete.
+        A put after freeze raises `CaptureFencedError`; one that raced a freeze raises too,
+        and its object changes the version so retiring the consumed snapshot fails.
+        """
+        record = coerce_token_entry(entry)
+        rollout_id = validate_rollout_id(record.rollout_id)
+        data = encode_entry(record)
+        key = f"{rollout_id}/{ENTRY}/{call_key(record.model_call_id)}"
+        if self._fence(rollout_id):
+            if self._bytes.get(key) == data:
+                return
+            raise CaptureFencedError(
+                f"rollout {rollout_id} is already frozen or retired; call "
+                f"{record.model_call_id!r} arrived too late and was not recorded"
+            )
+        if self._bytes.create(key, data):
+            if self._fence(rollout_id):
+                raise CaptureFencedError(
+                    f"call {record.model_call_id!r} of rollout {rollout_id} raced its freeze; "
+                    "the frozen snapshot may lack it, so retiring that snapshot will fail"
+                )
+            return
+        if self._bytes.get(key) != data:
+            reason = f"call {record.model_call_id!r} was captured twice with different payloads"
+            self._write_marker(rollout_id, record.model_call_id, reason)
+            raise CaptureConflictError(
+                f"rollout {rollout_id}: {reason}; the rollout is marked incomplete and will be "
+                "masked. Use a fresh model_call_id for every call"
+            )
+
+    async def mark_incomplete(self, rollout_id: str, model_call_id: str = "", reason: str = "") -> None:
+        """Durably record a lost call; see `mark_incomplete_now`."""
+        await self._run(self.mark_incomplete_now, rollout_id, model_call_id, reason)
+
+    def mark_incomplete_now(self, rollout_id: str, model_call_id: str = "", reason: str = "") -> None:
+        """Durably record a lost call. It changes the version even after a freeze.
+
+        Each call adds evidence; nothing clears it but retirement or delete.
+        Raises `CaptureRetiredError` when the rollout was already retired, so the caller
+        learns that the handed-off record may lack this call.
+        """
+        validate_rollout_id(rollout_id)
+        text = reason or (f"call {model_call_id!r} was lost" if model_call_id else "a call was lost")
+        self._write_marker(rollout_id, model_call_id, text)
+        if self._bytes.exists(f"{rollout_id}/{RETIRED}"):
+            raise CaptureRetiredError(
+                f"rollout {rollout_id} was retired before this loss was reported ({text}); "
+                "its handed-off record may be missing that call"
+            )
+
+    def _write_marker(self, rollout_id: str, model_call_id: str, reason: str) -> None:
+        marker = {"model_call_id": model_call_id, "reason": reason, "at": time.time()}
+        self._bytes.create(f"{rollout_id}/{MARKER}/{uuid.uuid4().hex}", _json(marker))
+
+    async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
+        """Durably record the intent to make a call; see `begin_call_now`."""
+        await self._run(self.begin_call_now, rollout_id, model_call_id)
+
+    def begin_call_now(self, rollout_id: str, model_call_id: str) -> None:
+        """Record the intent to make a call; an intent without an entry at freeze is a loss.
+
+        A repeat is a no-op. After freeze it raises `CaptureFencedError`.
+        """
+        validate_rollout_id(rollout_id)
+        if self._fence(rollout_id):
+            raise CaptureFencedError(
+                f"rollout {rollout_id} is already frozen or retired; call {model_call_id!r} "
+                "must not start"
+            )
+        key = f"{rollout_id}/{INTENT}/{call_key(model_call_id)}"
+        self._bytes.create(key, _json({"model_call_id": model_call_id}))
+
+    def _fence(self, rollout_id: str) -> bool:
+        return self._bytes.exists(f"{rollout_id}/{FROZEN}") or self._bytes.exists(
+            f"{rollout_id}/{RETIRED}"
+        )
+
+    # -- freeze ---------------------------------------------------------------------------
+
+    async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
+        """Fence and read a rollout's capture; see `freeze_now`."""
+        return await self._run(self.freeze_now, rollout_id)
+
+    def freeze_now(self, rollout_id: str) -> TokenCaptureSnapshot:
+        """Fence a rollout against further writes and return its snapshot.
+
+        Atomic and idempotent: the first freezer's id wins and, with nothing changed, a
+        repeat returns the same id, version and entries. No records: an empty snapshot.
+        A retired rollout raises `CaptureRetiredError`; an unreadable object raises
+        `UnreadableCaptureError` naming it.
+        """
+        validate_rollout_id(rollout_id)
+        self._refuse_retired(rollout_id)
+        snapshot_id = self._claim_freeze(rollout_id)
+        keys = self._bytes.list_prefix(rollout_id)
+        if f"{rollout_id}/{RETIRED}" in keys:
+            self._refuse_retired(rollout_id)
+        events = _events(rollout_id, keys)
+        entries = self._read_entries(rollout_id, events[ENTRY])
+        reasons = self._incomplete_reasons(rollout_id, events, entries)
+        return TokenCaptureSnapshot(
+            rollout_id=rollout_id,
+            entries=tuple(entries),
+            incomplete=bool(reasons),
+            snapshot_id=snapshot_id,
+            version=sum(len(names) for names in events.values()),
+            incomplete_reasons=tuple(reasons),
+        )
+
+    def _refuse_retired(self, rollout_id: str) -> None:
+        tombstone = self._bytes.get(f"{rollout_id}/{RETIRED}")
+        if tombstone is not None:
+            raise CaptureRetiredError(
+                f"rollout {rollout_id} was retired after handoff "
+                f"({tombstone.decode(errors='replace')}); its capture cannot be finalized again. "
+                "Clear it with delete() before reusing the id"
+            )
+
+    def _claim_freeze(self, rollout_id: str) -> str:
+        key = f"{rollout_id}/{FROZEN}"
+        for _attempt in range(5):
+            mine = uuid.uuid4().hex
+            if self._bytes.create(key, _json({"snapshot_id": mine, "frozen_at": time.time()})):
+                return mine
+            winner = self._bytes.get(key)
+            if winner is not None:
+                return self._parse_frozen(rollout_id, winner)
+        raise CaptureStoreError(f"rollout {rollout_id}: freeze marker keeps vanishing (concurrent delete?)")
+
+    @staticmethod
+    def _parse_frozen(rollout_id: str, data: bytes) -> str:
+        try:
+            return str(orjson.loads(data)["snapshot_id"])
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise UnreadableCaptureError(
+                f"rollout {rollout_id}: object {rollout_id}/{FROZEN} is not a freeze marker ({exc}); "
+                "inspect it, then delete the rollout's capture"
+            ) from exc
+
+    def _read_entries(self, rollout_id: str, names: list[str]) -> list[TokenEntry]:
+        keys = [f"{rollout_id}/{ENTRY}/{name}" for name in names]
+        blobs = self._bytes.get_many(keys)
+        entries = []
+        for name, key in zip(names, keys, strict=True):
+            data = blobs[key]
+            if data is None:
+                raise CaptureStoreError(f"rollout {rollout_id}: object {key} vanished while freezing")
+            entries.append(decode_entry(rollout_id, key, name, data))
+        return entries
+
+    def _incomplete_reasons(
+        self, rollout_id: str, events: dict[str, list[str]], entries: list[TokenEntry]
+    ) -> list[str]:
+        reasons = []
+        if events[MARKER]:
+            keys = [f"{rollout_id}/{MARKER}/{name}" for name in events[MARKER]]
+            for key, data in sorted(self._bytes.get_many(keys).items()):
+                reasons.append(_marker_reason(key, data))
+        captured = {call_key(e.model_call_id) for e in entries}
+        for name in events[INTENT]:
+            if name not in captured:
+                reasons.append(f"call began but was never captured (intent {name})")
+        return reasons
+
+    def read_entries(self, rollout_id: str) -> list[TokenEntry]:
+        """Read a rollout's entries without freezing it (diagnostics; no consistency promise)."""
+        validate_rollout_id(rollout_id)
+        events = _events(rollout_id, self._bytes.list_prefix(rollout_id))
+        return self._read_entries(rollout_id, events[ENTRY])
+
+    # -- retire and delete ----------------------------------------------------------------
+
+    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
+        """Retire exactly the consumed snapshot; see `drop_now`."""
+        return await self._run(self.drop_now, rollout_id, snapshot_id, version)
+
+    def drop_now(self, rollout_id: str, snapshot_id: str, version: int) -> bool:
+        """Retire exactly the consumed snapshot, leaving a small tombstone.
+
+        Returns `False`, deleting nothing, when the freeze id or version differ.
+        Safe to repeat, also after a crash part-way: the tombstone names the snapshot.
+        Call only after the finalized record was durably handed off.
+        """
+        validate_rollout_id(rollout_id)
+        tombstone = self._bytes.get(f"{rollout_id}/{RETIRED}")
+        if tombstone is not None:
+            if self._tombstone_snapshot(rollout_id, tombstone) != snapshot_id:
+                return False
+            self._delete_payloads(rollout_id)
+            return True
+        frozen = self._bytes.get(f"{rollout_id}/{FROZEN}")
+        if frozen is None or self._parse_frozen(rollout_id, frozen) != snapshot_id:
+            return False
+        events = _events(rollout_id, self._bytes.list_prefix(rollout_id))
+        if sum(len(names) for names in events.values()) != version:
+            return False
+        record = {"snapshot_id": snapshot_id, "version": version, "retired_at": time.time()}
+        if not self._bytes.create(f"{rollout_id}/{RETIRED}", _json(record)):
+            winner = self._bytes.get(f"{rollout_id}/{RETIRED}") or b"{}"
+            if self._tombstone_snapshot(rollout_id, winner) != snapshot_id:
+                return False
+        self._delete_payloads(rollout_id)
+        return True
+
+    @staticmethod
+    def _tombstone_snapshot(rollout_id: str, data: bytes) -> str | None:
+        try:
+            return orjson.loads(data).get("snapshot_id")
+        except (orjson.JSONDecodeError, AttributeError) as exc:
+            raise UnreadableCaptureError(
+                f"rollout {rollout_id}: object {rollout_id}/{RETIRED} is not a tombstone ({exc})"
+            ) from exc
+
+    def _delete_payloads(self, rollout_id: str) -> None:
+        """Delete everything but the tombstone, then verify by listing; late objects go too."""
+        keep = f"{rollout_id}/{RETIRED}"
+        for _attempt in range(3):
+            doomed = [k for k in self._bytes.list_prefix(rollout_id) if k != keep]
+            if not doomed:
+                return
+            self._bytes.delete(doomed)
+        raise CaptureStoreError(f"rollout {rollout_id}: retired, but some payloads could not be deleted")
+
+    def delete(self, rollout_id: str) -> None:
+        """Remove a rollout's capture unconditionally, tombstone included, so the id can be reused.
+
+        Used by the dispatch-time clear. Safe to repeat; verified by listing.
+        """
+        validate_rollout_id(rollout_id)
+        for _attempt in range(3):
+            keys = self._bytes.list_prefix(rollout_id)
+            if not keys:
+                return
+            self._bytes.delete(keys)
+        raise CaptureStoreError(f"rollout {rollout_id}: capture could not be deleted completely")
+
+    def sweep_retired(self, older_than_seconds: float) -> int:
+        """Remove tombstones retired more than `older_than_seconds` ago; return how many.
+
+        Also removes temporary files that crashed local writers left behind.
+        """
+        now = time.time()
+        swept = 0
+        for name in self._bytes.list_children(""):
+            if not ROLLOUT_ID_PATTERN.fullmatch(name):
+                continue
+            tombstone = self._bytes.get(f"{name}/{RETIRED}")
+            if tombstone is None:
+                continue
+            retired_at = float(orjson.loads(tombstone).get("retired_at", now))
+            if now - retired_at >= older_than_seconds:
+                self.delete(name)
+                swept += 1
+        if isinstance(self._bytes, LocalStore):
+            self._bytes.remove_stale_temporaries(max(older_than_seconds, 3600.0), now)
+        return swept
+
+    async def close(self) -> None:
+        """Release the thread pool and backend. Safe to repeat."""
+        self.close_now()
+
+    def close_now(self) -> None:
+        """Synchronous `close`. Safe to repeat."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._bytes.close()
+
+
+def _events(rollout_id: str, keys: list[str]) -> dict[str, list[str]]:
+    """Group a rollout's listed keys by event kind; unknown objects are refused loudly."""
+    events: dict[str, list[str]] = {kind: [] for kind in EVENT_KINDS}
+    prefix = f"{rollout_id}/"
+    for key in keys:
+        rest = key[len(prefix) :]
+        if rest in (FROZEN, RETIRED):
+            continue
+        kind, _, name = rest.partition("/")
+        if kind not in events or not name or "/" in name:
+            raise UnreadableCaptureError(
+                f"rollout {rollout_id}: object {key} does not belong to the capture layout; "
+                "move it out of the store root"
+            )
+        events[kind].append(name)
+    return events
+
+
+def decode_entry(rollout_id: str, key: str, name: str, data: bytes) -> TokenEntry:
+    """Parse a stored entry, refusing garbage, newer schemas and misplaced records by name."""
+    try:
+        entry = TokenEntry.model_validate(orjson.loads(data))
+    except (orjson.JSONDecodeError, ValidationError, TypeError) as exc:
+        raise UnreadableCaptureError(
+            f"rollout {rollout_id}: object {key} is not a readable token entry: {exc}"
+        ) from exc
+    if entry.rollout_id != rollout_id or call_key(entry.model_call_id) != name:
+        raise UnreadableCaptureError(
+            f"rollout {rollout_id}: object {key} holds call {entry.model_call_id!r} of rollout "
+            f"{entry.rollout_id!r}; it was copied into the wrong place"
+        )
+    return entry
+
+
+def _marker_reason(key: str, data: bytes | None) -> str:
+    if data is None:
+        return f"incomplete marker {key} vanished"
+    try:
+        return str(orjson.loads(data).get("reason") or "a call was lost")
+    except (orjson.JSONDecodeError, AttributeError):
+        return f"unreadable incomplete marker {key}"

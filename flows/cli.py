@@ -1,0 +1,20 @@
+"""The `tokcap` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `tokcap` console script."""
+    parser = argparse.ArgumentParser(prog="tokcap", description=__doc__)
+    parser.add_subparsers(dest="command")
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Prefect tasks: thin, one concern each, over capture_core."""

@@ -1,0 +1,59 @@
+"""Session fixtures: real S3 (a moto server subprocess), stores on every backend."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.servers import FAKE_AWS_ENV, moto_server
+
+_PREFECT_HOME = tempfile.mkdtemp(prefix="tokcap-prefect-home-")
+for _name, _value in {
+    **FAKE_AWS_ENV,
+    "PREFECT_HOME": _PREFECT_HOME,
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+}.items():
+    os.environ[_name] = _value
+
+BACKENDS = ["local", "memory", "s3"]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def s3_options(s3_endpoint: str) -> dict[str, object]:
+    return {"endpoint_url": s3_endpoint, "key": "testing", "secret": "testing"}
+
+
+def make_bucket(s3_options: dict[str, object]) -> str:
+    import s3fs
+
+    bucket = f"tokcap-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem(**s3_options).mkdir(bucket)
+    return bucket
+
+
+@pytest.fixture()
+def s3_url(s3_options: dict[str, object]) -> str:
+    return f"s3://{make_bucket(s3_options)}/captures"
+
+
+@pytest.fixture(params=BACKENDS)
+def store_location(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict[str, object]]:
+    """(root URL, storage options) for a fresh store on each backend."""
+    if request.param == "local":
+        return str(tmp_path / "store"), {}
+    if request.param == "memory":
+        return f"memory://tokcap-{uuid.uuid4().hex[:12]}", {}
+    options = request.getfixturevalue("s3_options")
+    return f"s3://{make_bucket(options)}/captures", dict(options)
