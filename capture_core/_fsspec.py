@@ -26,10 +26,12 @@ S3_DEFAULTS: dict[str, Any] = {
     "config_kwargs": {
         "connect_timeout": 5,
         "read_timeout": 60,
-        "retries": {"max_attempts": 4, "mode": "standard"},
+        "retries": {"max_attempts": 2, "mode": "standard"},
     },
 }
-S3_CLIENT_RETRIES = 3  # s3fs's own retry loop, on top of botocore's attempts
+# s3fs's own retry loop multiplies botocore's attempts: 2 x 2 tries per request, which fails
+# an unreachable endpoint in about a second. Longer outages are the task-level retries' job.
+S3_CLIENT_RETRIES = 2
 
 
 def _s3_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -54,7 +56,6 @@ def _is_connection_error(exc: BaseException) -> bool:
             "ReadTimeoutError",
             "ClientConnectorError",
             "ServerDisconnectedError",
-            "NoCredentialsError",
         }
     )
 
@@ -85,6 +86,12 @@ class FsspecStore(ByteStore):
     def _translate(self, exc: Exception, what: str) -> Exception:
         if isinstance(exc, (FileNotFoundError, FileExistsError, CaptureStoreError)):
             return exc
+        if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+            return PermissionError(
+                f"no usable credentials for {self.url} while trying to {what}; set "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS profile), or pass "
+                "key/secret storage options"
+            )
         if _is_connection_error(exc):
             return StoreUnavailableError(
                 f"storage at {self.url} is unreachable while trying to {what}: "

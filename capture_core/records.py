@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 # Schema changelog:
 #   1: first version (prompt, generation, log probs, optional routed experts, content items).
@@ -82,6 +82,16 @@ class TokenEntry(BaseModel):
                 "item's position or leave it unset"
             )
         return self
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line per problem, without echoing (possibly huge) token arrays back."""
+    parts = []
+    for error in exc.errors(include_input=False, include_url=False):
+        where = ".".join(str(p) for p in error["loc"])
+        message = str(error["msg"]).removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)
 
 
 def coerce_token_entry(entry: Any) -> TokenEntry:

@@ -36,7 +36,7 @@ from capture_core.errors import (
 )
 from capture_core.ids import ROLLOUT_ID_PATTERN, validate_rollout_id
 from capture_core.protocols import TokenCaptureSnapshot
-from capture_core.records import TokenEntry, coerce_token_entry
+from capture_core.records import TokenEntry, coerce_token_entry, describe_validation_error
 
 logger = logging.getLogger(__name__)
 
@@ -429,7 +429,12 @@ def decode_entry(rollout_id: str, key: str, name: str, data: bytes) -> TokenEntr
     """Parse a stored entry, refusing garbage, newer schemas and misplaced records by name."""
     try:
         entry = TokenEntry.model_validate(orjson.loads(data))
-    except (orjson.JSONDecodeError, ValidationError, TypeError) as exc:
+    except ValidationError as exc:
+        raise UnreadableCaptureError(
+            f"rollout {rollout_id}: object {key} is not a readable token entry: "
+            f"{describe_validation_error(exc)}"
+        ) from exc
+    except (orjson.JSONDecodeError, TypeError) as exc:
         raise UnreadableCaptureError(
             f"rollout {rollout_id}: object {key} is not a readable token entry: {exc}"
         ) from exc

@@ -1,0 +1,61 @@
+"""Rollout identity and the correlation prefix (SPEC section 2)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from capture_core.ids import (
+    maybe_rollout_id_from_run_body,
+    rollout_capture_prefix,
+    rollout_id_from_capture_prefix,
+    validate_rollout_id,
+)
+
+UNSAFE_IDS = ["..", ".", "a/b", ".hidden", "", "ünï", "a b", "a\\b", "x\n", "-lead", "a" * 201]
+
+
+@pytest.mark.parametrize("bad", UNSAFE_IDS)
+def test_unsafe_ids_are_refused_not_sanitised(bad: str) -> None:
+    with pytest.raises(ValueError, match="malformed rollout id"):
+        validate_rollout_id(bad)
+
+
+def test_explicit_id_wins_and_is_validated() -> None:
+    body = {"_ng_rollout_id": "job.7_x-1", "_ng_task_index": 3, "_ng_rollout_index": 4}
+    assert maybe_rollout_id_from_run_body(body) == "job.7_x-1"
+    with pytest.raises(ValueError, match="malformed"):
+        maybe_rollout_id_from_run_body({"_ng_rollout_id": "../etc"})
+
+
+def test_derived_id_with_attempt_suffix() -> None:
+    assert maybe_rollout_id_from_run_body({"_ng_task_index": 3, "_ng_rollout_index": 4}) == "3-4"
+    body = {"_ng_task_index": 3, "_ng_rollout_index": 4, "_ng_attempt_index": 2}
+    assert maybe_rollout_id_from_run_body(body) == "3-4-a2"
+    assert maybe_rollout_id_from_run_body({**body, "_ng_attempt_index": 0}) == "3-4"
+
+
+def test_missing_index_means_no_id() -> None:
+    assert maybe_rollout_id_from_run_body({"_ng_task_index": 3}) is None
+    assert maybe_rollout_id_from_run_body({}) is None
+    with pytest.raises(ValueError, match="non-negative integer"):
+        maybe_rollout_id_from_run_body({"_ng_task_index": -1, "_ng_rollout_index": 0})
+
+
+def test_pydantic_run_bodies() -> None:
+    class Body(BaseModel):
+        model_config = ConfigDict(extra="allow")
+
+    body = Body.model_validate({"_ng_task_index": 5, "_ng_rollout_index": 6})
+    assert maybe_rollout_id_from_run_body(body) == "5-6"
+
+
+def test_correlation_prefix_round_trip() -> None:
+    prefix = rollout_capture_prefix("3-4-a1")
+    assert prefix == "/ng-rollout/3-4-a1/training-token-capture"
+    assert rollout_id_from_capture_prefix(prefix) == "3-4-a1"
+    assert rollout_id_from_capture_prefix(prefix + "/v1/responses") == "3-4-a1"
+    assert rollout_id_from_capture_prefix("/ng-rollout/../training-token-capture") is None
+    assert rollout_id_from_capture_prefix("/other/3-4/training-token-capture") is None
+    with pytest.raises(ValueError):
+        rollout_capture_prefix("a/b")

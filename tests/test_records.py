@@ -1,0 +1,116 @@
+"""TokenEntry validation and token-field extraction (SPEC section 1)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from pydantic import ValidationError
+
+from capture_core.records import (
+    TOKEN_ENTRY_RECORD_SCHEMA_VERSION,
+    TOKEN_FIELDS,
+    TokenEntry,
+    coerce_token_entry,
+    extract_token_fields,
+    response_to_output_items,
+    strip_token_fields,
+    token_entry_from_response,
+)
+
+
+def entry(**overrides: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "rollout_id": "r1",
+        "model_call_id": "c1",
+        "prompt_token_ids": [1, 2],
+        "generation_token_ids": [3],
+        "generation_log_probs": [-0.1],
+    }
+    return {**base, **overrides}
+
+
+def test_defaults_match_schema_version_one() -> None:
+    record = TokenEntry(**entry())
+    assert record.schema_version == TOKEN_ENTRY_RECORD_SCHEMA_VERSION == 1
+    assert (record.model, record.output_items, record.token_item_index) == ("", [], None)
+    assert record.routed_experts is None and record.created_at == 0.0
+
+
+def test_newer_schema_is_refused_with_what_to_do() -> None:
+    with pytest.raises(ValidationError, match="newer than this reader supports.*upgrade"):
+        TokenEntry(**entry(schema_version=2))
+
+
+def test_mismatched_token_and_log_prob_lengths_are_refused() -> None:
+    with pytest.raises(ValidationError, match="2 ids but generation_log_probs has 1"):
+        TokenEntry(**entry(generation_token_ids=[3, 4]))
+
+
+def test_token_item_index_must_index_output_items() -> None:
+    with pytest.raises(ValidationError, match="token_item_index 1 does not index"):
+        TokenEntry(**entry(output_items=[{"type": "message"}], token_item_index=1))
+    assert TokenEntry(**entry(output_items=[{"type": "message"}], token_item_index=0))
+
+
+def test_non_finite_log_probs_are_refused() -> None:
+    with pytest.raises(ValidationError, match="NaN or infinite"):
+        TokenEntry(**entry(generation_log_probs=[float("-inf")]))
+
+
+def test_unknown_fields_round_trip_unchanged() -> None:
+    record = TokenEntry(**entry(future_field={"nested": [1, 2]}, sampler="top_p"))
+    again = TokenEntry.model_validate(orjson.loads(record.model_dump_json()))
+    assert again.model_dump() == record.model_dump()
+    assert again.model_dump()["future_field"] == {"nested": [1, 2]}
+
+
+def test_coerce_accepts_foreign_models_and_mappings_and_revalidates() -> None:
+    class Foreign:
+        def model_dump(self) -> dict[str, object]:
+            return entry(model_call_id="foreign")
+
+    assert coerce_token_entry(Foreign()).model_call_id == "foreign"
+    assert coerce_token_entry(entry()).rollout_id == "r1"
+    with pytest.raises(ValidationError):
+        coerce_token_entry(entry(generation_log_probs=[]))
+    with pytest.raises(TypeError, match="model_dump"):
+        coerce_token_entry(42)
+
+
+def test_extract_from_responses_output_item() -> None:
+    response = {
+        "output": [
+            {"type": "reasoning", "summary": []},
+            {"type": "message", "content": [], **{f: [1] for f in TOKEN_FIELDS[:3]}},
+        ]
+    }
+    fields = extract_token_fields(response)
+    assert fields is not None and fields["token_item_index"] == 1
+    assert fields["routed_experts"] is None
+    assert all("prompt_token_ids" not in item for item in response_to_output_items(response))
+
+
+def test_extract_from_chat_completions_message() -> None:
+    message = {"role": "assistant", "content": "hi", "prompt_token_ids": [1],
+               "generation_token_ids": [2], "generation_log_probs": [-1.0], "routed_experts": [[0]]}
+    fields = extract_token_fields({"choices": [{"message": message}]})
+    assert fields == {"prompt_token_ids": [1], "generation_token_ids": [2],
+                      "generation_log_probs": [-1.0], "routed_experts": [[0]], "token_item_index": 0}
+
+
+def test_extract_none_missing_and_two_carriers() -> None:
+    assert extract_token_fields({"output": [{"type": "message"}]}) is None
+    with pytest.raises(ValueError, match="lacks \\['generation_log_probs'\\]"):
+        extract_token_fields({"output": [{"prompt_token_ids": [1], "generation_token_ids": [2]}]})
+    carrier = {f: [1] for f in TOKEN_FIELDS[:3]}
+    with pytest.raises(ValueError, match="exactly one item may carry"):
+        extract_token_fields({"output": [carrier, dict(carrier)]})
+
+
+def test_strip_and_build_entry_from_response() -> None:
+    item = {"type": "message", "content": [{"text": "x"}], **{f: [1] for f in TOKEN_FIELDS[:3]}}
+    assert strip_token_fields(item) == {"type": "message", "content": [{"text": "x"}]}
+    built = token_entry_from_response("r1", "c1", {"model": "m", "output": [item]})
+    assert built is not None and built.model == "m" and built.token_item_index == 0
+    assert built.output_items == [{"type": "message", "content": [{"text": "x"}]}]
+    assert token_entry_from_response("r1", "c1", {"output": [{"type": "message"}]}) is None
