@@ -56,5 +56,5 @@ class ByteStore(ABC):
     def delete(self, keys: Iterable[str]) -> None:
         """Delete objects; missing ones are fine. Callers verify by listing."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook; most backends hold nothing
         """Release resources. Safe to repeat."""

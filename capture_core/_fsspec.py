@@ -137,7 +137,9 @@ class FsspecStore(ByteStore):
 
     def create(self, key: str, data: bytes) -> bool:
         if not data:
-            raise ValueError(f"refusing to create empty object {key}: empty creates are not exclusive")
+            raise ValueError(
+                f"refusing to create empty object {key}: empty creates are not exclusive"
+            )
         path = self._path(key)
         try:
             if self._atomic_create:

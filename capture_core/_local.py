@@ -9,6 +9,7 @@ This module imports only the standard library.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import threading
 import uuid
@@ -28,6 +29,51 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+class _FolderSyncState:
+    __slots__ = ("busy", "issued", "synced", "waiters")
+
+    def __init__(self) -> None:
+        self.issued = self.synced = self.waiters = 0
+        self.busy = False
+
+
+class _GroupDirSync:
+    """Shares folder fsyncs between concurrent writers of one folder.
+
+    A writer takes a ticket after its `link`; an fsync that starts after that covers it.
+    One thread syncs on behalf of everyone who took a ticket before it started.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._folders: dict[str, _FolderSyncState] = {}
+
+    def sync(self, folder: str) -> None:
+        with self._cond:
+            state = self._folders.setdefault(folder, _FolderSyncState())
+            state.issued += 1
+            state.waiters += 1
+            ticket = state.issued
+            try:
+                while state.synced < ticket:
+                    if state.busy:
+                        self._cond.wait()
+                        continue
+                    state.busy, covered = True, state.issued
+                    self._cond.release()
+                    try:
+                        _fsync_dir(folder)
+                    finally:
+                        self._cond.acquire()
+                        state.busy = False
+                        self._cond.notify_all()
+                    state.synced = max(state.synced, covered)
+            finally:
+                state.waiters -= 1
+                if state.waiters == 0:
+                    del self._folders[folder]
+
+
 class LocalStore(ByteStore):
     """A byte store rooted at an absolute local path."""
 
@@ -38,6 +84,10 @@ class LocalStore(ByteStore):
         self.url = self.root
         self._known_dirs: set[str] = set()
         self._dirs_lock = threading.Lock()
+        self._dir_sync = _GroupDirSync()
+        self._tmp_dir = os.path.join(self.root, TMP_DIR)
+        self._tmp_token = uuid.uuid4().hex[:8]
+        self._tmp_counter = itertools.count()
 
     def __reduce__(self) -> tuple[type[LocalStore], tuple[str]]:
         return (LocalStore, (self.root,))
@@ -77,9 +127,9 @@ class LocalStore(ByteStore):
     def create(self, key: str, data: bytes) -> bool:
         target = self._path(key)
         folder = os.path.dirname(target)
-        tmp_dir = os.path.join(self.root, TMP_DIR)
-        self._ensure_dir(tmp_dir)
-        tmp = os.path.join(tmp_dir, uuid.uuid4().hex)
+        self._ensure_dir(self._tmp_dir)
+        name = f"{os.getpid()}-{self._tmp_token}-{next(self._tmp_counter)}"
+        tmp = os.path.join(self._tmp_dir, name)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             view = memoryview(data)
@@ -103,7 +153,7 @@ class LocalStore(ByteStore):
             except FileNotFoundError:
                 self._forget_dir(folder)  # removed by a concurrent delete; recreate it
                 continue
-            _fsync_dir(folder)
+            self._dir_sync.sync(folder)
             return True
         raise CaptureStoreError(f"could not publish {target}: its folder keeps disappearing")
 

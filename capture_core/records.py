@@ -49,39 +49,49 @@ class TokenEntry(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _refuse_newer_schema(cls, data: Any) -> Any:
-        version = data.get("schema_version") if isinstance(data, Mapping) else None
-        if isinstance(version, int) and version > TOKEN_ENTRY_RECORD_SCHEMA_VERSION:
-            raise ValueError(
-                f"token record schema_version {version} is newer than this reader supports "
-                f"({TOKEN_ENTRY_RECORD_SCHEMA_VERSION}); upgrade tokcap before reading it "
-                "(new fields may change what the token ids mean)"
-            )
+        if isinstance(data, Mapping):
+            check_schema_version(data.get("schema_version"))
         return data
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TokenEntry:
-        if self.schema_version < 1:
-            raise ValueError(f"token record schema_version {self.schema_version} is invalid")
-        n_ids, n_lps = len(self.generation_token_ids), len(self.generation_log_probs)
-        if n_ids != n_lps:
-            raise ValueError(
-                f"call {self.model_call_id!r}: generation_token_ids has {n_ids} ids but "
-                f"generation_log_probs has {n_lps} values; capture one log prob per "
-                "generated token"
-            )
-        if not all(map(math.isfinite, self.generation_log_probs)):
-            raise ValueError(
-                f"call {self.model_call_id!r}: generation_log_probs holds a NaN or infinite "
-                "value; store finite log probs (clip -inf to a large negative number)"
-            )
-        index = self.token_item_index
-        if index is not None and not 0 <= index < len(self.output_items):
-            raise ValueError(
-                f"call {self.model_call_id!r}: token_item_index {index} does not index "
-                f"output_items (length {len(self.output_items)}); set it to the carrier "
-                "item's position or leave it unset"
-            )
+        check_entry_consistency(self)
         return self
+
+
+def check_schema_version(version: Any) -> None:
+    """Refuse records newer than this reader: new fields may change what the ids mean."""
+    if isinstance(version, int) and version > TOKEN_ENTRY_RECORD_SCHEMA_VERSION:
+        raise ValueError(
+            f"token record schema_version {version} is newer than this reader supports "
+            f"({TOKEN_ENTRY_RECORD_SCHEMA_VERSION}); upgrade tokcap before reading it "
+            "(new fields may change what the token ids mean)"
+        )
+
+
+def check_entry_consistency(entry: TokenEntry) -> None:
+    """The cross-field rules: schema version, paired log probs, a valid carrier index."""
+    check_schema_version(entry.schema_version)
+    if entry.schema_version < 1:
+        raise ValueError(f"token record schema_version {entry.schema_version} is invalid")
+    n_ids, n_lps = len(entry.generation_token_ids), len(entry.generation_log_probs)
+    if n_ids != n_lps:
+        raise ValueError(
+            f"call {entry.model_call_id!r}: generation_token_ids has {n_ids} ids but "
+            f"generation_log_probs has {n_lps} values; capture one log prob per generated token"
+        )
+    if not all(map(math.isfinite, entry.generation_log_probs)):
+        raise ValueError(
+            f"call {entry.model_call_id!r}: generation_log_probs holds a NaN or infinite value; "
+            "store finite log probs (clip -inf to a large negative number)"
+        )
+    index = entry.token_item_index
+    if index is not None and not 0 <= index < len(entry.output_items):
+        raise ValueError(
+            f"call {entry.model_call_id!r}: token_item_index {index} does not index "
+            f"output_items (length {len(entry.output_items)}); set it to the carrier "
+            "item's position or leave it unset"
+        )
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -97,10 +107,13 @@ def describe_validation_error(exc: ValidationError) -> str:
 def coerce_token_entry(entry: Any) -> TokenEntry:
     """Validate a `TokenEntry`, a NeMo Gym entry (anything with `model_dump()`) or a mapping.
 
-    Every input is re-validated, so a foreign object cannot bypass the checks.
+    Foreign objects and mappings are fully re-validated, so they cannot bypass the checks.
+    Our own `TokenEntry` was validated when built; its cross-field rules are checked again
+    (fields may have been reassigned since) without re-parsing every token id.
     """
-    if isinstance(entry, TokenEntry):
-        return TokenEntry.model_validate(entry.model_dump())
+    if type(entry) is TokenEntry:
+        check_entry_consistency(entry)
+        return entry
     if hasattr(entry, "model_dump"):
         return TokenEntry.model_validate(entry.model_dump())
     if isinstance(entry, Mapping):
@@ -108,6 +121,11 @@ def coerce_token_entry(entry: Any) -> TokenEntry:
     raise TypeError(
         f"expected a TokenEntry, an object with model_dump() or a mapping, got {type(entry)!r}"
     )
+
+
+def entry_fields(entry: TokenEntry) -> dict[str, Any]:
+    """Every field of an entry, extras included, without copying the token lists."""
+    return {**entry.__dict__, **(entry.__pydantic_extra__ or {})}
 
 
 def _carrier_items(response: Mapping[str, Any]) -> list[Any]:
@@ -158,7 +176,9 @@ def strip_token_fields(item: Mapping[str, Any]) -> dict[str, Any]:
 
 def response_to_output_items(response: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Return the call's content items with token arrays stripped, in their served order."""
-    return [strip_token_fields(item) for item in _carrier_items(response) if isinstance(item, Mapping)]
+    return [
+        strip_token_fields(item) for item in _carrier_items(response) if isinstance(item, Mapping)
+    ]
 
 
 def token_entry_from_response(

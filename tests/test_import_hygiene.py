@@ -1,0 +1,18 @@
+"""capture_core stays usable without Prefect and without loading S3 clients."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_capture_core_imports_no_prefect_s3fs_or_boto() -> None:
+    code = (
+        "import sys, capture_core, capture_core.store, capture_core.conformance\n"
+        "import capture_core.records, capture_core.ids, capture_core.protocols\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('prefect', 's3fs', 'boto3', 'botocore', 'aiobotocore'))\n"
+        "print(loaded)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
