@@ -128,7 +128,7 @@ def entry_fields(entry: TokenEntry) -> dict[str, Any]:
     return {**entry.__dict__, **(entry.__pydantic_extra__ or {})}
 
 
-def _carrier_items(response: Mapping[str, Any]) -> list[Any]:
+def response_items(response: Mapping[str, Any]) -> list[Any]:
     """The items that may carry token arrays: Responses `output` or Chat `choices[*].message`."""
     if isinstance(response.get("output"), list):
         return list(response["output"])
@@ -147,7 +147,7 @@ def extract_token_fields(response: Mapping[str, Any]) -> dict[str, Any] | None:
     The result holds the three required arrays, `routed_experts` (possibly `None`) and
     `token_item_index`. A carrier missing a required array, or two carriers, is an error.
     """
-    carriers = [i for i, item in enumerate(_carrier_items(response)) if _carries_tokens(item)]
+    carriers = [i for i, item in enumerate(response_items(response)) if _carries_tokens(item)]
     if not carriers:
         return None
     if len(carriers) > 1:
@@ -156,7 +156,7 @@ def extract_token_fields(response: Mapping[str, Any]) -> dict[str, Any] | None:
             "them, so the capture cannot tell which call they belong to"
         )
     index = carriers[0]
-    item = _carrier_items(response)[index]
+    item = response_items(response)[index]
     missing = [field for field in REQUIRED_TOKEN_FIELDS if item.get(field) is None]
     if missing:
         raise ValueError(
@@ -177,7 +177,7 @@ def strip_token_fields(item: Mapping[str, Any]) -> dict[str, Any]:
 def response_to_output_items(response: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Return the call's content items with token arrays stripped, in their served order."""
     return [
-        strip_token_fields(item) for item in _carrier_items(response) if isinstance(item, Mapping)
+        strip_token_fields(item) for item in response_items(response) if isinstance(item, Mapping)
     ]
 
 

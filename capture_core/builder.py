@@ -1,0 +1,343 @@
+"""Trajectories from a frozen snapshot: chains of calls, and their projection into a response.
+
+`prefix_merging` links each call to the earlier call whose prompt-plus-generation is the
+longest prefix of its prompt; `per_request` makes one chain per call.
+Both are independent of capture order, and nothing here recurses, so rollouts of thousands
+of turns build in one pass.
+Parents are found through an index keyed by cumulative length and sampled tokens, then
+verified by comparing whole lists in C; no Python loop walks tokens one by one.
+This module imports only `records`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from capture_core.records import TOKEN_FIELDS, TokenEntry
+
+BUILDERS = ("prefix_merging", "per_request")
+TOKEN_ONLY_ITEM = {"type": "message", "role": "assistant", "content": []}
+
+
+@dataclass(frozen=True)
+class ChainLink:
+    """One call in a chain and the prompt tokens added since the previous link (loss mask 0)."""
+
+    entry: TokenEntry
+    interstitial_token_ids: Sequence[int]
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A path of calls from a root to a leaf; `name` is `main`, `branch-<n>` or `request-<n>`."""
+
+    name: str
+    links: tuple[ChainLink, ...]
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(link.entry.generation_token_ids) for link in self.links)
+
+
+@dataclass(frozen=True)
+class BuildNotes:
+    """What the builder saw; typed so a renamed metric fails loudly instead of reading as zero."""
+
+    roots: int
+    chains: int
+    generated_tokens_captured: int
+    generated_tokens_delivered: int
+    delivered_fraction: float
+    unresolved_retries: tuple[str, ...] = ()
+    empty_generation_calls: int = 0
+    quarantined_call_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BuildOutput:
+    """Chains (main first) and notes of one build, and the builder that made them."""
+
+    chains: tuple[Chain, ...]
+    notes: BuildNotes
+    builder: str = "prefix_merging"
+
+
+def _order_key(entry: TokenEntry) -> tuple[int, str]:
+    return (len(entry.prompt_token_ids), entry.model_call_id)
+
+
+def _fraction(delivered: int, captured: int) -> float:
+    return round(delivered / captured, 4) if captured else 0.0
+
+
+def per_request(entries: Iterable[TokenEntry]) -> BuildOutput:
+    """One chain per call, ordered by (prompt length, call id)."""
+    ordered = sorted(entries, key=_order_key)
+    chains = tuple(
+        Chain(f"request-{i}", (ChainLink(e, e.prompt_token_ids),)) for i, e in enumerate(ordered)
+    )
+    captured = sum(len(e.generation_token_ids) for e in ordered)
+    delivered = chains[0].generated_tokens if chains else 0
+    notes = BuildNotes(
+        roots=len(chains),
+        chains=len(chains),
+        generated_tokens_captured=captured,
+        generated_tokens_delivered=delivered,
+        delivered_fraction=_fraction(delivered, captured),
+        empty_generation_calls=sum(1 for e in ordered if not e.generation_token_ids),
+    )
+    return BuildOutput(chains, notes, builder="per_request")
+
+
+def _fingerprint(tokens: Sequence[int], length: int) -> tuple[int, int, int, int]:
+    """Length plus three sampled tokens of the first `length` tokens: a cheap index key."""
+    return (length, tokens[0], tokens[length // 2], tokens[length - 1])
+
+
+def _token_at(entry: TokenEntry, i: int) -> int:
+    prompt = entry.prompt_token_ids
+    return prompt[i] if i < len(prompt) else entry.generation_token_ids[i - len(prompt)]
+
+
+def _cumulative_fingerprint(entry: TokenEntry) -> tuple[int, int, int, int]:
+    n = len(entry.prompt_token_ids) + len(entry.generation_token_ids)
+    return (n, _token_at(entry, 0), _token_at(entry, n // 2), _token_at(entry, n - 1))
+
+
+def _extends(child_prompt: Sequence[int], parent: TokenEntry) -> bool:
+    """Whether the parent's prompt-plus-generation is a prefix of `child_prompt`."""
+    p, g = parent.prompt_token_ids, parent.generation_token_ids
+    cut = len(p)
+    return child_prompt[:cut] == p and child_prompt[cut : cut + len(g)] == g
+
+
+class _Forest:
+    """Parent links between calls (indices into `calls`), found without recursion."""
+
+    def __init__(self, calls: list[TokenEntry]) -> None:
+        self.calls = calls
+        self.parent: list[int | None] = [None] * len(calls)
+        self.quarantined: set[int] = set()
+        self.children: dict[int | None, list[int]] = defaultdict(list)
+        index: dict[tuple[int, int, int, int], list[int]] = defaultdict(list)
+        for i, call in enumerate(calls):
+            index[_cumulative_fingerprint(call)].append(i)
+        lengths = sorted({key[0] for key in index})
+        for i, call in enumerate(calls):
+            self._link(i, call.prompt_token_ids, index, lengths)
+
+    def _link(self, i: int, prompt: Sequence[int], index: dict, lengths: list[int]) -> None:
+        """Attach call `i` to its longest-prefix parent; several identical parents quarantine it."""
+        for pos in range(bisect.bisect_right(lengths, len(prompt)) - 1, -1, -1):
+            candidates = index.get(_fingerprint(prompt, lengths[pos]), ())
+            matches = [j for j in candidates if j != i and _extends(prompt, self.calls[j])]
+            if len(matches) > 1:
+                self.quarantined.add(i)
+                return
+            if matches:
+                self.parent[i] = matches[0]
+                self.children[matches[0]].append(i)
+                return
+        self.children[None].append(i)
+
+    def resolve_retries(self) -> list[str]:
+        """Quarantine redundant retries; return the call ids of unresolved retry groups.
+
+        Deepest groups first, so a group's children already have their final status.
+        """
+        unresolved: list[str] = []
+        groups: list[list[int]] = []
+        for siblings in self.children.values():
+            by_prompt: dict[tuple[int, ...], list[int]] = defaultdict(list)
+            for i in siblings:
+                prompt = self.calls[i].prompt_token_ids
+                by_prompt[_fingerprint(prompt, len(prompt)) if prompt else (0,)].append(i)
+            for same_key in by_prompt.values():
+                groups.extend(g for g in _split_identical(self.calls, same_key) if len(g) > 1)
+        groups.sort(key=lambda g: -len(self.calls[g[0]].prompt_token_ids))
+        for group in groups:
+            extended = [i for i in group if self._has_live_child(i)]
+            if not extended:
+                keep = min(group, key=lambda i: self.calls[i].model_call_id)
+                unresolved.extend(sorted(self.calls[i].model_call_id for i in group))
+                extended = [keep]
+            self.quarantined.update(i for i in group if i not in extended)
+        return unresolved
+
+    def _has_live_child(self, i: int) -> bool:
+        return any(c not in self.quarantined for c in self.children.get(i, ()))
+
+    def chains(self) -> list[list[int]]:
+        """Every root-to-leaf path avoiding quarantined calls, depth first, without recursion."""
+        paths: list[list[int]] = []
+        roots = sorted(self.children[None], key=lambda i: _order_key(self.calls[i]))
+        for root in roots:
+            if root in self.quarantined:
+                continue
+            stack: list[tuple[int, list[int]]] = [(root, [root])]
+            while stack:
+                node, path = stack.pop()
+                kids = sorted(self.children.get(node, ()), key=lambda i: _order_key(self.calls[i]))
+                if not kids:
+                    paths.append(path)
+                for kid in reversed(kids):
+                    if kid not in self.quarantined:
+                        stack.append((kid, [*path, kid]))
+        return paths
+
+
+def _split_identical(calls: list[TokenEntry], members: list[int]) -> list[list[int]]:
+    """Partition calls whose index keys collide into groups with truly identical prompts."""
+    groups: list[list[int]] = []
+    for i in sorted(members, key=lambda i: calls[i].model_call_id):
+        for group in groups:
+            if calls[group[0]].prompt_token_ids == calls[i].prompt_token_ids:
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    return groups
+
+
+def _link_chain(calls: list[TokenEntry], path: list[int], name: str) -> Chain:
+    links = []
+    covered = 0
+    for i in path:
+        prompt = calls[i].prompt_token_ids
+        links.append(ChainLink(calls[i], prompt[covered:]))
+        covered = len(prompt) + len(calls[i].generation_token_ids)
+    return Chain(name, tuple(links))
+
+
+def prefix_merging(entries: Iterable[TokenEntry]) -> BuildOutput:
+    """Merge calls into prefix-contiguous chains (SPEC section 4); the main chain comes first."""
+    all_calls = list(entries)
+    calls = sorted((e for e in all_calls if e.generation_token_ids), key=_order_key)
+    empty = len(all_calls) - len(calls)
+    forest = _Forest(calls)
+    unresolved = forest.resolve_retries()
+    paths = forest.chains()
+    paths.sort(key=lambda p: (calls[p[0]].created_at, calls[p[0]].model_call_id))
+    chains = tuple(
+        _link_chain(calls, path, "main" if n == 0 else f"branch-{n - 1}")
+        for n, path in enumerate(paths)
+    )
+    captured = sum(len(c.generation_token_ids) for c in calls)
+    delivered = chains[0].generated_tokens if chains else 0
+    live_roots = {path[0] for path in paths} | {
+        r for r in forest.children[None] if r not in forest.quarantined
+    }
+    notes = BuildNotes(
+        roots=len(live_roots),
+        chains=len(chains),
+        generated_tokens_captured=captured,
+        generated_tokens_delivered=delivered,
+        delivered_fraction=_fraction(delivered, captured),
+        unresolved_retries=tuple(unresolved),
+        empty_generation_calls=empty,
+        quarantined_call_ids=tuple(sorted(calls[i].model_call_id for i in forest.quarantined)),
+    )
+    return BuildOutput(chains, notes)
+
+
+def run_builder(builder: str, entries: Iterable[TokenEntry]) -> BuildOutput:
+    """Run the named builder; an unknown name is a `ValueError` listing the known ones."""
+    if builder == "prefix_merging":
+        return prefix_merging(entries)
+    if builder == "per_request":
+        return per_request(entries)
+    raise ValueError(f"unknown builder {builder!r}; use one of {', '.join(BUILDERS)}")
+
+
+def _carrier_index(entry: TokenEntry) -> int:
+    items = entry.output_items
+    if entry.token_item_index is not None:
+        return entry.token_item_index
+    for i, item in enumerate(items):
+        if any(f in item for f in TOKEN_FIELDS):
+            return i
+    return len(items) - 1
+
+
+def project_chain_to_output_items(chain: Chain) -> list[dict[str, Any]]:
+    """Emit each call's content items; the carrier item gets the cumulative prompt and tokens.
+
+    A link's prompt is the cumulative prefix so far (the builder verified it), so the
+    entry's own list is reused rather than copied.
+    """
+    output: list[dict[str, Any]] = []
+    for link in chain.links:
+        entry = link.entry
+        if len(entry.generation_token_ids) != len(entry.generation_log_probs):
+            raise ValueError(
+                f"call {entry.model_call_id!r} has {len(entry.generation_token_ids)} tokens but "
+                f"{len(entry.generation_log_probs)} log probs; the chain is invalid"
+            )
+        items = [dict(item) for item in entry.output_items] or [dict(TOKEN_ONLY_ITEM)]
+        carrier = items[_carrier_index(entry) if entry.output_items else 0]
+        carrier["prompt_token_ids"] = entry.prompt_token_ids
+        carrier["generation_token_ids"] = entry.generation_token_ids
+        carrier["generation_log_probs"] = entry.generation_log_probs
+        if entry.routed_experts is not None:
+            carrier["routed_experts"] = entry.routed_experts
+        else:
+            carrier.pop("routed_experts", None)
+        output.extend(items)
+    return output
+
+
+def project_main_chain_response(rollout_id: str, built: BuildOutput, model: str = "") -> dict:
+    """The main chain as a Responses payload `{id, model, object, output, usage}`.
+
+    Raises `ValueError` when there is no chain, when `per_request` produced several, or
+    when no token was generated.
+    """
+    if not built.chains:
+        raise ValueError("no safe trainable chain")
+    if built.builder == "per_request" and len(built.chains) > 1:
+        raise ValueError(
+            f"per_request built {len(built.chains)} chains; a single response needs exactly one"
+        )
+    main = built.chains[0]
+    if main.generated_tokens == 0:
+        raise ValueError("the main chain generated no tokens")
+    output = project_chain_to_output_items(main)
+    generated = [item for item in output if item.get("generation_token_ids")]
+    return {
+        "id": f"proj-{rollout_id}",
+        "model": model or main.links[0].entry.model,
+        "object": "response",
+        "output": output,
+        "usage": {
+            "input_tokens": len(generated[0]["prompt_token_ids"]),
+            "output_tokens": sum(len(item["generation_token_ids"]) for item in generated),
+        },
+    }
+
+
+def assert_prefix_contiguity(output: Sequence[dict[str, Any]]) -> None:
+    """Raise `AssertionError` unless every generated item's prompt extends all tokens before it."""
+    seen_prompt: list[int] = []
+    seen_generation: list[int] = []
+    for position, item in enumerate(output):
+        generation = item.get("generation_token_ids")
+        if not generation:
+            continue
+        prompt = item.get("prompt_token_ids") or []
+        prompt = prompt if isinstance(prompt, list) else list(prompt)
+        cut = len(seen_prompt)
+        if (
+            len(prompt) < cut + len(seen_generation)
+            or prompt[:cut] != seen_prompt
+            or prompt[cut : cut + len(seen_generation)] != seen_generation
+        ):
+            raise AssertionError(
+                f"output item {position} breaks prefix contiguity: its prompt does not extend "
+                "the tokens of the items before it"
+            )
+        seen_prompt = prompt
+        seen_generation = generation if isinstance(generation, list) else list(generation)

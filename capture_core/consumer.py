@@ -1,0 +1,193 @@
+"""Turn a rollout's frozen token capture into trajectories.
+
+Gym rollout collection and trainer finalization both use this consumer.
+Every path freezes first, then passes the snapshot through `build_from_snapshot`.
+Builder, validation, projection and contiguity errors become failed builds, never exceptions.
+Single-response delivery rejects `per_request` because it can return several trajectories.
+The caller supplies the rollout id; this module does not import rollout-record modules.
+Capture locations are local paths or fsspec URLs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from capture_core.builder import (
+    BuildOutput,
+    assert_prefix_contiguity,
+    project_main_chain_response,
+    run_builder,
+)
+from capture_core.config import TokenIdCaptureConfig
+from capture_core.ids import maybe_rollout_id_from_run_body, validate_rollout_id
+from capture_core.protocols import TokenCaptureSnapshot, TokenSource
+from capture_core.records import coerce_token_entry
+from capture_core.store import TokenCaptureStore
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_KEY = "_capture_snapshot"
+EMPTY_CAPTURE_ERROR = "capture contains no token records"
+
+
+def _failed_build(rollout_id: str, builder: str, error: str, n_calls: int = 0) -> dict:
+    return {
+        "rollout_id": rollout_id,
+        "builder": builder,
+        "rebuilt_response": None,
+        "mask_sample": True,
+        "error": error,
+        "metrics": {"n_calls": n_calls},
+    }
+
+
+def _metrics(n_calls: int, built: BuildOutput) -> dict[str, Any]:
+    notes = built.notes
+    quarantined = len(notes.quarantined_call_ids)
+    return {
+        "n_calls": n_calls,
+        "chains": notes.chains,
+        "roots": notes.roots,
+        "quarantined_calls": quarantined,
+        "quarantined_fraction": round(quarantined / n_calls, 4) if n_calls else 0.0,
+        "delivered_fraction": notes.delivered_fraction,
+        "generated_tokens_captured": notes.generated_tokens_captured,
+        "generated_tokens_delivered": notes.generated_tokens_delivered,
+        "empty_generation_calls": notes.empty_generation_calls,
+    }
+
+
+def _assemble(rollout_id: str, entries: list, builder: str, model: str) -> dict:
+    """Build and project one rollout's entries; any failure is a failed (masked) build."""
+    if builder == "per_request":
+        return _failed_build(
+            rollout_id,
+            builder,
+            "per_request builds one trajectory per call; single-response delivery needs "
+            "prefix_merging",
+            len(entries),
+        )
+    try:
+        records = [coerce_token_entry(entry) for entry in entries]
+        built = run_builder(builder, records)
+        response = project_main_chain_response(rollout_id, built, model=model)
+        assert_prefix_contiguity(response["output"])
+    except Exception as exc:
+        logger.warning("rollout %s: build failed: %s", rollout_id, exc)
+        return _failed_build(rollout_id, builder, f"{type(exc).__name__}: {exc}", len(entries))
+    notes = built.notes
+    return {
+        "rollout_id": rollout_id,
+        "builder": builder,
+        "rebuilt_response": response,
+        "mask_sample": bool(notes.unresolved_retries) or notes.roots != 1 or notes.chains != 1,
+        "unresolved_retries": list(notes.unresolved_retries),
+        "metrics": _metrics(len(records), built),
+    }
+
+
+def build_from_snapshot(snapshot: TokenCaptureSnapshot, builder: str, model: str) -> dict:
+    """The one build path: empty snapshots fail, incomplete ones mask, the snapshot is attached."""
+    if not snapshot.entries:
+        built = _failed_build(snapshot.rollout_id, builder, EMPTY_CAPTURE_ERROR)
+    else:
+        built = _assemble(snapshot.rollout_id, list(snapshot.entries), builder, model)
+    if snapshot.incomplete:
+        built["mask_sample"] = True
+        built["metrics"]["capture_incomplete"] = True
+        reasons = "; ".join(snapshot.incomplete_reasons) or "a call was lost"
+        built["error"] = built.get("error") or f"capture incomplete: {reasons}"
+    built[SNAPSHOT_KEY] = {"snapshot_id": snapshot.snapshot_id, "version": snapshot.version}
+    return built
+
+
+async def trajectories_from_source(
+    rollout_id: str,
+    source: TokenSource,
+    builder: str = "prefix_merging",
+    model: str = "",
+) -> dict | None:
+    """Build trajectories from a frozen `TokenSource` snapshot.
+
+    Missing records are unsafe and return a masked result.
+    An incomplete snapshot is unsafe and returns a masked result.
+    A freeze error is a failed build. `None` only when there is no source.
+    """
+    if source is None:
+        return None
+    try:
+        snapshot = await source.freeze(rollout_id)
+    except Exception as exc:
+        return _failed_build(rollout_id, builder, f"freeze failed: {type(exc).__name__}: {exc}")
+    return build_from_snapshot(snapshot, builder, model)
+
+
+def trajectories_for_rollout(
+    rollout_id: str,
+    token_capture_dirs: Sequence[str | os.PathLike[str]],
+    builder: str = "prefix_merging",
+    model: str = "",
+) -> dict | None:
+    """Build trajectories from a frozen snapshot of the configured store location.
+
+    Return `None` only when no capture location is configured (the first one is used).
+    Missing records are unsafe and return a masked result.
+    An incomplete snapshot is unsafe and returns a masked result.
+    S3 locations take credentials and endpoint from the standard AWS environment.
+    """
+    if not token_capture_dirs:
+        return None
+    try:
+        snapshot = TokenCaptureStore(token_capture_dirs[0]).freeze_now(rollout_id)
+    except Exception as exc:
+        return _failed_build(rollout_id, builder, f"freeze failed: {type(exc).__name__}: {exc}")
+    return build_from_snapshot(snapshot, builder, model)
+
+
+def clear_token_captures_for_rollouts(
+    records: Iterable[Any], token_capture_dirs: Sequence[str | os.PathLike[str]]
+) -> None:
+    """Remove stale token records for rollouts about to be dispatched.
+
+    Rollout ids are deterministic, so a reused id would otherwise mix two attempts.
+    The caller passes only rows ready for dispatch, with retry suffixes already assigned.
+    Every valid id is cleared; malformed ids are then reported together in one `ValueError`.
+    """
+    if not token_capture_dirs:
+        return
+    rollout_ids, malformed = rollout_ids_of(records)
+    store = TokenCaptureStore(token_capture_dirs[0])
+    for rollout_id in rollout_ids:
+        store.delete(rollout_id)
+    if malformed:
+        raise ValueError(
+            f"{len(malformed)} record(s) have malformed rollout ids and were not cleared: "
+            + "; ".join(malformed)
+        )
+
+
+def rollout_ids_of(records: Iterable[Any]) -> tuple[list[str], list[str]]:
+    """Distinct rollout ids of the records that have one, and a description of each bad one."""
+    ids: dict[str, None] = {}
+    malformed: list[str] = []
+    for position, record in enumerate(records):
+        try:
+            rollout_id = maybe_rollout_id_from_run_body(record)
+        except ValueError as exc:
+            malformed.append(f"record {position}: {exc}")
+            continue
+        if rollout_id is not None:
+            ids[validate_rollout_id(rollout_id)] = None
+    return list(ids), malformed
+
+
+def token_id_capture_dirs_from_config(
+    global_config_dict: Mapping[str, Any] | None,
+) -> list[Path | str]:
+    """Return the enabled token store location (a `Path` or a URL) or an empty list."""
+    location = TokenIdCaptureConfig.from_global(global_config_dict).location()
+    return [] if location is None else [location]

@@ -1,0 +1,186 @@
+"""Build a token-bearing record from one finished rollout, and retire its capture after handoff.
+
+The finalizer freezes the rollout's captured calls and rebuilds `response.output` from them.
+It never retires; the caller retires only after durable handoff, by snapshot id and version.
+Existing token ids are the policy's sampled data: such a rollout is left unchanged.
+Failed or masked builds keep their capture as evidence.
+Training correlation preserves `/ng-rollout/<id>/training-token-capture`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from capture_core.consumer import SNAPSHOT_KEY, build_from_snapshot
+from capture_core.ids import maybe_rollout_id_from_run_body
+from capture_core.protocols import TokenSource
+from capture_core.records import response_items
+
+logger = logging.getLogger(__name__)
+
+MASK_SAMPLE_KEY = "mask_sample"
+TOKEN_CAPTURE_KEY = "_ng_token_capture"
+_REDUNDANT_CAPTURE_KEY = "_redundant_capture"
+
+
+def _unusable(result: dict, error: str, message: str) -> dict:
+    """Mask a rollout that needed token ids and could not get them.
+
+    An unmasked rollout would appear healthy until it reaches the trainer.
+    The record retains the reason for aggregate reporting.
+    """
+    result[MASK_SAMPLE_KEY] = True
+    result[TOKEN_CAPTURE_KEY] = {"n_calls": 0, "error": error}
+    logger.warning(message)
+    return {
+        "rebuilt_response": None,
+        "mask_sample": True,
+        "error": error,
+        "metrics": {"n_calls": 0},
+    }
+
+
+def rollout_carries_token_ids(result: dict) -> bool:
+    """Whether this rollout already holds what training needs.
+
+    True when any output item carries generated token ids: what the policy sampled takes
+    precedence over a reconstruction, and partial coverage stays visible.
+    """
+    response = result.get("response")
+    if not isinstance(response, dict):
+        return False
+    return any(
+        isinstance(item, dict) and item.get("generation_token_ids") is not None
+        for item in response_items(response)
+    )
+
+
+def capture_build_can_retire(built: dict | None) -> bool:
+    """Whether a successful build consumed a frozen snapshot."""
+    if not built or built.get(MASK_SAMPLE_KEY) or not built.get(SNAPSHOT_KEY):
+        return False
+    return built.get("rebuilt_response") is not None or bool(built.get(_REDUNDANT_CAPTURE_KEY))
+
+
+async def finalize_rollout_token_capture(result: dict, source: TokenSource | None) -> dict | None:
+    """Rebuild one finished rollout record's `response.output` from its recorded token ids.
+
+    Call it after the harness and verifier finish the record; it mutates `result` in place,
+    replacing only `response.output` and keeping the reward and every other field.
+    It freezes through `source` and never retires. It never raises: missing or ambiguous
+    tokens mask the rollout. Returns the build, or `None` when there is no source (or a
+    record that already carries token ids cannot be frozen).
+    """
+    if source is None:
+        return None
+    try:
+        return await _finalize(result, source)
+    except Exception as exc:
+        return _unusable(
+            result,
+            f"{type(exc).__name__}: {exc}",
+            f"token capture finalize failed unexpectedly: {exc}",
+        )
+
+
+async def _finalize(result: dict, source: TokenSource) -> dict | None:
+    try:
+        rollout_id = maybe_rollout_id_from_run_body(result)
+    except ValueError as exc:
+        return _unusable(result, f"malformed rollout id: {exc}", f"rollout masked: {exc}")
+    if rollout_carries_token_ids(result):
+        return await _redundant_capture(rollout_id, source)
+    if rollout_id is None:
+        return _unusable(
+            result, "no capture key", "rollout masked: it has no rollout id to find its capture"
+        )
+    try:
+        snapshot = await source.freeze(rollout_id)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        return _unusable(result, error, f"rollout {rollout_id} masked: capture unreadable: {error}")
+    response = result.get("response")
+    model = str(response.get("model") or "") if isinstance(response, dict) else ""
+    built = build_from_snapshot(snapshot, "prefix_merging", model)
+    _apply(result, built)
+    return built
+
+
+async def _redundant_capture(rollout_id: str | None, source: TokenSource) -> dict | None:
+    """Freeze the capture of a record that already carries tokens, so it can retire later."""
+    if rollout_id is None:
+        return None
+    try:
+        snapshot = await source.freeze(rollout_id)
+    except Exception as exc:
+        logger.warning(
+            "rollout %s carries token ids; its capture could not be frozen: %s", rollout_id, exc
+        )
+        return None
+    return {
+        "rollout_id": rollout_id,
+        "rebuilt_response": None,
+        "mask_sample": False,
+        _REDUNDANT_CAPTURE_KEY: True,
+        SNAPSHOT_KEY: {"snapshot_id": snapshot.snapshot_id, "version": snapshot.version},
+        "metrics": {"n_calls": len(snapshot.entries)},
+    }
+
+
+def _apply(result: dict, built: dict) -> None:
+    """Write a build into the record: only `response.output`, the metrics and the mask."""
+    rebuilt = built.get("rebuilt_response")
+    if rebuilt is not None:
+        if isinstance(result.get("response"), dict):
+            result["response"]["output"] = rebuilt["output"]
+        else:
+            result["response"] = rebuilt
+    result[TOKEN_CAPTURE_KEY] = {**built["metrics"], "error": built.get("error")}
+    if built["mask_sample"]:
+        result[MASK_SAMPLE_KEY] = True
+        logger.warning(
+            "rollout %s masked: %s",
+            built.get("rollout_id"),
+            built.get("error") or _mask_reason(built),
+        )
+
+
+def _mask_reason(built: dict) -> str:
+    metrics = built.get("metrics", {})
+    if built.get("unresolved_retries"):
+        return f"unresolved retries {built['unresolved_retries']}"
+    return f"{metrics.get('roots')} roots and {metrics.get('chains')} chains (need one of each)"
+
+
+def mask_reason(built: dict | None) -> str | None:
+    """A short reason for a masked build, for ledgers and reports; `None` when not masked."""
+    if not built or not built.get(MASK_SAMPLE_KEY):
+        return None
+    return built.get("error") or _mask_reason(built)
+
+
+async def retire_rollout_token_capture(
+    rollout_id: str, source: TokenSource | None, built: dict | None
+) -> bool:
+    """Retire a frozen snapshot after durable handoff.
+
+    The caller owns the durability boundary: call this only after downstream acceptance or a
+    local fsync. Retirement uses the frozen `snapshot_id` and version; any failure is a
+    warning and `False`. Failed or masked builds remain as diagnostic evidence.
+    """
+    if source is None or not capture_build_can_retire(built):
+        return False
+    snapshot: dict[str, Any] = built[SNAPSHOT_KEY]  # type: ignore[index]
+    try:
+        retired = await source.drop(
+            rollout_id, snapshot_id=snapshot["snapshot_id"], version=snapshot["version"]
+        )
+    except Exception as exc:
+        logger.warning("rollout %s: retirement failed, capture kept: %s", rollout_id, exc)
+        return False
+    if not retired:
+        logger.warning(
+            "rollout %s: capture changed since it was frozen; kept as evidence", rollout_id
+        )
+    return bool(retired)
