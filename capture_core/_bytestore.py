@@ -9,7 +9,7 @@ Listing reflects every other client's completed writes (no listing cache).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 
 def check_key(key: str) -> str:
@@ -32,6 +32,11 @@ class ByteStore(ABC):
     def get_many(self, keys: Sequence[str]) -> dict[str, bytes | None]:
         """Return several objects; backends with latency override this to read concurrently."""
         return {key: self.get(key) for key in keys}
+
+    def iter_many(self, keys: Sequence[str], chunk: int = 64) -> Iterator[tuple[str, bytes | None]]:
+        """Yield `(key, bytes)` in order, holding at most `chunk` objects in memory at once."""
+        for start in range(0, len(keys), chunk):
+            yield from self.get_many(keys[start : start + chunk]).items()
 
     @abstractmethod
     def create(self, key: str, data: bytes) -> bool:

@@ -13,7 +13,7 @@ import itertools
 import os
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
 from capture_core._bytestore import ByteStore, check_key
 from capture_core.errors import CaptureStoreError
@@ -123,6 +123,11 @@ class LocalStore(ByteStore):
                 return f.read()
         except (FileNotFoundError, NotADirectoryError):
             return None
+
+    def iter_many(self, keys: Sequence[str], chunk: int = 64) -> Iterator[tuple[str, bytes | None]]:
+        """Local reads are cheap: one object at a time keeps memory flat."""
+        for key in keys:
+            yield key, self.get(key)
 
     def create(self, key: str, data: bytes) -> bool:
         target = self._path(key)

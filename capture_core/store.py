@@ -298,10 +298,8 @@ class TokenCaptureStore:
 
     def _read_entries(self, rollout_id: str, names: list[str]) -> list[TokenEntry]:
         keys = [f"{rollout_id}/{ENTRY}/{name}" for name in names]
-        blobs = self._bytes.get_many(keys)
         entries = []
-        for name, key in zip(names, keys, strict=True):
-            data = blobs[key]
+        for name, (key, data) in zip(names, self._bytes.iter_many(keys), strict=True):
             if data is None:
                 raise CaptureStoreError(
                     f"rollout {rollout_id}: object {key} vanished while freezing"

@@ -1,0 +1,190 @@
+"""Finalize throughput and memory on synthetic agentic rollouts, against parsing their JSON.
+
+Baseline, measured in the same run: `orjson.loads` of every stored entry's bytes (already
+in memory). Finalize is `finalize_rollout_token_capture` per rollout from a local store:
+freeze, read, validate, build, project and check contiguity.
+Peak RSS is measured in a fresh process that finalizes one rollout.
+Prints figures and ratios; asserts nothing.
+Usage: .venv/bin/python -m bench.finalize_bench [--preset many|long|all] [--rollouts N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import orjson
+
+from capture_core.delivery import finalize_rollout_token_capture
+from capture_core.store import TokenCaptureStore
+from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    rollouts: int
+    shape: RolloutShape
+
+
+PRESETS = {
+    "many": Preset(
+        "200 rollouts x 16 turns (S=1024, G=512, I=256)",
+        200,
+        RolloutShape(turns=16, prompt_tokens=1024, generated_tokens=512, tool_tokens=256),
+    ),
+    "long": Preset(
+        "1 rollout x 1000 turns (S=256, G=32, I=16)",
+        1,
+        RolloutShape(turns=1000, prompt_tokens=256, generated_tokens=32, tool_tokens=16),
+    ),
+}
+
+
+def write_captures(root: str, preset: Preset, rollouts: int) -> list[dict]:
+    """Capture every rollout; every 10th has a resolved retry, every 25th a lost call."""
+    store = TokenCaptureStore(root)
+    records = []
+    with ThreadPoolExecutor(16) as pool:
+        for i in range(rollouts):
+            shape = preset.shape
+            if i % 10 == 3:
+                shape = RolloutShape(**{**shape.__dict__, "retried_turn": shape.turns // 2})
+            rollout_id = f"{i}-0"
+            list(pool.map(store.put_now, synthetic_rollout(rollout_id, shape, seed=i)))
+            if i % 25 == 7:
+                store.mark_incomplete_now(rollout_id, "lost-call", reason="server restarted")
+            records.append(rollout_record(i, 0))
+    return records
+
+
+def stored_entry_blobs(root: str) -> list[bytes]:
+    blobs = []
+    for folder, _dirs, files in os.walk(root):
+        if os.path.basename(folder) == "e":
+            for name in files:
+                with open(os.path.join(folder, name), "rb") as f:
+                    blobs.append(f.read())
+    return blobs
+
+
+def parse_seconds(blobs: list[bytes]) -> float:
+    start = time.perf_counter()
+    for blob in blobs:
+        orjson.loads(blob)
+    return time.perf_counter() - start
+
+
+def finalize_seconds(root: str, records: list[dict]) -> tuple[float, int]:
+    store = TokenCaptureStore(root)
+
+    async def run() -> int:
+        masked = 0
+        for record in records:
+            # A fresh copy, dropped after use, as the pipeline drops each batch after upload.
+            built = await finalize_rollout_token_capture(orjson.loads(orjson.dumps(record)), store)
+            masked += bool(built and built["mask_sample"])
+        return masked
+
+    start = time.perf_counter()
+    masked = asyncio.run(run())
+    return time.perf_counter() - start, masked
+
+
+def high_water_rss() -> int:
+    """Peak resident bytes of this process (VmHWM resets on exec, unlike ru_maxrss)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def peak_rss_child(root: str, record: dict) -> None:
+    """Run in a fresh process: print baseline and peak RSS (bytes) around one finalize."""
+    store = TokenCaptureStore(root)
+    before = high_water_rss()
+    built = asyncio.run(finalize_rollout_token_capture(record, store))
+    after = high_water_rss()
+    assert built is not None
+    print(orjson.dumps({"before": before, "after": after}).decode())
+
+
+def peak_rss(root: str, record: dict) -> tuple[int, int]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.finalize_bench",
+            "--rss-child",
+            root,
+            orjson.dumps(record).decode(),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    figures = orjson.loads(out.stdout.strip().splitlines()[-1])
+    return figures["before"], figures["after"]
+
+
+def run_preset(key: str, rollouts: int | None) -> None:
+    preset = PRESETS[key]
+    count = rollouts or preset.rollouts
+    root = tempfile.mkdtemp(prefix=f"tokcap-bench-{key}-")
+    try:
+        start = time.perf_counter()
+        records = write_captures(root, preset, count)
+        blobs = stored_entry_blobs(root)
+        stored = sum(len(b) for b in blobs)
+        print(
+            f"\n== {preset.name}, {count} rollout(s): {len(blobs)} entries, "
+            f"{stored / 2**20:.1f} MiB stored (captured in {time.perf_counter() - start:.1f}s)"
+        )
+        parse = parse_seconds(blobs)
+        finalize, masked = finalize_seconds(root, records)
+        print(f"orjson parse of all entries: {parse:.3f}s")
+        print(f"finalize all rollouts:       {finalize:.3f}s ({masked} masked)")
+        print(f"ratio finalize/parse = {finalize / parse:.2f}x (goal <= 3x)")
+        if key == "long":
+            fresh = tempfile.mkdtemp(prefix="tokcap-bench-rss-")
+            try:
+                write_captures(fresh, preset, 1)
+                before, after = peak_rss(fresh, rollout_record(0, 0))
+            finally:
+                shutil.rmtree(fresh, ignore_errors=True)
+            print(
+                f"peak RSS of one finalize: {after / 2**20:.0f} MiB "
+                f"({(after - before) / 2**20:.0f} MiB above the {before / 2**20:.0f} MiB "
+                f"baseline); ratio growth/stored bytes = {(after - before) / stored:.2f}x "
+                "(goal <= 2x)"
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    logging.getLogger("capture_core").setLevel(logging.ERROR)
+    if len(sys.argv) == 4 and sys.argv[1] == "--rss-child":
+        peak_rss_child(sys.argv[2], orjson.loads(sys.argv[3]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--preset", choices=["many", "long", "all"], default="all")
+    parser.add_argument("--rollouts", type=int, default=None, help="override the rollout count")
+    args = parser.parse_args()
+    for key in ("many", "long") if args.preset == "all" else (args.preset,):
+        run_preset(key, args.rollouts)
+
+
+if __name__ == "__main__":
+    main()
