@@ -2,7 +2,8 @@
 
 Keys are `/`-separated paths relative to the store root, built only from validated segments.
 A missing key reads as `None`; backend exceptions are translated into `capture_core.errors`.
-Every write is create-only, so concurrent writers never overwrite each other.
+Capture and handoff writes are create-only, so concurrent writers never overwrite each other;
+`replace` exists for derived reports (ledgers) that are rewritten on every run.
 Listing reflects every other client's completed writes (no listing cache).
 """
 
@@ -46,6 +47,10 @@ class ByteStore(ABC):
         """
 
     @abstractmethod
+    def replace(self, key: str, data: bytes) -> None:
+        """Durably write `data`, atomically replacing any existing object (reports only)."""
+
+    @abstractmethod
     def exists(self, key: str) -> bool:
         """Whether the object exists."""
 
@@ -60,6 +65,10 @@ class ByteStore(ABC):
     @abstractmethod
     def delete(self, keys: Iterable[str]) -> None:
         """Delete objects; missing ones are fine. Callers verify by listing."""
+
+    @abstractmethod
+    def probe(self, must_exist: bool) -> None:
+        """Raise a clear error when the store cannot be used (missing root, bucket, endpoint)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook; most backends hold nothing
         """Release resources. Safe to repeat."""

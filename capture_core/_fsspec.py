@@ -60,18 +60,25 @@ def _is_connection_error(exc: BaseException) -> bool:
     )
 
 
+def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem and path of a URL, with the deliberate S3 defaults applied."""
+    options = dict(storage_options or {})
+    protocol = fsspec.core.split_protocol(url)[0] or "file"
+    s3 = protocol in ("s3", "s3a")
+    fs, path = fsspec.core.url_to_fs(url, **(_s3_options(options) if s3 else options))
+    if s3:
+        fs.retries = S3_CLIENT_RETRIES
+    return fs, path
+
+
 class FsspecStore(ByteStore):
     """A byte store at an fsspec URL; `storage_options` go to the filesystem constructor."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.url = url.rstrip("/")
         self._options = dict(storage_options or {})
-        protocol = fsspec.core.split_protocol(self.url)[0] or "file"
-        options = _s3_options(self._options) if protocol in ("s3", "s3a") else self._options
-        self.fs, self._root = fsspec.core.url_to_fs(self.url, **options)
-        if protocol in ("s3", "s3a"):
-            self.fs.retries = S3_CLIENT_RETRIES
-        self._root = self._root.rstrip("/")
+        self.fs, root = filesystem_for(self.url, self._options)
+        self._root = root.rstrip("/")
         self._atomic_create = bool(getattr(self.fs, "async_impl", False))
 
     def __reduce__(self) -> tuple[type[FsspecStore], tuple[str, dict[str, Any]]]:
@@ -107,6 +114,21 @@ class FsspecStore(ByteStore):
         return CaptureStoreError(
             f"storage at {self.url} failed to {what}: {type(exc).__name__}: {exc}"
         )
+
+    def probe(self, must_exist: bool) -> None:
+        bucket = self._root.split("/", 1)[0]
+        try:
+            reachable = self.fs.exists(bucket) if self.fs.protocol[0].startswith("s3") else True
+        except Exception as exc:
+            raise self._translate(exc, "reach the bucket") from exc
+        if not reachable:
+            raise FileNotFoundError(f"bucket {bucket!r} of {self.url} does not exist; create it")
+        if (
+            must_exist
+            and not self.fs.protocol[0].startswith("s3")
+            and not self.fs.exists(self._root)
+        ):
+            raise FileNotFoundError(f"store root {self.url} does not exist")
 
     def get(self, key: str) -> bytes | None:
         try:
@@ -152,6 +174,12 @@ class FsspecStore(ByteStore):
         except Exception as exc:
             raise self._translate(exc, f"create {key}") from exc
         return True
+
+    def replace(self, key: str, data: bytes) -> None:
+        try:
+            self.fs.pipe_file(self._path(key), data)
+        except Exception as exc:
+            raise self._translate(exc, f"write {key}") from exc
 
     def exists(self, key: str) -> bool:
         try:

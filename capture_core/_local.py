@@ -117,6 +117,20 @@ class LocalStore(ByteStore):
         with self._dirs_lock:
             self._known_dirs = {d for d in self._known_dirs if not d.startswith(path)}
 
+    def probe(self, must_exist: bool) -> None:
+        if os.path.isdir(self.root):
+            if not os.access(self.root, os.W_OK):
+                raise PermissionError(
+                    f"store root {self.root} is not writable; fix its permissions"
+                )
+            return
+        if os.path.exists(self.root):
+            raise NotADirectoryError(f"store root {self.root} is not a directory")
+        if must_exist:
+            raise FileNotFoundError(
+                f"store root {self.root} does not exist; check the path (captures live there)"
+            )
+
     def get(self, key: str) -> bytes | None:
         try:
             with open(self._path(key), "rb") as f:
@@ -129,9 +143,8 @@ class LocalStore(ByteStore):
         for key in keys:
             yield key, self.get(key)
 
-    def create(self, key: str, data: bytes) -> bool:
-        target = self._path(key)
-        folder = os.path.dirname(target)
+    def _write_temporary(self, data: bytes) -> str:
+        """Write and fsync `data` to a fresh temporary file; return its path."""
         self._ensure_dir(self._tmp_dir)
         name = f"{os.getpid()}-{self._tmp_token}-{next(self._tmp_counter)}"
         tmp = os.path.join(self._tmp_dir, name)
@@ -143,10 +156,23 @@ class LocalStore(ByteStore):
             os.fsync(fd)
         finally:
             os.close(fd)
+        return tmp
+
+    def create(self, key: str, data: bytes) -> bool:
+        target = self._path(key)
+        tmp = self._write_temporary(data)
         try:
-            return self._publish(tmp, target, folder)
+            return self._publish(tmp, target, os.path.dirname(target))
         finally:
             os.unlink(tmp)
+
+    def replace(self, key: str, data: bytes) -> None:
+        target = self._path(key)
+        folder = os.path.dirname(target)
+        tmp = self._write_temporary(data)
+        self._ensure_dir(folder)
+        os.replace(tmp, target)
+        self._dir_sync.sync(folder)
 
     def _publish(self, tmp: str, target: str, folder: str) -> bool:
         for _attempt in range(3):

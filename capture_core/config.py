@@ -125,3 +125,34 @@ def build_configured_sink(config: TokenIdCaptureConfig) -> Any:
     if config.dir:
         return TokenCaptureStore(config.dir)
     raise ValueError("token_id_capture has no `sink` and no `dir`; nothing to build")
+
+
+SECRET_OPTION_WORDS = ("key", "secret", "token", "password", "credential")
+PUBLIC_OPTION_KEYS = {"endpoint_url", "region_name", "anon", "use_ssl", "requester_pays"}
+
+
+def public_storage_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Refuse credentials in storage options that would be stored as flow parameters.
+
+    Flow parameters are kept by the Prefect API and shown in its UI, so secrets travel only
+    through the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN).
+    """
+    found = sorted(_secret_paths(dict(options or {})))
+    if found:
+        raise ValueError(
+            f"storage options {found} look like credentials; pass them through the environment "
+            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or an AWS profile, "
+            "never as flow parameters, which the Prefect UI shows"
+        )
+    return dict(options or {})
+
+
+def _secret_paths(options: Mapping[str, Any], prefix: str = "") -> list[str]:
+    found = []
+    for key, value in options.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            found.extend(_secret_paths(value, path + "."))
+        elif key not in PUBLIC_OPTION_KEYS and any(w in key.lower() for w in SECRET_OPTION_WORDS):
+            found.append(path)
+    return found

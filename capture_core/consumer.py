@@ -159,7 +159,7 @@ def clear_token_captures_for_rollouts(
     """
     if not token_capture_dirs:
         return
-    rollout_ids, malformed = rollout_ids_of(records)
+    rollout_ids, malformed, _without_id = rollout_ids_of(records)
     store = TokenCaptureStore(token_capture_dirs[0])
     for rollout_id in rollout_ids:
         store.delete(rollout_id)
@@ -170,19 +170,22 @@ def clear_token_captures_for_rollouts(
         )
 
 
-def rollout_ids_of(records: Iterable[Any]) -> tuple[list[str], list[str]]:
-    """Distinct rollout ids of the records that have one, and a description of each bad one."""
+def rollout_ids_of(records: Iterable[Any]) -> tuple[list[str], list[str], int]:
+    """Distinct rollout ids, a description of each malformed one, and how many had no id."""
     ids: dict[str, None] = {}
     malformed: list[str] = []
+    without_id = 0
     for position, record in enumerate(records):
         try:
             rollout_id = maybe_rollout_id_from_run_body(record)
         except ValueError as exc:
             malformed.append(f"record {position}: {exc}")
             continue
-        if rollout_id is not None:
+        if rollout_id is None:
+            without_id += 1
+        else:
             ids[validate_rollout_id(rollout_id)] = None
-    return list(ids), malformed
+    return list(ids), malformed, without_id
 
 
 def token_id_capture_dirs_from_config(

@@ -63,19 +63,22 @@ def capture_build_can_retire(built: dict | None) -> bool:
     return built.get("rebuilt_response") is not None or bool(built.get(_REDUNDANT_CAPTURE_KEY))
 
 
-async def finalize_rollout_token_capture(result: dict, source: TokenSource | None) -> dict | None:
+async def finalize_rollout_token_capture(
+    result: dict, source: TokenSource | None, *, builder: str = "prefix_merging"
+) -> dict | None:
     """Rebuild one finished rollout record's `response.output` from its recorded token ids.
 
     Call it after the harness and verifier finish the record; it mutates `result` in place,
     replacing only `response.output` and keeping the reward and every other field.
     It freezes through `source` and never retires. It never raises: missing or ambiguous
     tokens mask the rollout. Returns the build, or `None` when there is no source (or a
-    record that already carries token ids cannot be frozen).
+    record that already carries token ids cannot be frozen). `builder` is an extension;
+    single-response delivery accepts only `prefix_merging`.
     """
     if source is None:
         return None
     try:
-        return await _finalize(result, source)
+        return await _finalize(result, source, builder)
     except Exception as exc:
         return _unusable(
             result,
@@ -84,7 +87,7 @@ async def finalize_rollout_token_capture(result: dict, source: TokenSource | Non
         )
 
 
-async def _finalize(result: dict, source: TokenSource) -> dict | None:
+async def _finalize(result: dict, source: TokenSource, builder: str) -> dict | None:
     try:
         rollout_id = maybe_rollout_id_from_run_body(result)
     except ValueError as exc:
@@ -102,7 +105,7 @@ async def _finalize(result: dict, source: TokenSource) -> dict | None:
         return _unusable(result, error, f"rollout {rollout_id} masked: capture unreadable: {error}")
     response = result.get("response")
     model = str(response.get("model") or "") if isinstance(response, dict) else ""
-    built = build_from_snapshot(snapshot, "prefix_merging", model)
+    built = build_from_snapshot(snapshot, builder, model)
     _apply(result, built)
     return built
 

@@ -30,3 +30,19 @@ class CaptureConflictError(CaptureStoreError):
 
 class UnreadableCaptureError(CaptureStoreError):
     """A stored object is not a valid record for this reader (garbage, or a newer schema)."""
+
+
+class HandoffConflictError(CaptureStoreError):
+    """A destination object already exists with other content; it is never overwritten."""
+
+
+class TransientStoreError(CaptureStoreError):
+    """A batch met a storage failure that a retry may fix; nothing of it was handed off."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying might help: unreachable storage and I/O hiccups, not bad data or access."""
+    if isinstance(exc, (StoreUnavailableError, TransientStoreError, ConnectionError, TimeoutError)):
+        return True
+    permanent = (PermissionError, FileNotFoundError, IsADirectoryError, NotADirectoryError)
+    return isinstance(exc, OSError) and not isinstance(exc, permanent)

@@ -1,0 +1,323 @@
+"""Batches of rollouts: finalize, durable handoff to a destination, and retirement by receipt.
+
+A batch is finalized through `finalize_rollout_token_capture`, the one finalize path.
+A storage failure while freezing fails the batch (retry it); it never becomes a masked record.
+The part file is written create-only, durably, and verified by reading it back.
+A receipt names the part, its digest and each rollout's snapshot; only it permits retirement.
+Masked and failed rollouts are never retired. This module does not import Prefect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, Field
+
+from capture_core._bytestore import ByteStore
+from capture_core.consumer import SNAPSHOT_KEY
+from capture_core.delivery import (
+    capture_build_can_retire,
+    finalize_rollout_token_capture,
+    mask_reason,
+)
+from capture_core.errors import HandoffConflictError, TransientStoreError, is_transient
+from capture_core.protocols import TokenCaptureSnapshot, TokenSource
+from capture_core.rollout_io import BatchPlan, ParsedLine
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutOutcome(BaseModel):
+    """What finalization did with one input line."""
+
+    line: int
+    rollout_id: str | None = None
+    masked: bool = False
+    mask_reason: str | None = None
+    can_retire: bool = False
+    snapshot_id: str | None = None
+    version: int | None = None
+    delivered_fraction: float | None = None
+    error: str | None = None
+
+    @property
+    def emitted(self) -> bool:
+        """Whether a finalized record was produced (malformed input lines produce none)."""
+        return self.error is None
+
+
+class FinalizedBatch(BaseModel):
+    """A finalized batch ready for upload: its part bytes and per-rollout outcomes."""
+
+    index: int
+    receipt_key: str
+    part_key: str
+    part: bytes
+    outcomes: list[RolloutOutcome]
+
+
+class HandoffReceipt(BaseModel):
+    """Proof that a batch's records are durably stored at the destination."""
+
+    run_id: str
+    batch: int
+    receipt_key: str
+    part_key: str
+    sha256: str
+    bytes: int
+    records: int
+    rollouts: list[RolloutOutcome]
+
+
+class RetireOutcome(BaseModel):
+    """Which rollouts of a receipt were retired, kept (with why), or failed transiently."""
+
+    receipt_key: str
+    retired: list[str] = Field(default_factory=list)
+    kept: dict[str, str] = Field(default_factory=dict)
+    failed: dict[str, str] = Field(default_factory=dict)
+
+
+def receipt_key(batch: BatchPlan) -> str:
+    """A key that says what the receipt certifies: this batch index of this exact input."""
+    return f"batch-{batch.index:05d}-{batch.sha256[:16]}"
+
+
+def part_key(run_id: str, batch: BatchPlan) -> str:
+    return f"{run_id}/records/part-{batch.index:05d}-{batch.sha256[:16]}.jsonl"
+
+
+class _TransientGuard:
+    """A source wrapper that remembers storage failures the finalizer would turn into masks."""
+
+    def __init__(self, source: TokenSource) -> None:
+        self.source = source
+        self.failure: BaseException | None = None
+
+    async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
+        try:
+            return await self.source.freeze(rollout_id)
+        except Exception as exc:
+            if is_transient(exc):
+                self.failure = exc
+            raise
+
+    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
+        return await self.source.drop(rollout_id, snapshot_id=snapshot_id, version=version)
+
+    async def close(self) -> None:
+        return None
+
+
+def _outcome(line: int, result: dict, built: dict | None) -> RolloutOutcome:
+    snapshot = (built or {}).get(SNAPSHOT_KEY) or {}
+    masked = bool(result.get("mask_sample"))
+    reason = mask_reason(built) if built else None
+    capture = result.get("_ng_token_capture") or {}
+    return RolloutOutcome(
+        line=line,
+        rollout_id=(built or {}).get("rollout_id") or plain_rollout_id(result),
+        masked=masked,
+        mask_reason=(reason or capture.get("error") or "masked") if masked else None,
+        can_retire=capture_build_can_retire(built) and not masked,
+        snapshot_id=snapshot.get("snapshot_id"),
+        version=snapshot.get("version"),
+        delivered_fraction=capture.get("delivered_fraction"),
+    )
+
+
+def plain_rollout_id(result: dict) -> str | None:
+    """The record's rollout id, or `None` when it has none or a malformed one."""
+    from capture_core.ids import maybe_rollout_id_from_run_body
+
+    try:
+        return maybe_rollout_id_from_run_body(result)
+    except ValueError:
+        return None
+
+
+async def finalize_batch(
+    run_id: str,
+    batch: BatchPlan,
+    lines: list[ParsedLine],
+    source: TokenSource,
+    builder: str = "prefix_merging",
+) -> FinalizedBatch:
+    """Finalize every record of a batch in input order and encode the part file.
+
+    Raises `TransientStoreError` if the source failed in a way a retry may fix.
+    """
+    guard = _TransientGuard(source)
+    outcomes: list[RolloutOutcome] = []
+    chunks: list[bytes] = []
+    for parsed in lines:
+        if parsed.record is None:
+            outcomes.append(RolloutOutcome(line=parsed.line, masked=True, error=parsed.error))
+            continue
+        record = parsed.record
+        built = await finalize_rollout_token_capture(record, guard, builder=builder)
+        if guard.failure is not None:
+            raise TransientStoreError(
+                f"batch {batch.index}: capture store failed at line {parsed.line}: "
+                f"{guard.failure}; nothing of this batch was handed off, retry it"
+            ) from guard.failure
+        outcomes.append(_outcome(parsed.line, record, built))
+        chunks.append(orjson.dumps(record) + b"\n")
+    return FinalizedBatch(
+        index=batch.index,
+        receipt_key=receipt_key(batch),
+        part_key=part_key(run_id, batch),
+        part=b"".join(chunks),
+        outcomes=outcomes,
+    )
+
+
+def upload_part(dest: ByteStore, key: str, data: bytes) -> tuple[str, int]:
+    """Write a part create-only and verify it; return its sha256 and size.
+
+    An identical existing part (a re-run, or a write whose reply was lost) is accepted.
+    A different one raises `HandoffConflictError` and is left untouched.
+    """
+    digest = hashlib.sha256(data).hexdigest()
+    if not data:
+        return digest, 0
+    dest.create(key, data)
+    stored = dest.get(key)
+    if stored is None:
+        raise TransientStoreError(f"part {dest.url}/{key} is not readable right after writing it")
+    if len(stored) != len(data) or hashlib.sha256(stored).hexdigest() != digest:
+        raise HandoffConflictError(
+            f"destination part {dest.url}/{key} already exists with other content "
+            f"({len(stored)} bytes, not {len(data)}); it is never overwritten. Move it away "
+            "if it is stale, or finalize into a new run id"
+        )
+    return digest, len(data)
+
+
+def handoff_batch(run_id: str, finalized: FinalizedBatch, dest: ByteStore) -> HandoffReceipt:
+    """Durably hand a finalized batch off and return its receipt."""
+    digest, size = upload_part(dest, finalized.part_key, finalized.part)
+    return HandoffReceipt(
+        run_id=run_id,
+        batch=finalized.index,
+        receipt_key=finalized.receipt_key,
+        part_key=finalized.part_key,
+        sha256=digest,
+        bytes=size,
+        records=sum(1 for o in finalized.outcomes if o.emitted),
+        rollouts=finalized.outcomes,
+    )
+
+
+async def retire_receipt(receipt: HandoffReceipt, source: TokenSource) -> RetireOutcome:
+    """Retire the rollouts a receipt marks retirable, each by its exact snapshot.
+
+    Transient failures are collected, not raised, so the caller can record them and retry.
+    """
+    outcome = RetireOutcome(receipt_key=receipt.receipt_key)
+    for rollout in receipt.rollouts:
+        if not rollout.rollout_id:
+            continue
+        if not rollout.can_retire or rollout.snapshot_id is None or rollout.version is None:
+            continue
+        try:
+            retired = await source.drop(
+                rollout.rollout_id, snapshot_id=rollout.snapshot_id, version=rollout.version
+            )
+        except Exception as exc:
+            bucket = outcome.failed if is_transient(exc) else outcome.kept
+            bucket[rollout.rollout_id] = f"{type(exc).__name__}: {exc}"
+            continue
+        if retired:
+            outcome.retired.append(rollout.rollout_id)
+        else:
+            outcome.kept[rollout.rollout_id] = "capture changed since it was frozen; kept"
+    return outcome
+
+
+class LedgerLine(BaseModel):
+    """One rollout's fate in a run."""
+
+    rollout_id: str | None
+    line: int
+    finalized: bool
+    handed_off: bool
+    masked: bool
+    mask_reason: str | None = None
+    retired: bool = False
+    error: str | None = None
+    delivered_fraction: float | None = None
+
+
+def ledger_lines(
+    receipts: list[HandoffReceipt],
+    retirements: Mapping[str, RetireOutcome],
+    failed_batches: Mapping[int, tuple[list[RolloutOutcome], str]],
+) -> list[LedgerLine]:
+    """The run ledger, in input order: handed-off batches and failed ones."""
+    lines: list[LedgerLine] = []
+    for receipt in receipts:
+        retire = retirements.get(receipt.receipt_key, RetireOutcome(receipt_key=""))
+        for rollout in receipt.rollouts:
+            rid = rollout.rollout_id
+            error = rollout.error or retire.failed.get(rid or "") or retire.kept.get(rid or "")
+            lines.append(
+                LedgerLine(
+                    rollout_id=rid,
+                    line=rollout.line,
+                    finalized=rollout.emitted,
+                    handed_off=rollout.emitted,
+                    masked=rollout.masked,
+                    mask_reason=rollout.mask_reason,
+                    retired=rid in retire.retired,
+                    error=error,
+                    delivered_fraction=rollout.delivered_fraction,
+                )
+            )
+    for outcomes, error in failed_batches.values():
+        for rollout in outcomes:
+            lines.append(
+                LedgerLine(
+                    rollout_id=rollout.rollout_id,
+                    line=rollout.line,
+                    finalized=rollout.emitted,
+                    handed_off=False,
+                    masked=rollout.masked,
+                    mask_reason=rollout.mask_reason,
+                    error=rollout.error or error,
+                )
+            )
+    return sorted(lines, key=lambda line: line.line)
+
+
+def encode_ledger(lines: list[LedgerLine]) -> bytes:
+    return b"".join(orjson.dumps(line.model_dump()) + b"\n" for line in lines)
+
+
+def open_source(
+    store: str,
+    storage_options: Mapping[str, Any] | None = None,
+    source_kwargs: Mapping[str, Any] | None = None,
+) -> TokenSource:
+    """A `TokenCaptureStore` at a path or URL, or a `module.path:ClassName` source class."""
+    from capture_core.config import load_capture_class
+    from capture_core.store import TokenCaptureStore
+
+    if is_class_spec(store):
+        return load_capture_class(store, source_kwargs, TokenSource)
+    return TokenCaptureStore(store, storage_options)
+
+
+def is_class_spec(store: str) -> bool:
+    """Whether `store` names a class (`pkg.module:Class`) rather than a location."""
+    module, sep, name = store.partition(":")
+    return (
+        bool(sep)
+        and "/" not in store
+        and module.replace(".", "").replace("_", "").isalnum()
+        and name.isidentifier()
+    )

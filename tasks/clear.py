@@ -1,0 +1,48 @@
+"""The dispatch-time clear as a task: delete the captures of rollouts about to be dispatched."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from capture_core.handoff import open_source
+from tasks.common import TRANSIENT_RETRIES
+
+
+@task(name="clear-captures", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+def clear_captures(
+    rollout_ids: list[str],
+    store: str,
+    storage_options: Mapping[str, Any] | None = None,
+    source_kwargs: Mapping[str, Any] | None = None,
+) -> int:
+    """Delete each rollout's capture, tombstone included; safe to repeat. Returns the count."""
+    source = open_source(store, storage_options, source_kwargs)
+    delete = getattr(source, "delete", None)
+    if delete is None:
+        raise ValueError(f"source {store} has no delete(rollout_id); it cannot clear captures")
+    for rollout_id in rollout_ids:
+        delete(rollout_id)
+    get_run_logger().info("cleared captures of %d rollouts in %s", len(rollout_ids), store)
+    return len(rollout_ids)
+
+
+@task(name="read-rollout-ids", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+def read_rollout_ids(
+    rollouts: str, storage_options: Mapping[str, Any] | None = None
+) -> tuple[list[str], list[str], int]:
+    """Distinct rollout ids of a records file, descriptions of bad lines, and id-less count."""
+    from capture_core.consumer import rollout_ids_of
+    from capture_core.rollout_io import read_records
+
+    records, problems = [], []
+    for parsed in read_records(rollouts, storage_options):
+        if parsed.record is None:
+            problems.append(parsed.error or f"line {parsed.line}: unreadable")
+        else:
+            records.append(parsed.record)
+    ids, malformed, without_id = rollout_ids_of(records)
+    return ids, problems + malformed, without_id

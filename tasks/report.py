@@ -1,0 +1,80 @@
+"""The run report task: the ledger file and the Prefect UI artifacts of one run."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from capture_core.handoff import (
+    HandoffReceipt,
+    LedgerLine,
+    RetireOutcome,
+    RolloutOutcome,
+    encode_ledger,
+    ledger_lines,
+)
+from capture_core.run_report import RunSummary, markdown_report, summarize, summary_table
+from capture_core.store import open_byte_store
+from tasks.common import TRANSIENT_RETRIES
+
+
+def artifact_key(run_id: str, kind: str) -> str:
+    """Artifact keys allow lowercase letters, digits and dashes only."""
+    return f"tokcap-{kind}-" + re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
+
+
+@task(name="write-run-report", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+def write_run_report(
+    run_id: str,
+    dest: str,
+    receipts: list[HandoffReceipt],
+    retirements: dict[str, RetireOutcome],
+    failed_batches: dict[int, tuple[list[RolloutOutcome], str]],
+    batch_seconds: dict[int, float],
+    already_handed_off: int,
+    errors: list[str],
+    storage_options: Mapping[str, Any] | None = None,
+) -> RunSummary:
+    """Write `<dest>/<run_id>/ledger.jsonl`, publish the table and markdown artifacts."""
+    ledger = ledger_lines(receipts, retirements, failed_batches)
+    open_byte_store(dest, storage_options).replace(f"{run_id}/ledger.jsonl", encode_ledger(ledger))
+    summary = summarize(run_id, ledger)
+    summary.already_handed_off = already_handed_off
+    summary.errors = errors
+    summary.records_prefix = f"{dest.rstrip('/')}/{run_id}/records/"
+    summary.ledger = f"{dest.rstrip('/')}/{run_id}/ledger.jsonl"
+    publish_artifacts(summary, ledger, batch_seconds)
+    get_run_logger().info(
+        "run %s: %d handed off, %d masked, %d retired, %d failed",
+        run_id,
+        summary.handed_off,
+        summary.masked,
+        summary.retired,
+        summary.failed,
+    )
+    return summary
+
+
+def publish_artifacts(
+    summary: RunSummary, ledger: list[LedgerLine], batch_seconds: dict[int, float]
+) -> None:
+    delivered = [
+        line.delivered_fraction
+        for line in ledger
+        if not line.masked and line.delivered_fraction is not None
+    ]
+    create_table_artifact(
+        key=artifact_key(summary.run_id, "summary"),
+        table=summary_table(summary),
+        description=f"tokcap finalization run {summary.run_id}",
+    )
+    create_markdown_artifact(
+        key=artifact_key(summary.run_id, "report"),
+        markdown=markdown_report(summary, delivered, batch_seconds),
+        description=f"tokcap report for run {summary.run_id}",
+    )
