@@ -79,6 +79,7 @@ class FsspecStore(ByteStore):
         self._options = dict(storage_options or {})
         self.fs, root = filesystem_for(self.url, self._options)
         self._root = root.rstrip("/")
+        self._is_s3 = self.url.startswith(("s3://", "s3a://"))
         self._atomic_create = bool(getattr(self.fs, "async_impl", False))
 
     def __reduce__(self) -> tuple[type[FsspecStore], tuple[str, dict[str, Any]]]:
@@ -116,18 +117,17 @@ class FsspecStore(ByteStore):
         )
 
     def probe(self, must_exist: bool) -> None:
-        bucket = self._root.split("/", 1)[0]
-        try:
-            reachable = self.fs.exists(bucket) if self.fs.protocol[0].startswith("s3") else True
-        except Exception as exc:
-            raise self._translate(exc, "reach the bucket") from exc
-        if not reachable:
-            raise FileNotFoundError(f"bucket {bucket!r} of {self.url} does not exist; create it")
-        if (
-            must_exist
-            and not self.fs.protocol[0].startswith("s3")
-            and not self.fs.exists(self._root)
-        ):
+        if self._is_s3:
+            bucket = self._root.split("/", 1)[0]
+            try:
+                self.fs.call_s3("head_bucket", Bucket=bucket)
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(
+                    f"bucket {bucket!r} of {self.url} does not exist; create it or fix the URL"
+                ) from exc
+            except Exception as exc:
+                raise self._translate(exc, f"reach bucket {bucket!r}") from exc
+        elif must_exist and not self.fs.exists(self._root):
             raise FileNotFoundError(f"store root {self.url} does not exist")
 
     def get(self, key: str) -> bytes | None:

@@ -36,6 +36,10 @@ class HandoffConflictError(CaptureStoreError):
     """A destination object already exists with other content; it is never overwritten."""
 
 
+class RetirementFailedError(CaptureStoreError):
+    """Some captures of a handed-off batch could not be retired; they are kept, retry later."""
+
+
 class TransientStoreError(CaptureStoreError):
     """A batch met a storage failure that a retry may fix; nothing of it was handed off."""
 

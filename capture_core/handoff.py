@@ -25,6 +25,7 @@ from capture_core.delivery import (
     mask_reason,
 )
 from capture_core.errors import HandoffConflictError, TransientStoreError, is_transient
+from capture_core.faults import crash_point
 from capture_core.protocols import TokenCaptureSnapshot, TokenSource
 from capture_core.rollout_io import BatchPlan, ParsedLine
 
@@ -74,12 +75,16 @@ class HandoffReceipt(BaseModel):
 
 
 class RetireOutcome(BaseModel):
-    """Which rollouts of a receipt were retired, kept (with why), or failed transiently."""
+    """Which rollouts of a receipt were retired, kept (capture changed), or failed (errors).
+
+    Only an outcome without failures is final; `transient` says whether a retry may fix them.
+    """
 
     receipt_key: str
     retired: list[str] = Field(default_factory=list)
     kept: dict[str, str] = Field(default_factory=dict)
     failed: dict[str, str] = Field(default_factory=dict)
+    transient: bool = True
 
 
 def receipt_key(batch: BatchPlan) -> str:
@@ -185,6 +190,7 @@ def upload_part(dest: ByteStore, key: str, data: bytes) -> tuple[str, int]:
     digest = hashlib.sha256(data).hexdigest()
     if not data:
         return digest, 0
+    crash_point("mid-upload")
     dest.create(key, data)
     stored = dest.get(key)
     if stored is None:
@@ -216,7 +222,7 @@ def handoff_batch(run_id: str, finalized: FinalizedBatch, dest: ByteStore) -> Ha
 async def retire_receipt(receipt: HandoffReceipt, source: TokenSource) -> RetireOutcome:
     """Retire the rollouts a receipt marks retirable, each by its exact snapshot.
 
-    Transient failures are collected, not raised, so the caller can record them and retry.
+    Failures are collected, not raised, so one bad rollout does not stop the others.
     """
     outcome = RetireOutcome(receipt_key=receipt.receipt_key)
     for rollout in receipt.rollouts:
@@ -229,11 +235,12 @@ async def retire_receipt(receipt: HandoffReceipt, source: TokenSource) -> Retire
                 rollout.rollout_id, snapshot_id=rollout.snapshot_id, version=rollout.version
             )
         except Exception as exc:
-            bucket = outcome.failed if is_transient(exc) else outcome.kept
-            bucket[rollout.rollout_id] = f"{type(exc).__name__}: {exc}"
+            outcome.failed[rollout.rollout_id] = f"{type(exc).__name__}: {exc}"
+            outcome.transient = outcome.transient and is_transient(exc)
             continue
         if retired:
             outcome.retired.append(rollout.rollout_id)
+            crash_point("mid-retire")
         else:
             outcome.kept[rollout.rollout_id] = "capture changed since it was frozen; kept"
     return outcome

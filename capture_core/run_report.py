@@ -34,7 +34,8 @@ class RunSummary(BaseModel):
 
     @property
     def ok(self) -> bool:
-        return self.failed == 0 and not self.errors
+        """No failed rollout, no unreadable input line, no error."""
+        return self.failed == 0 and self.malformed_lines == 0 and not self.errors
 
 
 def reason_category(reason: str | None) -> str:
@@ -56,7 +57,7 @@ def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
         mask_reasons=dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         handed_off=sum(1 for line in ledger if line.handed_off),
         retired=sum(1 for line in ledger if line.retired),
-        failed=sum(1 for line in ledger if not line.handed_off),
+        failed=sum(1 for line in ledger if line.finalized and not line.handed_off),
         malformed_lines=sum(1 for line in ledger if not line.finalized and line.rollout_id is None),
     )
 

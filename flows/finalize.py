@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from capture_core.builder import BUILDERS
 from capture_core.config import public_storage_options
+from capture_core.faults import crash_point
 from capture_core.handoff import HandoffReceipt, RetireOutcome, RolloutOutcome, receipt_key
 from capture_core.run_manifest import validate_run_id
 from capture_core.run_report import RunSummary, reason_category
@@ -158,9 +159,7 @@ def finalize_run(
             receipts.append(receipt)
             if key in earlier:
                 gate.add(receipt.rollouts)
-            outcome = _retire(retire, receipt, dest, store, options, source_kwargs, errors)
-            if outcome is not None:
-                retirements[key] = outcome
+            retirements[key] = _retire(retire, receipt, dest, store, options, source_kwargs, errors)
         seconds[batch.index] = time.perf_counter() - started
         update_progress_artifact(progress, 100.0 * done / max(1, len(plan.batches)))
 
@@ -200,6 +199,7 @@ def _finalize_and_upload(
         failed[batch.index] = (describe_batch(rollouts, batch, options), message)
         errors.append(message)
         return None, None
+    crash_point("after-finalize")
     gate.add(finalized.outcomes)
     abort = gate.exceeded()
     if abort is not None:
@@ -222,12 +222,19 @@ def _retire(
     options: Mapping[str, Any],
     source_kwargs: Mapping[str, Any] | None,
     errors: list[str],
-) -> RetireOutcome | None:
+) -> RetireOutcome:
     try:
         return retire(receipt, dest, store, options, source_kwargs)
     except Exception as exc:
         errors.append(f"batch {receipt.batch}: retirement failed: {exc}")
-        return None
+        return RetireOutcome(
+            receipt_key=receipt.receipt_key,
+            failed={
+                r.rollout_id: f"retirement failed: {exc}"
+                for r in receipt.rollouts
+                if r.rollout_id and r.can_retire
+            },
+        )
 
 
 @flow(name="retire-uploaded", flow_run_name="retire {run_id}")
@@ -248,9 +255,8 @@ def retire_uploaded(
     retire = retire_batch.with_options(result_storage=receipt_storage(dest, run_id, options))
     errors: list[str] = []
     outcomes = [
-        outcome
+        _retire(retire, receipt, dest, store, options, source_kwargs, errors)
         for receipt in receipts.values()
-        if (outcome := _retire(retire, receipt, dest, store, options, source_kwargs, errors))
     ]
     mark_retired(dest, run_id, [rid for o in outcomes for rid in o.retired], options)
     counts = {

@@ -13,7 +13,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from capture_core.errors import TransientStoreError
+from capture_core.errors import RetirementFailedError, TransientStoreError
+from capture_core.faults import crash_point
 from capture_core.handoff import (
     FinalizedBatch,
     HandoffReceipt,
@@ -91,6 +92,7 @@ def upload_batch(
 ) -> HandoffReceipt:
     """Write the batch's part durably, verify it, and return the receipt Prefect persists."""
     receipt = handoff_batch(run_id, finalized, open_byte_store(dest, storage_options))
+    crash_point("after-upload")
     get_run_logger().info(
         "batch %d: handed off %d records (%d bytes, sha256 %s) to %s",
         receipt.batch,
@@ -117,6 +119,7 @@ def retire_batch(
     source_kwargs: Mapping[str, Any] | None = None,
 ) -> RetireOutcome:
     """Retire the batch's retirable captures, only once its receipt exists in result storage."""
+    crash_point("after-receipt")
     persisted = read_receipt(dest, receipt.run_id, receipt.receipt_key, storage_options)
     if persisted is None or persisted.sha256 != receipt.sha256:
         raise RuntimeError(
@@ -132,8 +135,9 @@ def retire_batch(
         len(outcome.kept),
     )
     if outcome.failed:
-        raise TransientStoreError(
-            f"batch {receipt.batch}: {len(outcome.failed)} retirements failed: "
+        error = TransientStoreError if outcome.transient else RetirementFailedError
+        raise error(
+            f"batch {receipt.batch}: {len(outcome.failed)} retirements failed, captures kept: "
             + "; ".join(f"{k}: {v}" for k, v in sorted(outcome.failed.items())[:5])
         )
     return outcome

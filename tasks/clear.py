@@ -8,6 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from capture_core.faults import crash_point
 from capture_core.handoff import open_source
 from tasks.common import TRANSIENT_RETRIES
 
@@ -26,6 +27,7 @@ def clear_captures(
         raise ValueError(f"source {store} has no delete(rollout_id); it cannot clear captures")
     for rollout_id in rollout_ids:
         delete(rollout_id)
+        crash_point("mid-clear")
     get_run_logger().info("cleared captures of %d rollouts in %s", len(rollout_ids), store)
     return len(rollout_ids)
 

@@ -57,3 +57,13 @@ def store_location(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict[
         return f"memory://tokcap-{uuid.uuid4().hex[:12]}", {}
     options = request.getfixturevalue("s3_options")
     return f"s3://{make_bucket(options)}/captures", dict(options)
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """One Prefect test server per session; yields its API URL for subprocesses."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield str(PREFECT_API_URL.value())

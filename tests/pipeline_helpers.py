@@ -1,0 +1,77 @@
+"""Helpers for pipeline tests: captured rollout batches, destination readers, CLI runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import orjson
+
+from capture_core.store import TokenCaptureStore, open_byte_store
+from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_batch(
+    store: TokenCaptureStore, count: int, *, masked: set[int] = frozenset(), task: int = 7
+) -> list[dict[str, Any]]:
+    """Capture `count` rollouts `task-i`; those in `masked` get an auxiliary call (2 roots)."""
+    records = []
+    for i in range(count):
+        shape = RolloutShape(
+            turns=3, prompt_tokens=16, generated_tokens=4, tool_tokens=2, auxiliary_call=i in masked
+        )
+        for entry in synthetic_rollout(f"{task}-{i}", shape):
+            store.put_now(entry)
+        records.append(rollout_record(task, i, reward=float(i % 2)))
+    return records
+
+
+def write_rollouts(
+    url: str, records: list[dict], options: dict | None = None, extra_lines: list[bytes] = ()
+) -> str:
+    data = b"".join(orjson.dumps(r) + b"\n" for r in records) + b"".join(extra_lines)
+    if "://" in url:
+        import fsspec
+
+        from capture_core._fsspec import filesystem_for
+
+        fs, path = filesystem_for(url, options)
+        fs.pipe_file(path, data)
+        assert isinstance(fs, fsspec.AbstractFileSystem)
+    else:
+        with open(url, "wb") as f:
+            f.write(data)
+    return url
+
+
+def dest_records(dest: str, run_id: str, options: dict | None = None) -> list[dict]:
+    """Every finalized record in the run's part files, in part order."""
+    byte_store = open_byte_store(dest, options)
+    records = []
+    for key in byte_store.list_prefix(f"{run_id}/records"):
+        data = byte_store.get(key) or b""
+        records.extend(orjson.loads(line) for line in data.splitlines() if line)
+    return records
+
+
+def rollout_ids(records: list[dict]) -> list[str]:
+    return [f"{r['_ng_task_index']}-{r['_ng_rollout_index']}" for r in records]
+
+
+def run_cli(
+    args: list[str], api_url: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Run `tokcap` as a real subprocess against the session's Prefect server."""
+    full_env = {**os.environ, "PREFECT_API_URL": api_url, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
