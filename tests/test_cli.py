@@ -1,0 +1,170 @@
+"""Each `tokcap` command as a real subprocess, with its summaries and error messages."""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+import pytest
+
+from capture_core.rollout_io import plan_rollout_file
+from capture_core.store import TokenCaptureStore, open_byte_store
+from tests.pipeline_helpers import make_batch, run_cli, write_rollouts
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+
+@pytest.fixture()
+def run_inputs(tmp_path) -> dict[str, str]:
+    store = str(tmp_path / "store")
+    rollouts = write_rollouts(
+        str(tmp_path / "in.jsonl"), make_batch(TokenCaptureStore(store), 4, masked={1})
+    )
+    return {"store": store, "dest": str(tmp_path / "dest"), "rollouts": rollouts}
+
+
+def test_finalize_then_status(run_inputs, prefect_api: str) -> None:
+    done = run_cli(
+        [
+            "finalize",
+            "--rollouts",
+            run_inputs["rollouts"],
+            "--store",
+            run_inputs["store"],
+            "--dest",
+            run_inputs["dest"],
+            "--run-id",
+            "cli-1",
+            "--batch-size",
+            "2",
+        ],
+        prefect_api,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "handed off" in done.stdout and "masked: 2 roots and 2 chains" in done.stdout
+    status = run_cli(
+        ["status", "--dest", run_inputs["dest"], "--run-id", "cli-1", "--json"], prefect_api
+    )
+    assert status.returncode == 0, status.stderr
+    report = orjson.loads(status.stdout)
+    assert report["summary"]["handed_off"] == 4 and report["summary"]["retired"] == 3
+    assert report["manifest"]["batches"] == 2
+
+
+def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefect_api: str) -> None:
+    batch = plan_rollout_file(run_inputs["rollouts"], 2).batches[0]
+    blocker = f"cli-2/records/part-00000-{batch.sha256[:16]}.jsonl"
+    open_byte_store(run_inputs["dest"]).create(blocker, b"other\n")
+    args = [
+        "finalize",
+        "--rollouts",
+        run_inputs["rollouts"],
+        "--store",
+        run_inputs["store"],
+        "--dest",
+        run_inputs["dest"],
+        "--run-id",
+        "cli-2",
+        "--batch-size",
+        "2",
+    ]
+    failed = run_cli(args, prefect_api)
+    assert failed.returncode == 1 and "already exists with other content" in failed.stderr
+    open_byte_store(run_inputs["dest"]).delete([blocker])
+    again = run_cli(
+        [
+            "retrigger",
+            "--dest",
+            run_inputs["dest"],
+            "--run-id",
+            "cli-2",
+            "--store",
+            run_inputs["store"],
+        ],
+        prefect_api,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "2 newly handed off, 1 newly retired, 0 still failing" in again.stdout
+    retire = run_cli(
+        [
+            "retire",
+            "--dest",
+            run_inputs["dest"],
+            "--run-id",
+            "cli-2",
+            "--store",
+            run_inputs["store"],
+        ],
+        prefect_api,
+    )
+    assert retire.returncode == 0 and "3 captures retired from 2 receipts" in retire.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (
+            [
+                "finalize",
+                "--rollouts",
+                "{rollouts}",
+                "--store",
+                "{missing}",
+                "--dest",
+                "{dest}",
+                "--run-id",
+                "x",
+            ],
+            1,
+            "store root .* does not exist",
+        ),
+        (
+            [
+                "finalize",
+                "--rollouts",
+                "nope://bucket/in.jsonl",
+                "--store",
+                "{store}",
+                "--dest",
+                "{dest}",
+                "--run-id",
+                "x",
+            ],
+            1,
+            "Protocol not known: nope",
+        ),
+        (["status", "--dest", "{dest}", "--run-id", "never"], 2, "unknown run id never"),
+        (
+            ["retrigger", "--dest", "{dest}", "--run-id", "never", "--store", "{store}"],
+            1,
+            "unknown run id never",
+        ),
+        (
+            [
+                "finalize",
+                "--rollouts",
+                "{rollouts}",
+                "--store",
+                "{store}",
+                "--dest",
+                "{dest}",
+                "--run-id",
+                "../up",
+            ],
+            1,
+            "malformed run id",
+        ),
+        (
+            ["clear", "--rollouts", "{rollouts}", "--store", "{store}", "--storage-option", "oops"],
+            2,
+            "must look like key=value",
+        ),
+    ],
+)
+def test_errors_name_the_problem(
+    run_inputs, tmp_path, prefect_api: str, args: list[str], code: int, message: str
+) -> None:
+    values = {**run_inputs, "missing": str(tmp_path / "missing")}
+    result = run_cli([a.format(**values) for a in args], prefect_api)
+    assert result.returncode == code, result.stderr[-1500:]
+    assert re.search(message, result.stderr), result.stderr[-1500:]
