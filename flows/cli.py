@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     finalize.add_argument("--builder", default="prefix_merging")
     finalize.add_argument("--max-mask-fraction", type=float, default=None)
     finalize.add_argument("--mask-fraction-min-samples", type=int, default=50)
+    finalize.add_argument(
+        "--task-runner",
+        default=None,
+        metavar="dask[=ADDRESS]",
+        help="run finalize batches on a Dask cluster (local when no address)",
+    )
     _add_storage(finalize)
 
     clear = commands.add_parser("clear", help="dispatch-time clear of the given rollouts")
@@ -107,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="end-to-end demo on a local store")
     demo.add_argument("--workdir", default="tokcap-demo")
+
+    serve = commands.add_parser("serve", help="serve the deployments with their schedules")
+    serve.add_argument("--inbox", required=True, help="folder URL of rollout files to finalize")
+    serve.add_argument("--store", required=True)
+    serve.add_argument("--dest", required=True)
+    serve.add_argument("--cron", default="*/10 * * * *")
     return parser
 
 
@@ -117,9 +129,12 @@ def _storage(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def cmd_finalize(args: argparse.Namespace) -> int:
     from flows.finalize import finalize_run
+    from flows.runners import task_runner_from_spec
 
     options, source_kwargs = _storage(args)
-    summary = finalize_run(
+    runner = task_runner_from_spec(args.task_runner)
+    flow = finalize_run.with_options(task_runner=runner) if runner else finalize_run
+    summary = flow(
         rollouts=args.rollouts,
         store=args.store,
         dest=args.dest,
@@ -195,6 +210,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"run {args.run_id} ({manifest.rollouts}, {manifest.batches} batches)")
         print_summary(summary)
     return 0 if summary.ok else 1
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from flows.serve import serve_deployments
+
+    serve_deployments(args.inbox, args.store, args.dest, args.cron)
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -43,6 +43,7 @@ def write_rollouts(
         fs.pipe_file(path, data)
         assert isinstance(fs, fsspec.AbstractFileSystem)
     else:
+        os.makedirs(os.path.dirname(url), exist_ok=True)
         with open(url, "wb") as f:
             f.write(data)
     return url

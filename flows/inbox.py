@@ -1,0 +1,130 @@
+"""`finalize_inbox`: finalize every rollout file under an inbox that is not finalized yet.
+
+Completion is judged from the destination (each file's run ledger), never from memory, so a
+scheduled deployment can run it every few minutes. Files that appear while it runs are picked
+up next time; a file that keeps failing is reported and given up after `max_attempts`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, Field
+
+from capture_core._fsspec import filesystem_for
+from capture_core.config import public_storage_options
+from capture_core.inbox import attempts, record_attempt, run_completed, run_id_for_file
+from capture_core.store import open_byte_store
+from flows.finalize import finalize_run
+from tasks.common import TRANSIENT_RETRIES
+
+
+class InboxReport(BaseModel):
+    """What one pass over the inbox did, by file URL."""
+
+    finalized: list[str] = Field(default_factory=list)
+    already_done: list[str] = Field(default_factory=list)
+    failed: dict[str, str] = Field(default_factory=dict)
+    given_up: list[str] = Field(default_factory=list)
+
+
+class InboxFile(BaseModel):
+    url: str
+    run_id: str
+    done: bool
+    attempts: int
+
+
+@task(name="scan-inbox", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+def scan_inbox(
+    inbox: str, pattern: str, dest: str, storage_options: dict[str, Any] | None = None
+) -> list[InboxFile]:
+    """The inbox's rollout files, each with its run id and whether its run completed."""
+    fs, root = filesystem_for(inbox, storage_options)
+    protocol = inbox.split("://", 1)[0] + "://" if "://" in inbox else ""
+    paths = sorted(fs.glob(f"{root.rstrip('/')}/{pattern}"))
+    dest_store = open_byte_store(dest, storage_options)
+    files = []
+    for path in paths:
+        url = protocol + path if protocol and not path.startswith(protocol) else path
+        run_id = run_id_for_file(url)
+        files.append(
+            InboxFile(
+                url=url,
+                run_id=run_id,
+                done=run_completed(dest_store, run_id),
+                attempts=attempts(dest_store, run_id),
+            )
+        )
+    return files
+
+
+@task(name="record-attempt", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+def note_attempt(dest: str, run_id: str, storage_options: dict[str, Any] | None = None) -> None:
+    record_attempt(open_byte_store(dest, storage_options), run_id)
+
+
+@flow(name="finalize-inbox", flow_run_name="inbox {inbox}")
+def finalize_inbox(
+    inbox: str,
+    store: str,
+    dest: str,
+    pattern: str = "*.jsonl",
+    batch_size: int = 500,
+    max_mask_fraction: float | None = None,
+    max_attempts: int = 3,
+    storage_options: dict[str, Any] | None = None,
+    source_kwargs: dict[str, Any] | None = None,
+) -> InboxReport:
+    """Run `finalize_run` for each inbox file whose run has not completed."""
+    options = public_storage_options(storage_options)
+    logger = get_run_logger()
+    report = InboxReport()
+    for item in scan_inbox(inbox, pattern, dest, options):
+        if item.done:
+            report.already_done.append(item.url)
+            continue
+        if item.attempts >= max_attempts:
+            report.given_up.append(item.url)
+            logger.error(
+                "giving up on %s after %d failed attempts (run %s); see its ledger",
+                item.url,
+                item.attempts,
+                item.run_id,
+            )
+            continue
+        note_attempt(dest, item.run_id, options)
+        try:
+            summary = finalize_run(
+                item.url,
+                store,
+                dest,
+                item.run_id,
+                batch_size=batch_size,
+                max_mask_fraction=max_mask_fraction,
+                storage_options=options,
+                source_kwargs=source_kwargs,
+            )
+        except Exception as exc:
+            report.failed[item.url] = str(exc)
+            logger.warning(
+                "finalizing %s failed (attempt %d): %s", item.url, item.attempts + 1, exc
+            )
+            continue
+        if summary.ok:
+            report.finalized.append(item.url)
+        else:
+            report.failed[item.url] = (
+                f"{summary.malformed_lines} unreadable lines; see {summary.ledger}"
+            )
+    logger.info(
+        "inbox %s: %d finalized, %d already done, %d failed, %d given up",
+        inbox,
+        len(report.finalized),
+        len(report.already_done),
+        len(report.failed),
+        len(report.given_up),
+    )
+    return report
