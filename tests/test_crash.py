@@ -10,6 +10,7 @@ from capture_core.rollout_io import plan_rollout_file
 from capture_core.store import TokenCaptureStore, open_byte_store
 from tasks.receipts import read_receipt
 from tests.pipeline_helpers import dest_records, make_batch, rollout_ids, run_cli, write_rollouts
+from tests.reliability_figures import record_figure
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -76,11 +77,55 @@ def test_crash_then_rerun_gives_the_clean_run_output(
     records = dest_records(dest, "crashy")
     assert rollout_ids(records) == [f"7-{i}" for i in range(COUNT)]
     assert records == reference, "the re-run's records equal an uninterrupted run's"
+    record_figure("crash_points_survived", 1)
+    record_figure("records_lost", len(reference) - len(records))
     byte_store = TokenCaptureStore(store).byte_store
     for i in range(COUNT):
         keys = byte_store.list_prefix(f"7-{i}")
         assert (f"7-{i}/RETIRED" in keys) is (i not in MASKED)
         assert any("/e/" in k for k in keys) is (i in MASKED), "masked evidence kept"
+
+
+S3_POINTS = [
+    "after-upload",
+    "mid-retire",
+    pytest.param("after-finalize", marks=pytest.mark.slow),
+    pytest.param("mid-upload", marks=pytest.mark.slow),
+    pytest.param("after-receipt", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("point", S3_POINTS)
+def test_crash_on_s3_then_rerun_gives_the_clean_run_output(
+    point: str, tmp_path, s3_options, prefect_api: str, reference: list[dict]
+) -> None:
+    from tests.conftest import make_bucket
+
+    bucket = make_bucket(s3_options)
+    endpoint = str(s3_options["endpoint_url"])
+    store, dest = f"s3://{bucket}/store", f"s3://{bucket}/dest"
+    options = {"endpoint_url": endpoint}
+    rollouts = write_rollouts(
+        f"s3://{bucket}/in.jsonl",
+        make_batch(TokenCaptureStore(store, options), COUNT, masked=MASKED),
+        options,
+    )
+    args = [
+        *finalize_args(rollouts, store, dest, "crashy"),
+        "--storage-option",
+        f"endpoint_url={endpoint}",
+    ]
+    crashed = run_cli(args, prefect_api, env={CRASH_ENV: point})
+    assert crashed.returncode == -9, f"expected SIGKILL at {point}: {crashed.stderr[-1500:]}"
+    rerun = run_cli(args, prefect_api)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    records = dest_records(dest, "crashy", options)
+    assert records == reference
+    byte_store = TokenCaptureStore(store, options).byte_store
+    for i in range(COUNT):
+        assert (f"7-{i}/RETIRED" in byte_store.list_prefix(f"7-{i}")) is (i not in MASKED)
+    record_figure("crash_points_survived", 1)
+    record_figure("records_lost", len(reference) - len(records))
 
 
 def test_crash_mid_clear_then_rerun_clears_everything(tmp_path, prefect_api: str) -> None:
@@ -98,4 +143,5 @@ def test_crash_mid_clear_then_rerun_clears_everything(tmp_path, prefect_api: str
     again = run_cli(["clear", "--rollouts", rollouts, "--store", store], prefect_api)
     assert again.returncode == 0, again.stderr[-1500:]
     assert "cleared 4 rollouts' captures" in again.stdout
+    record_figure("crash_points_survived", 1)
     assert not any(open_byte_store(store).list_prefix(f"7-{i}") for i in range(4))

@@ -64,3 +64,22 @@ def freeze_together(
     barrier.wait(timeout=120)
     snapshot = store.freeze_now(rollout_id)
     return snapshot.snapshot_id, snapshot.version
+
+
+def chain_entries(rollout_id: str, calls: int) -> list[TokenEntry]:
+    """A linear chain: each call's prompt extends the previous call's prompt and generation."""
+    entries, prompt = [], [1, 2, 3]
+    for call in range(calls):
+        gen = [100 + call, 200 + call]
+        entries.append(
+            TokenEntry(
+                rollout_id=rollout_id,
+                model_call_id=f"c{call}",
+                prompt_token_ids=list(prompt),
+                generation_token_ids=gen,
+                generation_log_probs=[-0.5, -0.25],
+                created_at=float(call),
+            )
+        )
+        prompt = prompt + gen + [7]
+    return entries
