@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import orjson
 
 from capture_core.delivery import finalize_rollout_token_capture
-from capture_core.store import TokenCaptureStore
+from capture_core.store import TokenCaptureStore, encode_entry
 from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
 
@@ -52,20 +52,24 @@ PRESETS = {
 
 
 def write_captures(root: str, preset: Preset, rollouts: int) -> list[dict]:
-    """Capture every rollout; every 10th has a resolved retry, every 25th a lost call."""
+    """Capture every rollout, its calls in order as an agent makes them, rollouts in parallel.
+
+    Every 10th rollout has a resolved retry, every 25th a lost call.
+    """
     store = TokenCaptureStore(root)
-    records = []
+
+    def capture(i: int) -> dict:
+        shape = preset.shape
+        if i % 10 == 3:
+            shape = RolloutShape(**{**shape.__dict__, "retried_turn": shape.turns // 2})
+        for entry in synthetic_rollout(f"{i}-0", shape, seed=i):
+            store.put_now(entry)
+        if i % 25 == 7:
+            store.mark_incomplete_now(f"{i}-0", "lost-call", reason="server restarted")
+        return rollout_record(i, 0)
+
     with ThreadPoolExecutor(16) as pool:
-        for i in range(rollouts):
-            shape = preset.shape
-            if i % 10 == 3:
-                shape = RolloutShape(**{**shape.__dict__, "retried_turn": shape.turns // 2})
-            rollout_id = f"{i}-0"
-            list(pool.map(store.put_now, synthetic_rollout(rollout_id, shape, seed=i)))
-            if i % 25 == 7:
-                store.mark_incomplete_now(rollout_id, "lost-call", reason="server restarted")
-            records.append(rollout_record(i, 0))
-    return records
+        return list(pool.map(capture, range(rollouts)))
 
 
 def stored_entry_blobs(root: str) -> list[bytes]:
@@ -76,6 +80,15 @@ def stored_entry_blobs(root: str) -> list[bytes]:
                 with open(os.path.join(folder, name), "rb") as f:
                     blobs.append(f.read())
     return blobs
+
+
+def full_prompt_blobs(root: str) -> list[bytes]:
+    """Every entry as schema-1 JSON with its whole prompt: the reference's stored form."""
+    store = TokenCaptureStore(root)
+    rollouts = sorted(os.listdir(root))
+    return [
+        encode_entry(e) for r in rollouts if not r.startswith(".") for e in store.read_entries(r)
+    ]
 
 
 def parse_seconds(blobs: list[bytes]) -> float:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import ValidationError
 
+from capture_core import compact
 from capture_core._bytestore import ByteStore
 from capture_core._fsspec import FsspecStore
 from capture_core._local import LocalStore
@@ -108,7 +109,7 @@ class TokenCaptureStore:
         self.storage_options = dict(storage_options or {})
         self._bytes = open_byte_store(self.root, self.storage_options)
         self._pool: ThreadPoolExecutor | None = None
-        self._closed = False
+        self._recent = compact.RecentCumulatives()
 
     def __repr__(self) -> str:
         return f"TokenCaptureStore({self.root!r})"
@@ -156,29 +157,47 @@ class TokenCaptureStore:
         """
         record = coerce_token_entry(entry)
         rollout_id = validate_rollout_id(record.rollout_id)
-        data = encode_entry(record)
-        key = f"{rollout_id}/{ENTRY}/{call_key(record.model_call_id)}"
+        name = call_key(record.model_call_id)
+        key = f"{rollout_id}/{ENTRY}/{name}"
+        encoded = compact.encode(
+            record,
+            name,
+            self._recent,
+            lambda parent: self._bytes.exists(f"{rollout_id}/{ENTRY}/{parent}"),
+        )
         if self._fence(rollout_id):
-            if self._bytes.get(key) == data:
+            if self._same_entry(key, encoded):
                 return
             raise CaptureFencedError(
                 f"rollout {rollout_id} is already frozen or retired; call "
                 f"{record.model_call_id!r} arrived too late and was not recorded"
             )
-        if self._bytes.create(key, data):
+        if self._bytes.create(key, encoded.data):
+            self._remember(rollout_id, encoded)
             if self._fence(rollout_id):
                 raise CaptureFencedError(
                     f"call {record.model_call_id!r} of rollout {rollout_id} raced its freeze; "
                     "the frozen snapshot may lack it, so retiring that snapshot will fail"
                 )
             return
-        if self._bytes.get(key) != data:
-            reason = f"call {record.model_call_id!r} was captured twice with different payloads"
-            self._write_marker(rollout_id, record.model_call_id, reason)
-            raise CaptureConflictError(
-                f"rollout {rollout_id}: {reason}; the rollout is marked incomplete and will be "
-                "masked. Use a fresh model_call_id for every call"
-            )
+        if self._same_entry(key, encoded):
+            self._remember(rollout_id, encoded)
+            return
+        reason = f"call {record.model_call_id!r} was captured twice with different payloads"
+        self._write_marker(rollout_id, record.model_call_id, reason)
+        raise CaptureConflictError(
+            f"rollout {rollout_id}: {reason}; the rollout is marked incomplete and will be "
+            "masked. Use a fresh model_call_id for every call"
+        )
+
+    def _same_entry(self, key: str, encoded: compact.EncodedEntry) -> bool:
+        """Whether the stored object is the same logical entry (its stored form may differ)."""
+        existing = self._bytes.get(key)
+        return existing is not None and compact.stored_identity(existing) == encoded.identity
+
+    def _remember(self, rollout_id: str, encoded: compact.EncodedEntry) -> None:
+        if encoded.cumulative is not None:
+            self._recent.remember(rollout_id, encoded.cumulative)
 
     async def mark_incomplete(
         self, rollout_id: str, model_call_id: str = "", reason: str = ""
@@ -253,8 +272,8 @@ class TokenCaptureStore:
         if f"{rollout_id}/{RETIRED}" in keys:
             self._refuse_retired(rollout_id)
         events = _events(rollout_id, keys)
-        entries = self._read_entries(rollout_id, events[ENTRY])
-        reasons = self._incomplete_reasons(rollout_id, events, entries)
+        entries, reasons = self._read_entries(rollout_id, events[ENTRY])
+        reasons += self._incomplete_reasons(rollout_id, events, entries)
         return TokenCaptureSnapshot(
             rollout_id=rollout_id,
             entries=tuple(entries),
@@ -296,16 +315,25 @@ class TokenCaptureStore:
                 f"({exc}); inspect it, then delete the rollout's capture"
             ) from exc
 
-    def _read_entries(self, rollout_id: str, names: list[str]) -> list[TokenEntry]:
+    def _read_entries(
+        self, rollout_id: str, names: list[str]
+    ) -> tuple[list[TokenEntry], list[str]]:
+        """Parse, rebuild and validate entries; return them and why any could not be rebuilt."""
         keys = [f"{rollout_id}/{ENTRY}/{name}" for name in names]
-        entries = []
+        stored: dict[str, compact.StoredEntry] = {}
         for name, (key, data) in zip(names, self._bytes.iter_many(keys), strict=True):
             if data is None:
                 raise CaptureStoreError(
                     f"rollout {rollout_id}: object {key} vanished while freezing"
                 )
-            entries.append(decode_entry(rollout_id, key, name, data))
-        return entries
+            stored[name] = parse_stored_entry(rollout_id, key, name, data)
+        reasons = compact.rebuild_prompts(stored)
+        entries = [
+            finish_entry(rollout_id, f"{rollout_id}/{ENTRY}/{name}", item)
+            for name, item in stored.items()
+            if item.prompt is not None
+        ]
+        return entries, reasons
 
     def _incomplete_reasons(
         self, rollout_id: str, events: dict[str, list[str]], entries: list[TokenEntry]
@@ -325,7 +353,7 @@ class TokenCaptureStore:
         """Read a rollout's entries without freezing it (diagnostics; no consistency promise)."""
         validate_rollout_id(rollout_id)
         events = _events(rollout_id, self._bytes.list_prefix(rollout_id))
-        return self._read_entries(rollout_id, events[ENTRY])
+        return self._read_entries(rollout_id, events[ENTRY])[0]
 
     # -- retire and delete ----------------------------------------------------------------
 
@@ -391,6 +419,7 @@ class TokenCaptureStore:
         Used by the dispatch-time clear. Safe to repeat; verified by listing.
         """
         validate_rollout_id(rollout_id)
+        self._recent.forget(rollout_id)
         for _attempt in range(3):
             keys = self._bytes.list_prefix(rollout_id)
             if not keys:
@@ -449,20 +478,41 @@ def _events(rollout_id: str, keys: list[str]) -> dict[str, list[str]]:
     return events
 
 
-def decode_entry(rollout_id: str, key: str, name: str, data: bytes) -> TokenEntry:
-    """Parse a stored entry, refusing garbage, newer schemas and misplaced records by name."""
+def _unreadable(rollout_id: str, key: str, detail: str) -> UnreadableCaptureError:
+    return UnreadableCaptureError(
+        f"rollout {rollout_id}: object {key} is not a readable token entry: {detail}"
+    )
+
+
+def parse_stored_entry(rollout_id: str, key: str, name: str, data: bytes) -> compact.StoredEntry:
+    """Parse a stored entry of either stored schema, refusing garbage by name."""
     try:
-        entry = TokenEntry.model_validate(orjson.loads(data))
+        stored = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise _unreadable(rollout_id, key, str(exc)) from exc
+    if not isinstance(stored, dict):
+        raise _unreadable(rollout_id, key, "not a JSON object")
+    try:
+        return compact.parse_stored(name, stored)
+    except (ValueError, TypeError) as exc:
+        raise _unreadable(rollout_id, key, str(exc)) from exc
+
+
+def finish_entry(rollout_id: str, key: str, stored: compact.StoredEntry) -> TokenEntry:
+    """Validate a rebuilt entry, refusing newer schemas and misplaced records by name.
+
+    A delta's tail was validated with its fields and its prefix belongs to its validated
+    parent, so the rebuilt prompt is attached without re-checking every token.
+    """
+    delta = stored.tail is not None and stored.prompt is not stored.tail
+    fields = {**stored.fields, "prompt_token_ids": stored.tail if delta else stored.prompt}
+    try:
+        entry = TokenEntry.model_validate(fields)
     except ValidationError as exc:
-        raise UnreadableCaptureError(
-            f"rollout {rollout_id}: object {key} is not a readable token entry: "
-            f"{describe_validation_error(exc)}"
-        ) from exc
-    except (orjson.JSONDecodeError, TypeError) as exc:
-        raise UnreadableCaptureError(
-            f"rollout {rollout_id}: object {key} is not a readable token entry: {exc}"
-        ) from exc
-    if entry.rollout_id != rollout_id or call_key(entry.model_call_id) != name:
+        raise _unreadable(rollout_id, key, describe_validation_error(exc)) from exc
+    if delta:
+        entry.prompt_token_ids = stored.prompt  # type: ignore[assignment]
+    if entry.rollout_id != rollout_id or call_key(entry.model_call_id) != stored.name:
         raise UnreadableCaptureError(
             f"rollout {rollout_id}: object {key} holds call {entry.model_call_id!r} of rollout "
             f"{entry.rollout_id!r}; it was copied into the wrong place"

@@ -1,0 +1,302 @@
+"""Linear-size stored entries: a call's prompt as a delta against the call it extends.
+
+Stored schema 2 keeps every non-default `TokenEntry` field but the prompt, plus `prompt`: the
+parent call's key, the shared length, the new tokens and a digest of the whole prompt (the
+first 128 bits of sha256 over its int64 bytes).
+Readers rebuild full prompts (sharing token objects with the parent) and check each digest
+incrementally from the parent's, so verification stays linear in the rollout's tokens.
+A missing or altered parent makes the rollout incomplete; it never yields a wrong prompt.
+Stored schema 1 (full prompt, no digest) is still read, and rollouts may mix both.
+Readers of stored schema 1 only refuse schema 2 objects, as they must.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from capture_core.records import TokenEntry, entry_fields
+
+STORED_SCHEMA_VERSION = 2
+_ENCODE = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+# Fields equal to these defaults are left out of stored schema 2; readers restore them.
+_DEFAULTS: dict[str, Any] = {
+    "model": "",
+    "routed_experts": None,
+    "output_items": [],
+    "token_item_index": None,
+    "created_at": 0.0,
+}
+
+
+def _normalized(fields: dict[str, Any]) -> dict[str, Any]:
+    """Fields without the prompt, the schema version, and default-valued optional fields."""
+    return {
+        key: value
+        for key, value in fields.items()
+        if key not in ("prompt_token_ids", "schema_version", "prompt")
+        and not (key in _DEFAULTS and value == _DEFAULTS[key])
+    }
+
+
+def digest_text(hasher: Any) -> str:
+    """A prompt digest as stored: the first 128 bits of sha256, base64url without padding."""
+    return base64.urlsafe_b64encode(hasher.digest()[:16]).rstrip(b"=").decode("ascii")
+
+
+def token_bytes(tokens: Sequence[int]) -> bytes | None:
+    """Tokens as int64 little-endian bytes, or `None` for ids outside int64."""
+    try:
+        return array("q", tokens).tobytes()
+    except (OverflowError, TypeError):
+        return None
+
+
+def _fingerprint(tokens: Sequence[int], length: int) -> tuple[int, int, int]:
+    return (tokens[0], tokens[length // 2], tokens[length - 1])
+
+
+@dataclass(frozen=True)
+class _Cumulative:
+    call_key: str
+    length: int
+    fingerprint: tuple[int, int, int]
+    digest: bytes
+
+
+class RecentCumulatives:
+    """A bounded per-process index of recently stored cumulative sequences, by rollout.
+
+    Lookups never read storage; a miss just means the next put stores its full prompt.
+    """
+
+    def __init__(self, per_rollout: int = 8, rollouts: int = 4096) -> None:
+        self.per_rollout, self.rollouts = per_rollout, rollouts
+        self._index: OrderedDict[str, list[_Cumulative]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def candidates(self, rollout_id: str, prompt: Sequence[int]) -> list[_Cumulative]:
+        with self._lock:
+            known = list(self._index.get(rollout_id, ()))
+        n = len(prompt)
+        return [
+            c for c in known if c.length <= n and _fingerprint(prompt, c.length) == c.fingerprint
+        ]
+
+    def remember(self, rollout_id: str, cumulative: _Cumulative) -> None:
+        with self._lock:
+            entries = self._index.setdefault(rollout_id, [])
+            self._index.move_to_end(rollout_id)
+            entries.append(cumulative)
+            del entries[: -self.per_rollout]
+            while len(self._index) > self.rollouts:
+                self._index.popitem(last=False)
+
+    def forget(self, rollout_id: str) -> None:
+        with self._lock:
+            self._index.pop(rollout_id, None)
+
+
+@dataclass(frozen=True)
+class EncodedEntry:
+    """An entry's stored bytes, its logical identity (fields but prompt, prompt digest), the
+    parent it is a delta against, and the cumulative sequence to remember once it is stored."""
+
+    data: bytes
+    identity: tuple[bytes, str | None]
+    parent: str | None = None
+    cumulative: _Cumulative | None = None
+
+
+def encode(
+    entry: TokenEntry, call_key: str, index: RecentCumulatives, use_parent: Any = None
+) -> EncodedEntry:
+    """Encode an entry as a delta against the longest known parent, or with its full prompt.
+
+    `use_parent(call_key)` may veto a parent (for example one that no longer exists).
+    """
+    prompt = entry.prompt_token_ids
+    rest = _normalized(entry_fields(entry))
+    identity_fields = orjson.dumps(rest, option=_ENCODE)
+    raw = token_bytes(prompt)
+    gen_raw = token_bytes(entry.generation_token_ids)
+    if raw is None or gen_raw is None:
+        data = orjson.dumps({**entry_fields(entry), "schema_version": 1}, option=_ENCODE)
+        return EncodedEntry(data, (identity_fields, None))
+    parent, hasher = _longest_parent(index.candidates(entry.rollout_id, prompt), raw)
+    if parent is not None and use_parent is not None and not use_parent(parent.call_key):
+        parent = None
+    digest = digest_text(hasher)
+    shared = parent.length if parent else 0
+    block = {
+        "sha256": digest,
+        "parent": parent.call_key if parent else None,
+        "shared": shared,
+        "tail": prompt[shared:],
+    }
+    data = orjson.dumps(
+        {**rest, "schema_version": STORED_SCHEMA_VERSION, "prompt": block}, option=_ENCODE
+    )
+    cumulative = hasher.copy()
+    cumulative.update(gen_raw)
+    tokens_at = _TokenView(prompt, entry.generation_token_ids)
+    length = len(prompt) + len(entry.generation_token_ids)
+    remember = None
+    if length:
+        remember = _Cumulative(
+            call_key,
+            length,
+            (tokens_at[0], tokens_at[length // 2], tokens_at[length - 1]),
+            cumulative.digest(),
+        )
+    return EncodedEntry(
+        data, (identity_fields, digest), parent.call_key if parent else None, remember
+    )
+
+
+class _TokenView:
+    """Index into prompt + generation without concatenating them."""
+
+    def __init__(self, prompt: Sequence[int], generation: Sequence[int]) -> None:
+        self.prompt, self.generation = prompt, generation
+
+    def __getitem__(self, i: int) -> int:
+        n = len(self.prompt)
+        return self.prompt[i] if i < n else self.generation[i - n]
+
+
+def _longest_parent(candidates: list[_Cumulative], raw: bytes) -> tuple[_Cumulative | None, Any]:
+    """One sha256 pass over the prompt; the longest candidate whose digest matches wins."""
+    hasher = hashlib.sha256()
+    view = memoryview(raw)
+    done = 0
+    best: _Cumulative | None = None
+    for candidate in sorted(candidates, key=lambda c: c.length):
+        hasher.update(view[done * 8 : candidate.length * 8])
+        done = candidate.length
+        if hasher.digest() == candidate.digest:
+            best = candidate
+    hasher.update(view[done * 8 :])
+    return best, hasher
+
+
+def stored_identity(data: bytes) -> tuple[bytes, str | None] | None:
+    """The logical identity of stored bytes (either schema), or `None` if unreadable."""
+    try:
+        stored = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(stored, dict):
+        return None
+    block = stored.get("prompt")
+    prompt = stored.get("prompt_token_ids")
+    if isinstance(block, dict):
+        digest = block.get("sha256")
+    else:
+        raw = token_bytes(prompt) if isinstance(prompt, list) else None
+        digest = digest_text(hashlib.sha256(raw)) if raw is not None else None
+    return orjson.dumps(_normalized(stored), option=_ENCODE), digest
+
+
+@dataclass
+class StoredEntry:
+    """A parsed stored object before its prompt is rebuilt."""
+
+    name: str
+    fields: dict[str, Any]
+    prompt: list[int] | None
+    parent: str | None = None
+    shared: int = 0
+    tail: list[int] | None = None
+    digest: str | None = None
+
+
+def parse_stored(name: str, stored: dict[str, Any]) -> StoredEntry:
+    """Split a stored object into its fields and prompt parts (schema 1 or 2)."""
+    block = stored.pop("prompt", None)
+    if stored.get("schema_version") == STORED_SCHEMA_VERSION and isinstance(block, dict):
+        stored["schema_version"] = 1
+        tail = block.get("tail")
+        if not isinstance(tail, list):
+            raise ValueError("stored prompt delta has no token list")
+        parent = block.get("parent")
+        return StoredEntry(
+            name,
+            stored,
+            tail if parent is None else None,
+            parent,
+            int(block.get("shared") or 0),
+            tail,
+            block.get("sha256"),
+        )
+    return StoredEntry(name, stored, stored.pop("prompt_token_ids", None))
+
+
+def rebuild_prompts(entries: dict[str, StoredEntry]) -> list[str]:
+    """Fill in every delta entry's full prompt, parents first; return reasons for failures.
+
+    Entries whose prompt cannot be rebuilt exactly keep `prompt = None`.
+    """
+    children: dict[str, list[str]] = {}
+    ready: list[str] = []
+    for name, entry in entries.items():
+        if entry.prompt is not None:
+            ready.append(name)
+        else:
+            children.setdefault(entry.parent or "", []).append(name)
+    hashers: dict[str, Any] = {}
+    reasons: list[str] = []
+    while ready:
+        name = ready.pop()
+        entry = entries[name]
+        prompt_hasher = hashers.pop(name, None)
+        generation = entry.fields.get("generation_token_ids") or []
+        if prompt_hasher is None:
+            raw = token_bytes(entry.prompt or [])
+            if raw is None:
+                continue
+            prompt_hasher = hashlib.sha256(raw)
+            if entry.digest is not None and digest_text(prompt_hasher) != entry.digest:
+                reasons.append(f"call {name}: stored prompt fails its digest check (altered?)")
+                entry.prompt = None
+                continue
+        cumulative = prompt_hasher.copy()
+        cumulative.update(token_bytes(generation) or b"")
+        parent_length = len(entry.prompt or []) + len(generation)
+        for child_name in children.pop(name, ()):
+            child = entries[child_name]
+            if child.shared != parent_length:
+                reasons.append(
+                    f"call {child_name}: prompt delta shares {child.shared} tokens "
+                    f"but its parent {name} has {parent_length}"
+                )
+                continue
+            child_hasher = cumulative.copy()
+            child_hasher.update(token_bytes(child.tail or []) or b"")
+            if digest_text(child_hasher) != child.digest:
+                reasons.append(
+                    f"call {child_name}: rebuilt prompt fails its digest check "
+                    f"(parent {name} altered?)"
+                )
+                continue
+            prompt = list(entry.prompt or [])
+            prompt.extend(generation)
+            prompt.extend(child.tail or [])
+            child.prompt = prompt
+            hashers[child_name] = child_hasher
+            ready.append(child_name)
+    for parent, orphans in children.items():
+        for orphan in orphans:
+            reasons.append(
+                f"call {orphan}: prompt refers to parent {parent or '?'}, which is "
+                "missing or unreadable"
+            )
+    return reasons

@@ -1,0 +1,155 @@
+"""Delta-encoded prompts: exact round trips, corruption detection, mixed stored schemas."""
+
+from __future__ import annotations
+
+import multiprocessing
+import uuid
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from capture_core.records import TokenEntry
+from capture_core.store import TokenCaptureStore, call_key, encode_entry
+from capture_core.synthetic import RolloutShape, synthetic_rollout
+
+
+def stored(store: TokenCaptureStore, rollout_id: str, call: str) -> dict:
+    return orjson.loads(store.byte_store.get(f"{rollout_id}/e/{call_key(call)}") or b"{}")
+
+
+def test_later_calls_are_stored_as_deltas_and_read_back_exactly(tmp_path) -> None:
+    store = TokenCaptureStore(str(tmp_path))
+    entries = synthetic_rollout("r1", RolloutShape(turns=6, prompt_tokens=200))
+    for entry in entries:
+        store.put_now(entry)
+    first, last = stored(store, "r1", "call-00000"), stored(store, "r1", "call-00005")
+    assert first["prompt"]["parent"] is None and last["prompt"]["parent"] == call_key("call-00004")
+    assert len(last["prompt"]["tail"]) == 8 and last["schema_version"] == 2
+    snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r1")
+    assert not snapshot.incomplete
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
+
+
+@st.composite
+def shapes(draw: st.DrawFn) -> list[TokenEntry]:
+    token = st.integers(0, 40)
+    entries: list[TokenEntry] = []
+    roots = draw(st.integers(1, 3))
+    for root in range(roots):
+        prompt = draw(st.lists(token, min_size=1, max_size=5))
+        frontier = [prompt]
+        for turn in range(draw(st.integers(1, 6))):
+            base = draw(st.sampled_from(frontier))
+            gen = draw(st.lists(token, min_size=0, max_size=4))
+            cid = f"r{root}-t{turn}-{len(entries)}"
+            entries.append(
+                TokenEntry(
+                    rollout_id="rt",
+                    model_call_id=cid,
+                    prompt_token_ids=base,
+                    generation_token_ids=gen,
+                    generation_log_probs=[-0.5] * len(gen),
+                )
+            )
+            if draw(st.booleans()):
+                entries.append(entries[-1].model_copy(update={"model_call_id": cid + "-retry"}))
+            frontier.append(base + gen + draw(st.lists(token, max_size=3)))
+    return entries
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(entries=shapes(), order=st.randoms(use_true_random=False))
+def test_round_trip_over_random_shapes(tmp_path, entries: list[TokenEntry], order) -> None:
+    root = str(tmp_path / uuid.uuid4().hex)
+    writers = [TokenCaptureStore(root), TokenCaptureStore(root)]
+    shuffled = list(entries)
+    order.shuffle(shuffled)
+    for i, entry in enumerate(shuffled):
+        writers[i % 2].put_now(entry)
+        writers[i % 2].put_now(entry)
+    snapshot = TokenCaptureStore(root).freeze_now("rt")
+    assert not snapshot.incomplete, snapshot.incomplete_reasons
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == sorted(
+        entries, key=lambda e: e.model_call_id
+    )
+
+
+def _write_half(root: str, rollout_id: str, calls: list[int]) -> None:
+    entries = synthetic_rollout(rollout_id, RolloutShape(turns=8))
+    store = TokenCaptureStore(root)
+    for call in calls:
+        store.put_now(entries[call])
+
+
+def test_writers_in_different_processes(tmp_path) -> None:
+    root = str(tmp_path)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        pool.starmap(_write_half, [(root, "r2", [0, 2, 4, 6]), (root, "r2", [1, 3, 5, 7])])
+    snapshot = TokenCaptureStore(root).freeze_now("r2")
+    assert not snapshot.incomplete
+    expected = synthetic_rollout("r2", RolloutShape(turns=8))
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == expected
+
+
+def rewrite(store: TokenCaptureStore, rollout_id: str, call: str, mutate) -> None:
+    key = f"{rollout_id}/e/{call_key(call)}"
+    data = orjson.loads(store.byte_store.get(key) or b"{}")
+    mutate(data)
+    store.byte_store.delete([key])
+    store.byte_store.create(key, orjson.dumps(data))
+
+
+def test_altered_parent_or_delta_makes_the_snapshot_incomplete_never_wrong(tmp_path) -> None:
+    for target, mutate, expected in (
+        ("call-00001", lambda d: d["prompt"]["tail"].__setitem__(0, 999_999), "digest"),
+        (
+            "call-00002",
+            lambda d: d.__setitem__("generation_token_ids", [1] * len(d["generation_token_ids"])),
+            "digest",
+        ),
+        ("call-00003", lambda d: d["prompt"].__setitem__("parent", call_key("nope")), "missing"),
+    ):
+        root = str(tmp_path / target)
+        store = TokenCaptureStore(root)
+        originals = synthetic_rollout("r3", RolloutShape(turns=5))
+        for entry in originals:
+            store.put_now(entry)
+        rewrite(store, "r3", target, mutate)
+        snapshot = TokenCaptureStore(root).freeze_now("r3")
+        assert snapshot.incomplete and any(expected in r for r in snapshot.incomplete_reasons)
+        by_id = {e.model_call_id: e for e in originals}
+        for entry in snapshot.entries:
+            assert entry.prompt_token_ids == by_id[entry.model_call_id].prompt_token_ids
+
+
+def test_mixed_stored_schemas_and_logical_idempotency(tmp_path) -> None:
+    store = TokenCaptureStore(str(tmp_path))
+    entries = synthetic_rollout("r4", RolloutShape(turns=4))
+    for entry in entries[:2]:
+        store.byte_store.create(f"r4/e/{call_key(entry.model_call_id)}", encode_entry(entry))
+    store.put_now(entries[1])  # identical to the stored schema-1 object: a no-op, now indexed
+    for entry in entries[2:]:
+        store.put_now(entry)
+    store.put_now(entries[0])
+    fresh = TokenCaptureStore(str(tmp_path))
+    fresh.put_now(entries[3])
+    snapshot = fresh.freeze_now("r4")
+    assert not snapshot.incomplete and len(snapshot.entries) == 4
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
+    assert stored(store, "r4", "call-00002")["prompt"]["parent"] == call_key("call-00001")
+
+
+def test_reused_rollout_id_after_clear_does_not_reference_deleted_parents(tmp_path) -> None:
+    writer, clearer = TokenCaptureStore(str(tmp_path)), TokenCaptureStore(str(tmp_path))
+    entries = synthetic_rollout("r5", RolloutShape(turns=3))
+    for entry in entries:
+        writer.put_now(entry)
+    clearer.delete("r5")
+    for entry in entries[1:]:
+        writer.put_now(entry)
+    snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r5")
+    assert not snapshot.incomplete and len(snapshot.entries) == 2
