@@ -1,7 +1,8 @@
 """`TokenCaptureStore`: the capture protocol on any filesystem, without a lock service.
 
 One object per event, every write create-only, so racing writers and freezers stay correct.
-Layout under the root: `<rollout>/e/<call>` entries, `<rollout>/i/<call>` intents,
+Layout under the root: `<rollout>/e/<call>` entries (stored schema 2: prompts as deltas
+against their parent call, see `compact`), `<rollout>/i/<call>` intents,
 `<rollout>/x/<id>` incomplete markers, `<rollout>/FROZEN` (first freezer wins) and
 `<rollout>/RETIRED` (with FROZEN, the tombstone left by a successful drop).
 A snapshot's version is the number of event objects, which only grows until drop or delete.
@@ -84,7 +85,7 @@ def call_key(model_call_id: str) -> str:
 
 
 def encode_entry(entry: TokenEntry) -> bytes:
-    """Canonical bytes of an entry: equal entries encode to equal bytes."""
+    """Canonical stored-schema-1 bytes (whole prompt); still read, written by older versions."""
     return orjson.dumps(entry_fields(entry), option=_ENCODE_OPTIONS)
 
 

@@ -63,6 +63,22 @@ def rollout_ids(records: list[dict]) -> list[str]:
     return [f"{r['_ng_task_index']}-{r['_ng_rollout_index']}" for r in records]
 
 
+def finalize_args(rollouts: str, store: str, dest: str, run_id: str, *extra: str) -> list[str]:
+    """`tokcap finalize` arguments for one run."""
+    return [
+        "finalize",
+        "--rollouts",
+        rollouts,
+        "--store",
+        store,
+        "--dest",
+        dest,
+        "--run-id",
+        run_id,
+        *extra,
+    ]
+
+
 def run_cli(
     args: list[str], api_url: str, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:

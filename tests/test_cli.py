@@ -9,7 +9,7 @@ import pytest
 
 from capture_core.rollout_io import plan_rollout_file
 from capture_core.store import TokenCaptureStore, open_byte_store
-from tests.pipeline_helpers import make_batch, run_cli, write_rollouts
+from tests.pipeline_helpers import finalize_args, make_batch, run_cli, write_rollouts
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -23,23 +23,14 @@ def run_inputs(tmp_path) -> dict[str, str]:
     return {"store": store, "dest": str(tmp_path / "dest"), "rollouts": rollouts}
 
 
-def test_finalize_then_status(run_inputs, prefect_api: str) -> None:
-    done = run_cli(
-        [
-            "finalize",
-            "--rollouts",
-            run_inputs["rollouts"],
-            "--store",
-            run_inputs["store"],
-            "--dest",
-            run_inputs["dest"],
-            "--run-id",
-            "cli-1",
-            "--batch-size",
-            "2",
-        ],
-        prefect_api,
+def run_args(run_inputs: dict[str, str], run_id: str) -> list[str]:
+    return finalize_args(
+        run_inputs["rollouts"], run_inputs["store"], run_inputs["dest"], run_id, "--batch-size", "2"
     )
+
+
+def test_finalize_then_status(run_inputs, prefect_api: str) -> None:
+    done = run_cli(run_args(run_inputs, "cli-1"), prefect_api)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "handed off" in done.stdout and "masked: 2 roots and 2 chains" in done.stdout
     status = run_cli(
@@ -55,19 +46,7 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
     batch = plan_rollout_file(run_inputs["rollouts"], 2).batches[0]
     blocker = f"cli-2/records/part-00000-{batch.sha256[:16]}.jsonl"
     open_byte_store(run_inputs["dest"]).create(blocker, b"other\n")
-    args = [
-        "finalize",
-        "--rollouts",
-        run_inputs["rollouts"],
-        "--store",
-        run_inputs["store"],
-        "--dest",
-        run_inputs["dest"],
-        "--run-id",
-        "cli-2",
-        "--batch-size",
-        "2",
-    ]
+    args = run_args(run_inputs, "cli-2")
     failed = run_cli(args, prefect_api)
     assert failed.returncode == 1 and "already exists with other content" in failed.stderr
     open_byte_store(run_inputs["dest"]).delete([blocker])

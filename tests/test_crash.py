@@ -9,7 +9,14 @@ from capture_core.handoff import receipt_key
 from capture_core.rollout_io import plan_rollout_file
 from capture_core.store import TokenCaptureStore, open_byte_store
 from tasks.receipts import read_receipt
-from tests.pipeline_helpers import dest_records, make_batch, rollout_ids, run_cli, write_rollouts
+from tests.pipeline_helpers import (
+    dest_records,
+    finalize_args,
+    make_batch,
+    rollout_ids,
+    run_cli,
+    write_rollouts,
+)
 from tests.reliability_figures import record_figure
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -19,20 +26,8 @@ COUNT = 6
 FINALIZE_POINTS = ["after-finalize", "mid-upload", "after-upload", "after-receipt", "mid-retire"]
 
 
-def finalize_args(rollouts: str, store: str, dest: str, run_id: str) -> list[str]:
-    return [
-        "finalize",
-        "--rollouts",
-        rollouts,
-        "--store",
-        store,
-        "--dest",
-        dest,
-        "--run-id",
-        run_id,
-        "--batch-size",
-        "2",
-    ]
+def crash_args(rollouts: str, store: str, dest: str, run_id: str) -> list[str]:
+    return finalize_args(rollouts, store, dest, run_id, "--batch-size", "2")
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +38,7 @@ def reference(tmp_path_factory, prefect_api: str) -> list[dict]:
     rollouts = write_rollouts(
         str(base / "in.jsonl"), make_batch(TokenCaptureStore(store), COUNT, masked=MASKED)
     )
-    done = run_cli(finalize_args(rollouts, store, dest, "ref"), prefect_api)
+    done = run_cli(crash_args(rollouts, store, dest, "ref"), prefect_api)
     assert done.returncode == 0, done.stderr[-2000:]
     return dest_records(dest, "ref")
 
@@ -68,7 +63,7 @@ def test_crash_then_rerun_gives_the_clean_run_output(
     rollouts = write_rollouts(
         str(tmp_path / "in.jsonl"), make_batch(TokenCaptureStore(store), COUNT, masked=MASKED)
     )
-    args = finalize_args(rollouts, store, dest, "crashy")
+    args = crash_args(rollouts, store, dest, "crashy")
     crashed = run_cli(args, prefect_api, env={CRASH_ENV: point})
     assert crashed.returncode == -9, f"expected SIGKILL at {point}: {crashed.stderr[-1500:]}"
     assert_nothing_retired_without_receipt(store, dest, rollouts, "crashy")
@@ -111,7 +106,7 @@ def test_crash_on_s3_then_rerun_gives_the_clean_run_output(
         options,
     )
     args = [
-        *finalize_args(rollouts, store, dest, "crashy"),
+        *crash_args(rollouts, store, dest, "crashy"),
         "--storage-option",
         f"endpoint_url={endpoint}",
     ]

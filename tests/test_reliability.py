@@ -18,7 +18,14 @@ from flows.finalize import RunFailedError, finalize_run, retrigger_failed
 from tests import workers
 from tests.conftest import make_bucket
 from tests.fault_proxy import FaultPlan, fault_proxy
-from tests.pipeline_helpers import dest_records, make_batch, rollout_ids, run_cli, write_rollouts
+from tests.pipeline_helpers import (
+    dest_records,
+    finalize_args,
+    make_batch,
+    rollout_ids,
+    run_cli,
+    write_rollouts,
+)
 from tests.reliability_figures import record_figure
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -213,18 +220,7 @@ def test_planted_secret_never_appears_in_outputs(tmp_path, s3_options, prefect_a
     ]
     env = {"AWS_SECRET_ACCESS_KEY": "", "AWS_ACCESS_KEY_ID": ""}
     done = run_cli(
-        [
-            "finalize",
-            "--rollouts",
-            rollouts,
-            "--store",
-            store,
-            "--dest",
-            dest,
-            "--run-id",
-            "secret-run",
-            *creds,
-        ],
+        finalize_args(rollouts, store, dest, "secret-run", *creds),
         prefect_api,
         env=env,
     )
