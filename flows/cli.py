@@ -250,6 +250,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "retrigger": cmd_retrigger,
     "status": cmd_status,
     "demo": cmd_demo,
+    "serve": cmd_serve,
 }
 
 

@@ -120,3 +120,51 @@ def test_deploy_all_then_a_worker_runs_a_triggered_finalize(tmp_path, prefect_ap
     )
     assert asyncio.run(final_state()) == "COMPLETED", output[-3000:]
     assert len(dest_records(dest, "deployed")) == 3
+
+
+def test_tokcap_serve_registers_the_scheduled_inbox_deployment(tmp_path, prefect_api: str) -> None:
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    served = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "serve",
+            "--inbox",
+            str(tmp_path / "inbox"),
+            "--store",
+            str(tmp_path / "store"),
+            "--dest",
+            str(tmp_path / "dest"),
+            "--cron",
+            "*/5 * * * *",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    async def inbox_cron() -> list[str]:
+        async with get_client() as client:
+            flows = {f.id: f.name for f in await client.read_flows()}
+            return [
+                s.schedule.cron
+                for d in await client.read_deployments()
+                if flows.get(d.flow_id) == "finalize-inbox"
+                and d.name == "inbox"
+                and d.parameters.get("inbox") == str(tmp_path / "inbox")
+                for s in d.schedules
+            ]
+
+    import asyncio
+
+    try:
+        wait_until(
+            lambda: asyncio.run(inbox_cron()) == ["*/5 * * * *"],
+            120,
+            "tokcap serve to register its deployments",
+        )
+    finally:
+        served.terminate()
+        served.wait(timeout=60)
