@@ -8,6 +8,7 @@ runs the dispatch-time clear, finalize, durable handoff and retire, and prints t
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import orjson
@@ -35,6 +36,9 @@ def _record(rollout_id: str) -> dict:
 def write_inputs(workdir: str) -> tuple[str, str, list[dict]]:
     """Capture the demo batch into `<workdir>/store`; return store, rollouts file, records."""
     store_root = os.path.join(workdir, "store")
+    shutil.rmtree(
+        store_root, ignore_errors=True
+    )  # the demo's own store; earlier runs' outputs stay
     store = TokenCaptureStore(store_root)
     stale = synthetic_rollout("0-0", RolloutShape(turns=2), seed=99)
     for entry in stale:
