@@ -39,12 +39,13 @@ _DEFAULTS: dict[str, Any] = {
 
 def _normalized(fields: dict[str, Any]) -> dict[str, Any]:
     """Fields without the prompt, the schema version, and default-valued optional fields."""
-    return {
-        key: value
-        for key, value in fields.items()
-        if key not in ("prompt_token_ids", "schema_version", "prompt")
-        and not (key in _DEFAULTS and value == _DEFAULTS[key])
-    }
+    out = dict(fields)
+    for key in ("prompt_token_ids", "schema_version", "prompt"):
+        out.pop(key, None)
+    for key, default in _DEFAULTS.items():
+        if key in out and out[key] == default:
+            del out[key]
+    return out
 
 
 def digest_text(hasher: Any) -> str:
@@ -107,13 +108,19 @@ class RecentCumulatives:
 
 @dataclass(frozen=True)
 class EncodedEntry:
-    """An entry's stored bytes, its logical identity (fields but prompt, prompt digest), the
-    parent it is a delta against, and the cumulative sequence to remember once it is stored."""
+    """An entry's stored bytes, the parent it is a delta against, and the cumulative sequence
+    to remember once it is stored. `identity` (fields but prompt, prompt digest) is computed
+    only when needed: when an object already exists under the entry's key."""
 
     data: bytes
-    identity: tuple[bytes, str | None]
+    fields: dict[str, Any]
+    digest: str | None
     parent: str | None = None
     cumulative: _Cumulative | None = None
+
+    @property
+    def identity(self) -> tuple[bytes, str | None]:
+        return orjson.dumps(self.fields, option=_ENCODE), self.digest
 
 
 def encode(
@@ -125,12 +132,11 @@ def encode(
     """
     prompt = entry.prompt_token_ids
     rest = _normalized(entry_fields(entry))
-    identity_fields = orjson.dumps(rest, option=_ENCODE)
     raw = token_bytes(prompt)
     gen_raw = token_bytes(entry.generation_token_ids)
     if raw is None or gen_raw is None:
         data = orjson.dumps({**entry_fields(entry), "schema_version": 1}, option=_ENCODE)
-        return EncodedEntry(data, (identity_fields, None))
+        return EncodedEntry(data, rest, None)
     parent, hasher = _longest_parent(index.candidates(entry.rollout_id, prompt), raw)
     if parent is not None and use_parent is not None and not use_parent(parent.call_key):
         parent = None
@@ -157,9 +163,7 @@ def encode(
             (tokens_at[0], tokens_at[length // 2], tokens_at[length - 1]),
             cumulative.digest(),
         )
-    return EncodedEntry(
-        data, (identity_fields, digest), parent.call_key if parent else None, remember
-    )
+    return EncodedEntry(data, rest, digest, parent.call_key if parent else None, remember)
 
 
 class _TokenView:
