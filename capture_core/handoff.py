@@ -18,6 +18,7 @@ import orjson
 from pydantic import BaseModel, Field
 
 from capture_core._bytestore import ByteStore
+from capture_core.config import load_capture_class
 from capture_core.consumer import SNAPSHOT_KEY
 from capture_core.delivery import (
     capture_build_can_retire,
@@ -26,8 +27,10 @@ from capture_core.delivery import (
 )
 from capture_core.errors import HandoffConflictError, TransientStoreError, is_transient
 from capture_core.faults import crash_point
+from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenCaptureSnapshot, TokenSource
 from capture_core.rollout_io import BatchPlan, ParsedLine
+from capture_core.store import TokenCaptureStore
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +140,6 @@ def _outcome(line: int, result: dict, built: dict | None) -> RolloutOutcome:
 
 def plain_rollout_id(result: dict) -> str | None:
     """The record's rollout id, or `None` when it has none or a malformed one."""
-    from capture_core.ids import maybe_rollout_id_from_run_body
-
     try:
         return maybe_rollout_id_from_run_body(result)
     except ValueError:
@@ -311,9 +312,6 @@ def open_source(
     source_kwargs: Mapping[str, Any] | None = None,
 ) -> TokenSource:
     """A `TokenCaptureStore` at a path or URL, or a `module.path:ClassName` source class."""
-    from capture_core.config import load_capture_class
-    from capture_core.store import TokenCaptureStore
-
     if is_class_spec(store):
         return load_capture_class(store, source_kwargs, TokenSource)
     return TokenCaptureStore(store, storage_options)

@@ -32,7 +32,7 @@ from tasks.batches import (
     retire_batch,
     upload_batch,
 )
-from tasks.receipts import receipt_storage
+from tasks.receipts import list_receipt_keys, receipt_storage
 from tasks.report import write_run_report
 from tasks.run_state import check_locations, claim_run_id, load_ledger, load_manifest, mark_retired
 
@@ -248,8 +248,6 @@ def retire_uploaded(
     """Retire the rollouts listed as retirable in the run's receipts, and only those."""
     options = public_storage_options(storage_options)
     validate_run_id(run_id)
-    from tasks.receipts import list_receipt_keys
-
     keys = list_receipt_keys(dest, run_id, options)
     receipts = find_receipts(dest, run_id, keys, options)
     retire = retire_batch.with_options(result_storage=receipt_storage(dest, run_id, options))

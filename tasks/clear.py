@@ -8,8 +8,10 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from capture_core.consumer import rollout_ids_of
 from capture_core.faults import crash_point
 from capture_core.handoff import open_source
+from capture_core.rollout_io import read_records
 from tasks.common import TRANSIENT_RETRIES
 
 
@@ -37,9 +39,6 @@ def read_rollout_ids(
     rollouts: str, storage_options: Mapping[str, Any] | None = None
 ) -> tuple[list[str], list[str], int]:
     """Distinct rollout ids of a records file, descriptions of bad lines, and id-less count."""
-    from capture_core.consumer import rollout_ids_of
-    from capture_core.rollout_io import read_records
-
     records, problems = [], []
     for parsed in read_records(rollouts, storage_options):
         if parsed.record is None:
