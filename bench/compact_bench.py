@@ -17,7 +17,12 @@ import time
 
 import orjson
 
-from bench.finalize_bench import PRESETS, finalize_seconds, peak_rss, stored_entry_blobs
+from bench.finalize_bench import (
+    PRESETS,
+    finalize_seconds,
+    peak_rss_of_one_rollout,
+    stored_entry_blobs,
+)
 from capture_core.store import TokenCaptureStore
 from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
@@ -56,14 +61,7 @@ def measure(label: str, shape: RolloutShape, rss: bool) -> None:
             f"ratio {finalize / parse:.0f}x (goal <= 3x)"
         )
         if rss:
-            fresh = tempfile.mkdtemp(prefix="tokcap-compact-rss-")
-            try:
-                fresh_store = TokenCaptureStore(fresh)
-                for entry in synthetic_rollout("0-0", shape):
-                    fresh_store.put_now(entry)
-                before, after = peak_rss(fresh, rollout_record(0, 0))
-            finally:
-                shutil.rmtree(fresh, ignore_errors=True)
+            before, after = peak_rss_of_one_rollout(shape)
             print(
                 f"peak RSS growth {(after - before) / 2**20:.0f} MiB: ratio to stored bytes "
                 f"{(after - before) / stored:.0f}x (goal <= 2x)"

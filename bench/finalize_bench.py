@@ -133,6 +133,18 @@ def peak_rss_child(root: str, record: dict) -> None:
     print(orjson.dumps({"before": before, "after": after}).decode())
 
 
+def peak_rss_of_one_rollout(shape: RolloutShape) -> tuple[int, int]:
+    """Capture rollout `0-0` into a fresh store; return RSS (before, peak) of finalizing it."""
+    fresh = tempfile.mkdtemp(prefix="tokcap-bench-rss-")
+    try:
+        store = TokenCaptureStore(fresh)
+        for entry in synthetic_rollout("0-0", shape):
+            store.put_now(entry)
+        return peak_rss(fresh, rollout_record(0, 0))
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+
+
 def peak_rss(root: str, record: dict) -> tuple[int, int]:
     out = subprocess.run(
         [
@@ -178,12 +190,7 @@ def run_preset(key: str, rollouts: int | None) -> None:
             f"ratio finalize/parse of full-prompt JSON = {finalize / parse_full:.2f}x (goal <= 3x)"
         )
         if key == "long":
-            fresh = tempfile.mkdtemp(prefix="tokcap-bench-rss-")
-            try:
-                write_captures(fresh, preset, 1)
-                before, after = peak_rss(fresh, rollout_record(0, 0))
-            finally:
-                shutil.rmtree(fresh, ignore_errors=True)
+            before, after = peak_rss_of_one_rollout(preset.shape)
             print(
                 f"peak RSS of one finalize: {after / 2**20:.0f} MiB ({(after - before) / 2**20:.0f}"
                 f" MiB above the {before / 2**20:.0f} MiB baseline); growth / full-prompt JSON "
