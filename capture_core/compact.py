@@ -1,13 +1,13 @@
 """Linear-size stored entries: a call's prompt as a delta against the call it extends.
 
-Stored schema 2 keeps every non-default `TokenEntry` field but the prompt, plus `prompt`: the
-parent call's key, the shared length, the new tokens and a digest of the whole prompt (the
-first 128 bits of sha256 over its int64 bytes).
+Stored schema 2 keeps every non-default `TokenEntry` field but the prompt, under short names
+(extras under "e"), plus a prompt block: the parent call's key, the shared length, the new
+tokens and a digest of the whole prompt (the first 128 bits of sha256 over its int64 bytes).
 Readers rebuild full prompts (sharing token objects with the parent) and check each digest
 incrementally from the parent's, so verification stays linear in the rollout's tokens.
 A missing or altered parent makes the rollout incomplete; it never yields a wrong prompt.
 Stored schema 1 (full prompt, no digest) is still read, and rollouts may mix both.
-Readers of stored schema 1 only refuse schema 2 objects, as they must.
+Readers of stored schema 1 refuse schema 2 objects by their `schema_version`, as they must.
 """
 
 from __future__ import annotations
@@ -46,6 +46,58 @@ def _normalized(fields: dict[str, Any]) -> dict[str, Any]:
         if key in out and out[key] == default:
             del out[key]
     return out
+
+
+# Stored schema 2 spells field names short; unknown extra fields keep theirs under "e", so
+# they can never collide. `schema_version` stays spelled out: older readers refuse it by name.
+_SHORT = {
+    "rollout_id": "r",
+    "model_call_id": "c",
+    "model": "m",
+    "generation_token_ids": "g",
+    "generation_log_probs": "l",
+    "routed_experts": "x",
+    "output_items": "o",
+    "token_item_index": "k",
+    "created_at": "t",
+}
+_LONG = {short: name for name, short in _SHORT.items()}
+_EXTRAS, _PROMPT = "e", "p"
+
+
+def _pack(fields: dict[str, Any]) -> dict[str, Any]:
+    packed: dict[str, Any] = {}
+    extras: dict[str, Any] = {}
+    for key, value in fields.items():
+        if key in _SHORT:
+            packed[_SHORT[key]] = value
+        else:
+            extras[key] = value
+    if extras:
+        packed[_EXTRAS] = extras
+    return packed
+
+
+def _unpack(stored: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Logical fields and the prompt block (`parent`, `shared`, `tail`, `sha256`) of schema 2."""
+    fields = {_LONG[key]: value for key, value in stored.items() if key in _LONG}
+    extras = stored.get(_EXTRAS)
+    if isinstance(extras, dict):
+        fields.update(extras)
+    block = stored.get(_PROMPT)
+    if not isinstance(block, dict):
+        raise ValueError("stored schema 2 entry has no prompt block")
+    prompt = {
+        "parent": block.get("a"),
+        "shared": block.get("n"),
+        "tail": block.get("d"),
+        "sha256": block.get("h"),
+    }
+    return fields, prompt
+
+
+def _is_schema_2(stored: dict[str, Any]) -> bool:
+    return stored.get("schema_version") == STORED_SCHEMA_VERSION and _PROMPT in stored
 
 
 def digest_text(hasher: Any) -> str:
@@ -143,13 +195,13 @@ def encode(
     digest = digest_text(hasher)
     shared = parent.length if parent else 0
     block = {
-        "sha256": digest,
-        "parent": parent.call_key if parent else None,
-        "shared": shared,
-        "tail": prompt[shared:],
+        "h": digest,
+        "a": parent.call_key if parent else None,
+        "n": shared,
+        "d": prompt[shared:],
     }
     data = orjson.dumps(
-        {**rest, "schema_version": STORED_SCHEMA_VERSION, "prompt": block}, option=_ENCODE
+        {**_pack(rest), "schema_version": STORED_SCHEMA_VERSION, _PROMPT: block}, option=_ENCODE
     )
     cumulative = hasher.copy()
     cumulative.update(gen_raw)
@@ -200,13 +252,15 @@ def stored_identity(data: bytes) -> tuple[bytes, str | None] | None:
         return None
     if not isinstance(stored, dict):
         return None
-    block = stored.get("prompt")
+    if _is_schema_2(stored):
+        try:
+            fields, block = _unpack(stored)
+        except ValueError:
+            return None
+        return orjson.dumps(_normalized(fields), option=_ENCODE), block["sha256"]
     prompt = stored.get("prompt_token_ids")
-    if isinstance(block, dict):
-        digest = block.get("sha256")
-    else:
-        raw = token_bytes(prompt) if isinstance(prompt, list) else None
-        digest = digest_text(hashlib.sha256(raw)) if raw is not None else None
+    raw = token_bytes(prompt) if isinstance(prompt, list) else None
+    digest = digest_text(hashlib.sha256(raw)) if raw is not None else None
     return orjson.dumps(_normalized(stored), option=_ENCODE), digest
 
 
@@ -225,9 +279,9 @@ class StoredEntry:
 
 def parse_stored(name: str, stored: dict[str, Any]) -> StoredEntry:
     """Split a stored object into its fields and prompt parts (schema 1 or 2)."""
-    block = stored.pop("prompt", None)
-    if stored.get("schema_version") == STORED_SCHEMA_VERSION and isinstance(block, dict):
-        stored["schema_version"] = 1
+    if _is_schema_2(stored):
+        fields, block = _unpack(stored)
+        stored = {**fields, "schema_version": 1}
         tail = block.get("tail")
         if not isinstance(tail, list):
             raise ValueError("stored prompt delta has no token list")

@@ -24,8 +24,8 @@ def test_later_calls_are_stored_as_deltas_and_read_back_exactly(tmp_path) -> Non
     for entry in entries:
         store.put_now(entry)
     first, last = stored(store, "r1", "call-00000"), stored(store, "r1", "call-00005")
-    assert first["prompt"]["parent"] is None and last["prompt"]["parent"] == call_key("call-00004")
-    assert len(last["prompt"]["tail"]) == 8 and last["schema_version"] == 2
+    assert first["p"]["a"] is None and last["p"]["a"] == call_key("call-00004"), "parent key"
+    assert len(last["p"]["d"]) == 8 and last["schema_version"] == 2, "only the new tokens"
     snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r1")
     assert not snapshot.incomplete
     assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
@@ -105,13 +105,13 @@ def rewrite(store: TokenCaptureStore, rollout_id: str, call: str, mutate) -> Non
 
 def test_altered_parent_or_delta_makes_the_snapshot_incomplete_never_wrong(tmp_path) -> None:
     for target, mutate, expected in (
-        ("call-00001", lambda d: d["prompt"]["tail"].__setitem__(0, 999_999), "digest"),
+        ("call-00001", lambda d: d["p"]["d"].__setitem__(0, 999_999), "digest"),
         (
             "call-00002",
-            lambda d: d.__setitem__("generation_token_ids", [1] * len(d["generation_token_ids"])),
+            lambda d: d.__setitem__("g", [1] * len(d["g"])),
             "digest",
         ),
-        ("call-00003", lambda d: d["prompt"].__setitem__("parent", call_key("nope")), "missing"),
+        ("call-00003", lambda d: d["p"].__setitem__("a", call_key("nope")), "missing"),
     ):
         root = str(tmp_path / target)
         store = TokenCaptureStore(root)
@@ -140,7 +140,7 @@ def test_mixed_stored_schemas_and_logical_idempotency(tmp_path) -> None:
     snapshot = fresh.freeze_now("r4")
     assert not snapshot.incomplete and len(snapshot.entries) == 4
     assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
-    assert stored(store, "r4", "call-00002")["prompt"]["parent"] == call_key("call-00001")
+    assert stored(store, "r4", "call-00002")["p"]["a"] == call_key("call-00001")
 
 
 def test_reused_rollout_id_after_clear_does_not_reference_deleted_parents(tmp_path) -> None:
@@ -153,3 +153,20 @@ def test_reused_rollout_id_after_clear_does_not_reference_deleted_parents(tmp_pa
         writer.put_now(entry)
     snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r5")
     assert not snapshot.incomplete and len(snapshot.entries) == 2
+
+
+def test_unknown_extra_fields_never_collide_with_short_stored_names(tmp_path) -> None:
+    store = TokenCaptureStore(str(tmp_path))
+    entry = TokenEntry(
+        rollout_id="r6",
+        model_call_id="a",
+        prompt_token_ids=[1],
+        generation_token_ids=[2],
+        generation_log_probs=[-0.1],
+        g="extra named like a short key",
+        sampler={"top_p": 0.9},
+    )
+    store.put_now(entry)
+    store.put_now(entry)
+    (got,) = TokenCaptureStore(str(tmp_path)).freeze_now("r6").entries
+    assert got == entry and got.model_dump()["g"] == "extra named like a short key"
