@@ -34,7 +34,8 @@ S3_DEFAULTS: dict[str, Any] = {
 S3_CLIENT_RETRIES = 2
 
 
-def _s3_options(options: Mapping[str, Any]) -> dict[str, Any]:
+def s3_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Options merged over the deliberate S3 defaults (config_kwargs merged key by key)."""
     merged = copy.deepcopy(S3_DEFAULTS)
     for key, value in options.items():
         if key == "config_kwargs":
@@ -65,7 +66,7 @@ def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -
     options = dict(storage_options or {})
     protocol = fsspec.core.split_protocol(url)[0] or "file"
     s3 = protocol in ("s3", "s3a")
-    fs, path = fsspec.core.url_to_fs(url, **(_s3_options(options) if s3 else options))
+    fs, path = fsspec.core.url_to_fs(url, **(s3_options(options) if s3 else options))
     if s3:
         fs.retries = S3_CLIENT_RETRIES
     return fs, path

@@ -18,7 +18,7 @@ from prefect.filesystems import LocalFileSystem, RemoteFileSystem
 from prefect.results import ResultStore
 from prefect.serializers import JSONSerializer
 
-from capture_core._fsspec import S3_DEFAULTS
+from capture_core._fsspec import s3_options
 from capture_core.config import public_storage_options
 from capture_core.handoff import HandoffReceipt
 from capture_core.store import open_byte_store
@@ -37,9 +37,7 @@ def receipts_location(dest: str, run_id: str) -> str:
 
 def _remote_settings(dest: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
     settings = public_storage_options(storage_options)
-    if dest.startswith(("s3://", "s3a://")):
-        settings = {**S3_DEFAULTS, **settings}
-    return settings
+    return s3_options(settings) if dest.startswith(("s3://", "s3a://")) else settings
 
 
 def receipt_storage(dest: str, run_id: str, storage_options: Mapping[str, Any] | None) -> Any:
