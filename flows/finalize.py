@@ -32,7 +32,7 @@ from tasks.batches import (
     retire_batch,
     upload_batch,
 )
-from tasks.receipts import list_receipt_keys, receipt_storage
+from tasks.receipts import receipt_storage
 from tasks.report import write_run_report
 from tasks.run_state import check_locations, claim_run_id, load_ledger, load_manifest, mark_retired
 
@@ -248,8 +248,7 @@ def retire_uploaded(
     """Retire the rollouts listed as retirable in the run's receipts, and only those."""
     options = public_storage_options(storage_options)
     validate_run_id(run_id)
-    keys = list_receipt_keys(dest, run_id, options)
-    receipts = find_receipts(dest, run_id, keys, options)
+    receipts = find_receipts(dest, run_id, None, options)
     retire = retire_batch.with_options(result_storage=receipt_storage(dest, run_id, options))
     errors: list[str] = []
     outcomes = [
@@ -275,7 +274,6 @@ class RetriggerReport(BaseModel):
     newly_handed_off: list[str] = Field(default_factory=list)
     newly_retired: list[str] = Field(default_factory=list)
     still_failing: list[str] = Field(default_factory=list)
-    summary: RunSummary | None = None
 
 
 @flow(name="retrigger-failed", flow_run_name="retrigger {run_id}")

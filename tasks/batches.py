@@ -29,7 +29,7 @@ from capture_core.handoff import (
 from capture_core.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
 from capture_core.store import open_byte_store
 from tasks.common import TRANSIENT_RETRIES, run_async
-from tasks.receipts import read_receipt
+from tasks.receipts import list_receipt_keys, read_receipt
 
 
 @task(name="plan-rollouts", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
@@ -145,11 +145,14 @@ def retire_batch(
 
 @task(name="find-receipts", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
 def find_receipts(
-    dest: str, run_id: str, keys: list[str], storage_options: Mapping[str, Any] | None = None
+    dest: str,
+    run_id: str,
+    keys: list[str] | None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> dict[str, HandoffReceipt]:
-    """Receipts of the batches already handed off by an earlier run of this run id."""
+    """Receipts of these batches (every receipt persisted for the run when `keys` is None)."""
     found = {}
-    for key in keys:
+    for key in list_receipt_keys(dest, run_id, storage_options) if keys is None else keys:
         receipt = read_receipt(dest, run_id, key, storage_options)
         if receipt is not None:
             found[key] = receipt
