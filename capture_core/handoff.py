@@ -10,7 +10,6 @@ Masked and failed rollouts are never retired. This module does not import Prefec
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,8 +30,6 @@ from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenCaptureSnapshot, TokenSource
 from capture_core.rollout_io import BatchPlan, ParsedLine
 from capture_core.store import TokenCaptureStore
-
-logger = logging.getLogger(__name__)
 
 
 class RolloutOutcome(BaseModel):

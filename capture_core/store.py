@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import logging
 import os
 import time
 import uuid
@@ -44,8 +43,6 @@ from capture_core.records import (
     describe_validation_error,
     entry_fields,
 )
-
-logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture_core.faults import CRASH_ENV
+from capture_core.faults import CRASH_ENV, CRASH_POINTS
 from capture_core.handoff import receipt_key
 from capture_core.rollout_io import plan_rollout_file
 from capture_core.store import TokenCaptureStore, open_byte_store
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("prefect_api")
 
 MASKED = {4}
 COUNT = 6
-FINALIZE_POINTS = ["after-finalize", "mid-upload", "after-upload", "after-receipt", "mid-retire"]
+FINALIZE_POINTS = [point for point in CRASH_POINTS if point != "mid-clear"]
 
 
 def crash_args(rollouts: str, store: str, dest: str, run_id: str) -> list[str]:
