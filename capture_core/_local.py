@@ -186,7 +186,10 @@ class LocalStore(ByteStore):
                 continue
             self._dir_sync.sync(folder)
             return True
-        raise CaptureStoreError(f"could not publish {target}: its folder keeps disappearing")
+        raise CaptureStoreError(
+            f"could not publish {target}: its folder keeps disappearing (a concurrent "
+            "delete of the rollout?); the write is safe to retry"
+        )
 
     def exists(self, key: str) -> bool:
         return os.path.exists(self._path(key))

@@ -300,7 +300,8 @@ class TokenCaptureStore:
             if winner is not None:
                 return self._parse_frozen(rollout_id, winner)
         raise CaptureStoreError(
-            f"rollout {rollout_id}: freeze marker keeps vanishing (concurrent delete?)"
+            f"rollout {rollout_id}: freeze marker keeps vanishing (a dispatch-time clear "
+            "running at the same time?); finalize the rollout after its dispatch"
         )
 
     @staticmethod
@@ -322,7 +323,8 @@ class TokenCaptureStore:
         for name, (key, data) in zip(names, self._bytes.iter_many(keys), strict=True):
             if data is None:
                 raise CaptureStoreError(
-                    f"rollout {rollout_id}: object {key} vanished while freezing"
+                    f"rollout {rollout_id}: object {key} vanished while freezing (a concurrent "
+                    "clear?); freeze again, the result is idempotent"
                 )
             stored[name] = parse_stored_entry(rollout_id, key, name, data)
         reasons = compact.rebuild_prompts(stored)
@@ -408,7 +410,8 @@ class TokenCaptureStore:
                 return
             self._bytes.delete(doomed)
         raise CaptureStoreError(
-            f"rollout {rollout_id}: retired, but some payloads could not be deleted"
+            f"rollout {rollout_id}: retired, but some payloads could not be deleted; "
+            "retry the drop (it resumes safely) or check delete permissions"
         )
 
     def delete(self, rollout_id: str) -> None:
@@ -423,7 +426,10 @@ class TokenCaptureStore:
             if not keys:
                 return
             self._bytes.delete(keys)
-        raise CaptureStoreError(f"rollout {rollout_id}: capture could not be deleted completely")
+        raise CaptureStoreError(
+            f"rollout {rollout_id}: capture could not be deleted completely; retry the "
+            "delete (safe to repeat) or check delete permissions"
+        )
 
     def sweep_retired(self, older_than_seconds: float) -> int:
         """Remove tombstones retired more than `older_than_seconds` ago; return how many.

@@ -123,7 +123,8 @@ def retire_batch(
     persisted = read_receipt(dest, receipt.run_id, receipt.receipt_key, storage_options)
     if persisted is None or persisted.sha256 != receipt.sha256:
         raise RuntimeError(
-            f"batch {receipt.batch}: no persisted receipt {receipt.receipt_key}; nothing retired"
+            f"batch {receipt.batch}: no persisted receipt {receipt.receipt_key}; nothing "
+            "retired. Rerun the run (tokcap retrigger) to persist it, then retire"
         )
     source = open_source(store, storage_options, source_kwargs)
     outcome = run_async(retire_receipt(persisted, source))

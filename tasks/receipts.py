@@ -75,7 +75,10 @@ def read_receipt(
         return None
     receipt = store.read(key).result
     if not isinstance(receipt, HandoffReceipt):
-        raise ValueError(f"result {key} under {receipts_location(dest, run_id)} is not a receipt")
+        raise ValueError(
+            f"result {key} under {receipts_location(dest, run_id)} is not a receipt; "
+            "something else wrote into the receipts folder, move it away"
+        )
     return receipt
 
 
