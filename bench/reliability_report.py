@@ -7,6 +7,7 @@ Usage: .venv/bin/python -m bench.reliability_report [extra pytest arguments]
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ LABELS = {
     "bad_inputs_tried": "bad inputs tried",
     "secret_checks": "outputs searched for a planted secret (found: 0)",
     "records_lost": "records lost",
+    "wrong_tokens_delivered": "wrong tokens delivered",
 }
 
 
@@ -31,19 +33,28 @@ def main() -> int:
     figures_file = tempfile.mktemp(prefix="tokcap-reliability-", suffix=".jsonl")
     env = {**os.environ, "TOKCAP_RELIABILITY_FIGURES": figures_file}
     tests = ["tests/test_crash.py", "tests/test_reliability.py", "tests/test_properties.py"]
+    tests += sorted(glob.glob("tests/test_integrity_*.py"))
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", *tests, *sys.argv[1:]], env=env)
     totals: Counter[str] = Counter({name: 0 for name in LABELS})
+    cases: Counter[str] = Counter()
     if os.path.exists(figures_file):
         with open(figures_file, "rb") as f:
             for line in f:
                 figure = orjson.loads(line)
-                totals[figure["name"]] += figure["value"]
+                if figure["name"] == "attack_case":
+                    cases[figure["case"]] += figure["value"]
+                else:
+                    totals[figure["name"]] += figure["value"]
         os.remove(figures_file)
     print("\ntokcap reliability report")
     for name, label in LABELS.items():
         print(f"  {label:<55} {totals[name]}")
+    print(f"  attack cases tried and closed: {len(cases)}")
+    for case in sorted(cases):
+        print(f"    - {case}")
     print(f"  tests: {'passed' if result.returncode == 0 else 'FAILED'}")
-    return 0 if result.returncode == 0 and totals["records_lost"] == 0 else 1
+    clean = totals["records_lost"] == 0 and totals["wrong_tokens_delivered"] == 0
+    return 0 if result.returncode == 0 and clean else 1
 
 
 if __name__ == "__main__":

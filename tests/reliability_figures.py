@@ -2,6 +2,7 @@
 
 When `TOKCAP_RELIABILITY_FIGURES` names a file, each figure is appended to it as a JSON line;
 `bench/reliability_report.py` runs the tests with it set and prints the totals.
+An attack case closed by a test is recorded by name with `record_case`.
 """
 
 from __future__ import annotations
@@ -18,3 +19,13 @@ def record_figure(name: str, value: int) -> None:
     if path:
         with open(path, "ab") as f:
             f.write(orjson.dumps({"name": name, "value": value}) + b"\n")
+
+
+def record_case(case: str, *, records_lost: int = 0, wrong_tokens_delivered: int = 0) -> None:
+    """Record that the attack `case` was tried and what it cost (both must be 0)."""
+    path = os.environ.get(FIGURES_ENV)
+    if path:
+        with open(path, "ab") as f:
+            f.write(orjson.dumps({"name": "attack_case", "case": case, "value": 1}) + b"\n")
+    record_figure("records_lost", records_lost)
+    record_figure("wrong_tokens_delivered", wrong_tokens_delivered)
