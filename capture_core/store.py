@@ -109,7 +109,7 @@ def _json(payload: Mapping[str, Any]) -> bytes:
 
 
 class TokenCaptureStore:
-    """Capture store at `root`: an absolute path, `file://`, `memory://` or `s3://bucket/prefix`.
+    """Capture store at `root`: a local path (plain, `file://`, `local://`), `memory://` or S3.
 
     `storage_options` go to the fsspec filesystem (endpoint, credentials); they are never
     logged or shown in `repr`. Async methods run blocking I/O on a private thread pool.
@@ -267,7 +267,8 @@ class TokenCaptureStore:
     def begin_call_now(self, rollout_id: str, model_call_id: str) -> None:
         """Record the intent to make a call; an intent without an entry at freeze is a loss.
 
-        A repeat is a no-op. After freeze it raises `CaptureFencedError`.
+        A repeat is a no-op. After freeze it raises `CaptureFencedError`, and so does an
+        intent that landed while the rollout was being frozen: the call must not start.
         """
         validate_rollout_id(rollout_id)
         fenced = CaptureFencedError(
