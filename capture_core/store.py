@@ -66,19 +66,25 @@ def open_byte_store(
     Only the local backend owns durability and exclusive creates on a local disk; other
     fsspec filesystems must create atomically themselves or are refused (`FsspecStore`).
     """
-    text = os.fspath(url)
-    for scheme in LOCAL_SCHEMES:
-        if text.startswith(scheme):
-            text = text[len(scheme) :]
-            break
-    if "://" not in text and "::" not in text:
+    text = local_path(url)
+    if text is not None:
         if not os.path.isabs(text):
             raise ValueError(
                 f"store location {text!r} is relative; use an absolute path or a URL such as "
                 "s3://bucket/prefix"
             )
         return LocalStore(text)
-    return FsspecStore(text, storage_options)
+    return FsspecStore(os.fspath(url), storage_options)
+
+
+def local_path(url: str | os.PathLike[str]) -> str | None:
+    """The local path a location names (a path, `file://`, `local://`), or `None` if remote."""
+    text = os.fspath(url)
+    for scheme in LOCAL_SCHEMES:
+        if text.startswith(scheme):
+            text = text[len(scheme) :]
+            break
+    return text if "://" not in text and "::" not in text else None
 
 
 def call_key(model_call_id: str) -> str:

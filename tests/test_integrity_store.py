@@ -159,7 +159,7 @@ def test_drop_that_decides_first_makes_the_late_loss_report_raise(root) -> None:
 
     def start_reporter() -> None:  # the dropper, paused after its version check
         thread.start()
-        at_decision.wait(10)
+        at_decision.wait(60)
 
     pause(dropper, retired_key, start_reporter)
     dropped = dropper.drop_now("r2", snapshot.snapshot_id, snapshot.version)
