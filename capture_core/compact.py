@@ -33,7 +33,6 @@ from capture_core.records import TokenEntry, entry_fields
 #   3: schema 2 plus a seal over every byte of the object; the seal and the prompt digest
 #      are required.
 STORED_SCHEMA_VERSION = 3
-LEGACY_SCHEMA_VERSIONS = (1, 2)
 # The seal is the object's last member: `,"s":"<22 base64url chars>"}`.
 _SEAL_HEAD, _SEAL_TAIL, _SEAL_CHARS = b',"s":"', b'"}', 22
 _SEAL_SIZE = len(_SEAL_HEAD) + _SEAL_CHARS + len(_SEAL_TAIL)
@@ -220,8 +219,10 @@ def encode(
     raw = token_bytes(prompt)
     gen_raw = token_bytes(entry.generation_token_ids)
     if raw is None or gen_raw is None:
-        # Ids beyond int64 have no prompt digest; the seal still covers the whole prompt.
-        return EncodedEntry(_sealed(rest, None, None, 0, prompt), rest, None)
+        # Stored whole, never a parent. A prompt beyond int64 has no prompt digest; the seal
+        # still covers it.
+        digest = digest_text(hashlib.sha256(raw)) if raw is not None else None
+        return EncodedEntry(_sealed(rest, digest, None, 0, prompt), rest, digest)
     parent, hasher = _longest_parent(index.candidates(entry.rollout_id, prompt), raw)
     if parent is not None and use_parent is not None and not use_parent(parent.call_key):
         parent = None

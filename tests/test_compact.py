@@ -171,3 +171,24 @@ def test_unknown_extra_fields_never_collide_with_short_stored_names(tmp_path) ->
     store.put_now(entry)
     (got,) = TokenCaptureStore(str(tmp_path)).freeze_now("r6").entries
     assert got == entry and got.model_dump()["g"] == "extra named like a short key"
+
+
+def test_ids_beyond_int64_are_stored_whole_and_still_sealed(tmp_path) -> None:
+    big = 2**63 + 5
+    entries = [
+        TokenEntry(
+            rollout_id="r7",
+            model_call_id=call,
+            prompt_token_ids=prompt,
+            generation_token_ids=gen,
+            generation_log_probs=[-0.5] * len(gen),
+        )
+        for call, prompt, gen in (("a", [1, big], [2]), ("b", [1, 2], [big]))
+    ]
+    store = TokenCaptureStore(str(tmp_path))
+    for entry in entries:
+        store.put_now(entry)
+        store.put_now(entry)
+    snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r7")
+    assert not snapshot.incomplete, snapshot.incomplete_reasons
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
