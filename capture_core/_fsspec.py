@@ -1,7 +1,8 @@
 """`FsspecStore`: the byte store on any fsspec filesystem (S3 and S3-compatible, memory, others).
 
 Creates use `pipe_file(mode="create")`, which S3 sends as a conditional `If-None-Match: *` PUT.
-Filesystems whose create is check-then-write (memory) are serialised within the process.
+`memory://` lives inside one process, so a process lock makes its create atomic for every client.
+Any other filesystem's create is check-then-write: it is refused, never emulated.
 S3 clients are built without a listing cache and with deliberate, bounded retries.
 Backend exceptions are translated here, so no caller catches botocore.
 `s3fs` and `botocore` are imported only when an S3 URL is opened.
@@ -19,7 +20,9 @@ import fsspec
 from capture_core._bytestore import ByteStore, check_key
 from capture_core.errors import CaptureStoreError, StoreUnavailableError
 
-_NONATOMIC_CREATE_LOCK = threading.Lock()
+_MEMORY_CREATE_LOCK = threading.Lock()
+S3_PROTOCOLS = ("s3", "s3a")
+ATOMIC_CREATE_PROTOCOLS = (*S3_PROTOCOLS, "memory")
 
 S3_DEFAULTS: dict[str, Any] = {
     "use_listings_cache": False,
@@ -78,10 +81,17 @@ class FsspecStore(ByteStore):
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.url = url.rstrip("/")
         self._options = dict(storage_options or {})
+        protocol = url.split("://", 1)[0] if "://" in url and "::" not in url else ""
+        if protocol not in ATOMIC_CREATE_PROTOCOLS:
+            raise ValueError(
+                f"storage at {url} cannot be used: tokcap needs an atomic create-only write "
+                f"and only {', '.join(ATOMIC_CREATE_PROTOCOLS)} URLs and local paths provide "
+                "one here (elsewhere a create is check-then-write, so two writers could "
+                "overwrite each other); use a local path or an S3-compatible endpoint"
+            )
         self.fs, root = filesystem_for(self.url, self._options)
         self._root = root.rstrip("/")
-        self._is_s3 = self.url.startswith(("s3://", "s3a://"))
-        self._atomic_create = bool(getattr(self.fs, "async_impl", False))
+        self._is_s3 = protocol in S3_PROTOCOLS
 
     def __reduce__(self) -> tuple[type[FsspecStore], tuple[str, dict[str, Any]]]:
         return (FsspecStore, (self.url, self._options))
@@ -165,10 +175,10 @@ class FsspecStore(ByteStore):
             )
         path = self._path(key)
         try:
-            if self._atomic_create:
+            if self._is_s3:
                 self.fs.pipe_file(path, data, mode="create")
             else:
-                with _NONATOMIC_CREATE_LOCK:
+                with _MEMORY_CREATE_LOCK:
                     self.fs.pipe_file(path, data, mode="create")
         except FileExistsError:
             return False
@@ -212,7 +222,7 @@ class FsspecStore(ByteStore):
         if not paths:
             return
         try:
-            if self._atomic_create:
+            if self._is_s3:
                 self.fs.rm(paths)
             else:
                 for path in paths:

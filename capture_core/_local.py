@@ -2,12 +2,14 @@
 
 A create writes a temporary file, fsyncs it, publishes it with `os.link` and fsyncs the folder.
 `os.link` fails if the name exists, so publication is exclusive and atomic: no torn object.
-Temporary files live in `<root>/.tmp/`, never beside published objects.
+Temporary files live in `<root>/.tmp/`, never beside published objects; every path removes them.
+A folder or object that cannot be read is an error, never an omission; symlinks are refused.
 This module imports only the standard library.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import os
@@ -16,7 +18,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 
 from capture_core._bytestore import ByteStore, check_key
-from capture_core.errors import CaptureStoreError
+from capture_core.errors import CaptureStoreError, StoreUnavailableError, UnreadableCaptureError
 
 TMP_DIR = ".tmp"
 
@@ -137,6 +139,8 @@ class LocalStore(ByteStore):
                 return f.read()
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:
+            raise _access_error(exc, f"read {key}") from exc
 
     def iter_many(self, keys: Sequence[str], chunk: int = 64) -> Iterator[tuple[str, bytes | None]]:
         """Local reads are cheap: one object at a time keeps memory flat."""
@@ -154,8 +158,11 @@ class LocalStore(ByteStore):
             while view:
                 view = view[os.write(fd, view) :]
             os.fsync(fd)
-        finally:
+        except BaseException:
             os.close(fd)
+            _remove_quietly(tmp)
+            raise
+        os.close(fd)
         return tmp
 
     def create(self, key: str, data: bytes) -> bool:
@@ -164,14 +171,18 @@ class LocalStore(ByteStore):
         try:
             return self._publish(tmp, target, os.path.dirname(target))
         finally:
-            os.unlink(tmp)
+            _remove_quietly(tmp)
 
     def replace(self, key: str, data: bytes) -> None:
         target = self._path(key)
         folder = os.path.dirname(target)
         tmp = self._write_temporary(data)
-        self._ensure_dir(folder)
-        os.replace(tmp, target)
+        try:
+            self._ensure_dir(folder)
+            os.replace(tmp, target)
+        except BaseException:
+            _remove_quietly(tmp)
+            raise
         self._dir_sync.sync(folder)
 
     def _publish(self, tmp: str, target: str, folder: str) -> bool:
@@ -192,15 +203,42 @@ class LocalStore(ByteStore):
         )
 
     def exists(self, key: str) -> bool:
-        return os.path.exists(self._path(key))
+        """Whether the object exists; a permission or I/O error raises instead of reading as no."""
+        try:
+            os.stat(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:
+            raise _access_error(exc, f"check {key}") from exc
+        return True
 
     def list_prefix(self, prefix: str) -> list[str]:
-        base = self._path(prefix)
+        """Every key below `prefix`. A folder that cannot be read raises; it is never skipped.
+
+        A folder that vanishes while listing (a concurrent delete) lists as empty, like a
+        listing taken a moment later. Symlinks and special files are not objects we write:
+        they raise, naming the key, rather than reading as missing.
+        """
         keys: list[str] = []
-        for folder, dirs, files in os.walk(base):
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            rel = os.path.relpath(folder, self.root).replace(os.sep, "/")
-            keys.extend(f"{rel}/{name}" for name in files if not name.startswith("."))
+        pending = [check_key(prefix)]
+        while pending:
+            folder_key = pending.pop()
+            try:
+                with os.scandir(self._path(folder_key)) as listing:
+                    found = list(listing)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                raise _access_error(exc, f"list folder {folder_key}") from exc
+            for item in found:
+                if item.name.startswith("."):
+                    continue
+                key = f"{folder_key}/{item.name}"
+                kind = _kind(item, key)
+                if kind == "dir":
+                    pending.append(key)
+                elif kind == "file":
+                    keys.append(key)
         return sorted(keys)
 
     def list_children(self, prefix: str) -> list[str]:
@@ -209,6 +247,8 @@ class LocalStore(ByteStore):
             return sorted(name for name in os.listdir(folder) if not name.startswith("."))
         except (FileNotFoundError, NotADirectoryError):
             return []
+        except OSError as exc:
+            raise _access_error(exc, f"list folder {prefix or 'the store root'}") from exc
 
     def delete(self, keys: Iterable[str]) -> None:
         folders: set[str] = set()
@@ -249,3 +289,45 @@ class LocalStore(ByteStore):
             except FileNotFoundError:
                 continue
         return removed
+
+
+def _kind(item: os.DirEntry[str], key: str) -> str:
+    """`dir`, `file`, or `gone` (removed while listing); anything else raises, naming the key."""
+    try:
+        if item.is_symlink():
+            target = os.readlink(item.path)
+            state = "dangling" if not os.path.exists(item.path) else "pointing elsewhere"
+            raise UnreadableCaptureError(
+                f"object {key} is a symbolic link ({state}, to {target!r}); the store never "
+                "writes links, so it was planted or copied in: replace it with the real object "
+                "or remove it"
+            )
+        if item.is_dir(follow_symlinks=False):
+            return "dir"
+        if item.is_file(follow_symlinks=False):
+            return "file"
+    except FileNotFoundError:
+        return "gone"
+    except OSError as exc:
+        raise _access_error(exc, f"inspect {key}") from exc
+    raise UnreadableCaptureError(
+        f"object {key} is not a regular file (a socket, pipe or device?); move it out of the "
+        "store root"
+    )
+
+
+def _access_error(exc: OSError, what: str) -> OSError:
+    """A permission or I/O failure, named, as an error; never read as "missing"."""
+    if isinstance(exc, PermissionError):
+        return PermissionError(
+            f"local store cannot {what}: {exc.strerror or exc} ({exc.filename}); fix the "
+            "permissions so the store's user can read and traverse it"
+        )
+    return StoreUnavailableError(
+        f"local store failed to {what}: {exc.strerror or exc} ({exc.filename})"
+    )
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

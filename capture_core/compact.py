@@ -1,13 +1,15 @@
 """Linear-size stored entries: a call's prompt as a delta against the call it extends.
 
-Stored schema 2 keeps every non-default `TokenEntry` field but the prompt, under short names
+Stored schema 3 keeps every non-default `TokenEntry` field but the prompt, under short names
 (extras under "e"), plus a prompt block: the parent call's key, the shared length, the new
 tokens and a digest of the whole prompt (the first 128 bits of sha256 over its int64 bytes).
-Readers rebuild full prompts (sharing token objects with the parent) and check each digest
-incrementally from the parent's, so verification stays linear in the rollout's tokens.
+Every object also ends with a seal: the same digest over all of its other bytes, so the
+delta, the generation, the log probs, routed experts and content items are all verified.
+Readers check each seal, then rebuild full prompts (sharing token objects with the parent)
+and check each prompt digest incrementally from the parent's, so both stay linear.
 A missing or altered parent makes the rollout incomplete; it never yields a wrong prompt.
-Stored schema 1 (full prompt, no digest) is still read, and rollouts may mix both.
-Readers of stored schema 1 refuse schema 2 objects by their `schema_version`, as they must.
+Objects of stored schemas 1 and 2 carry no seal: their tokens cannot be verified, so they
+are refused by name (the rollout masks). Older readers refuse schema 3 as newer.
 """
 
 from __future__ import annotations
@@ -25,9 +27,17 @@ import orjson
 
 from capture_core.records import TokenEntry, entry_fields
 
-STORED_SCHEMA_VERSION = 2
+# Stored schema changelog:
+#   1: a whole `TokenEntry` per object (no digest).
+#   2: short names, prompt as a delta with a digest of the whole prompt.
+#   3: schema 2 plus a seal over every byte of the object; the seal and the prompt digest
+#      are required.
+STORED_SCHEMA_VERSION = 3
+# The seal is the object's last member: `,"s":"<22 base64url chars>"}`.
+_SEAL_HEAD, _SEAL_TAIL, _SEAL_CHARS = b',"s":"', b'"}', 22
+_SEAL_SIZE = len(_SEAL_HEAD) + _SEAL_CHARS + len(_SEAL_TAIL)
 _ENCODE = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
-# Fields equal to these defaults are left out of stored schema 2; readers restore them.
+# Fields equal to these defaults are left out of stored schemas 2 and 3; readers restore them.
 _DEFAULTS: dict[str, Any] = {
     "model": "",
     "routed_experts": None,
@@ -48,7 +58,7 @@ def _normalized(fields: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# Stored schema 2 spells field names short; unknown extra fields keep theirs under "e", so
+# Stored schemas 2 and 3 spell field names short; unknown extra fields keep theirs under "e", so
 # they can never collide. `schema_version` stays spelled out: older readers refuse it by name.
 _SHORT = {
     "rollout_id": "r",
@@ -79,14 +89,14 @@ def _pack(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def _unpack(stored: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Logical fields and the prompt block (`parent`, `shared`, `tail`, `sha256`) of schema 2."""
+    """Logical fields and the prompt block (`parent`, `shared`, `tail`, `sha256`)."""
     fields = {_LONG[key]: value for key, value in stored.items() if key in _LONG}
     extras = stored.get(_EXTRAS)
     if isinstance(extras, dict):
         fields.update(extras)
     block = stored.get(_PROMPT)
     if not isinstance(block, dict):
-        raise ValueError("stored schema 2 entry has no prompt block")
+        raise ValueError("stored entry has no prompt block")
     prompt = {
         "parent": block.get("a"),
         "shared": block.get("n"),
@@ -96,8 +106,30 @@ def _unpack(stored: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return fields, prompt
 
 
-def _is_schema_2(stored: dict[str, Any]) -> bool:
-    return stored.get("schema_version") == STORED_SCHEMA_VERSION and _PROMPT in stored
+def _is_delta_schema(stored: dict[str, Any]) -> bool:
+    return stored.get("schema_version") in (2, STORED_SCHEMA_VERSION) and _PROMPT in stored
+
+
+def seal(body: bytes) -> bytes:
+    """Append the seal (a digest of `body`) to a JSON object's bytes, as its last member."""
+    digest = digest_text(hashlib.sha256(body)).encode("ascii")
+    return body[:-1] + _SEAL_HEAD + digest + _SEAL_TAIL
+
+
+def check_seal(data: bytes) -> str | None:
+    """Why the sealed object `data` fails verification, or `None` when it is intact."""
+    if (
+        len(data) <= _SEAL_SIZE
+        or not data.endswith(_SEAL_TAIL)
+        or data[-_SEAL_SIZE : -_SEAL_CHARS - len(_SEAL_TAIL)] != _SEAL_HEAD
+    ):
+        return "it has no digest although its stored schema requires one (truncated or edited?)"
+    hasher = hashlib.sha256(memoryview(data)[:-_SEAL_SIZE])
+    hasher.update(b"}")
+    stored = data[-_SEAL_CHARS - len(_SEAL_TAIL) : -len(_SEAL_TAIL)].decode("ascii", "replace")
+    if digest_text(hasher) != stored:
+        return "its bytes fail their digest check (altered or damaged after it was written)"
+    return None
 
 
 def digest_text(hasher: Any) -> str:
@@ -187,22 +219,16 @@ def encode(
     raw = token_bytes(prompt)
     gen_raw = token_bytes(entry.generation_token_ids)
     if raw is None or gen_raw is None:
-        data = orjson.dumps({**entry_fields(entry), "schema_version": 1}, option=_ENCODE)
-        return EncodedEntry(data, rest, None)
+        # Stored whole, never a parent. A prompt beyond int64 has no prompt digest; the seal
+        # still covers it.
+        digest = digest_text(hashlib.sha256(raw)) if raw is not None else None
+        return EncodedEntry(_sealed(rest, digest, None, 0, prompt), rest, digest)
     parent, hasher = _longest_parent(index.candidates(entry.rollout_id, prompt), raw)
     if parent is not None and use_parent is not None and not use_parent(parent.call_key):
         parent = None
     digest = digest_text(hasher)
     shared = parent.length if parent else 0
-    block = {
-        "h": digest,
-        "a": parent.call_key if parent else None,
-        "n": shared,
-        "d": prompt[shared:],
-    }
-    data = orjson.dumps(
-        {**_pack(rest), "schema_version": STORED_SCHEMA_VERSION, _PROMPT: block}, option=_ENCODE
-    )
+    data = _sealed(rest, digest, parent.call_key if parent else None, shared, prompt[shared:])
     cumulative = hasher.copy()
     cumulative.update(gen_raw)
     tokens_at = _TokenView(prompt, entry.generation_token_ids)
@@ -216,6 +242,16 @@ def encode(
             cumulative.digest(),
         )
     return EncodedEntry(data, rest, digest, parent.call_key if parent else None, remember)
+
+
+def _sealed(
+    rest: dict[str, Any], digest: str | None, parent: str | None, shared: int, tail: Any
+) -> bytes:
+    block = {"h": digest, "a": parent, "n": shared, "d": tail}
+    body = orjson.dumps(
+        {**_pack(rest), "schema_version": STORED_SCHEMA_VERSION, _PROMPT: block}, option=_ENCODE
+    )
+    return seal(body)
 
 
 class _TokenView:
@@ -252,7 +288,7 @@ def stored_identity(data: bytes) -> tuple[bytes, str | None] | None:
         return None
     if not isinstance(stored, dict):
         return None
-    if _is_schema_2(stored):
+    if _is_delta_schema(stored):
         try:
             fields, block = _unpack(stored)
         except ValueError:
@@ -277,25 +313,41 @@ class StoredEntry:
     digest: str | None = None
 
 
-def parse_stored(name: str, stored: dict[str, Any]) -> StoredEntry:
-    """Split a stored object into its fields and prompt parts (schema 1 or 2)."""
-    if _is_schema_2(stored):
-        fields, block = _unpack(stored)
-        stored = {**fields, "schema_version": 1}
-        tail = block.get("tail")
-        if not isinstance(tail, list):
-            raise ValueError("stored prompt delta has no token list")
-        parent = block.get("parent")
-        return StoredEntry(
-            name,
-            stored,
-            tail if parent is None else None,
-            parent,
-            int(block.get("shared") or 0),
-            tail,
-            block.get("sha256"),
+def parse_stored(name: str, data: bytes, stored: dict[str, Any]) -> StoredEntry:
+    """Verify a stored object's seal and split it into its fields and prompt parts.
+
+    Raises `ValueError` naming the cause: a newer or digest-less (legacy) stored schema,
+    a missing or failing seal, or a malformed prompt block.
+    """
+    version = stored.get("schema_version")
+    if isinstance(version, int) and version > STORED_SCHEMA_VERSION:
+        raise ValueError(
+            f"stored schema_version {version} is newer than this reader supports "
+            f"({STORED_SCHEMA_VERSION}); upgrade tokcap before reading it"
         )
-    return StoredEntry(name, stored, stored.pop("prompt_token_ids", None))
+    if version != STORED_SCHEMA_VERSION:
+        raise ValueError(
+            f"it was stored without a digest (stored schema {version}, written by an older "
+            "tokcap), so its tokens cannot be verified and the rollout is masked; upgrade "
+            "every writer of this store (the NeMo Gym sink too)"
+        )
+    problem = check_seal(data)
+    if problem is not None:
+        raise ValueError(problem)
+    fields, block = _unpack(stored)
+    tail = block.get("tail")
+    if not isinstance(tail, list):
+        raise ValueError("stored prompt delta has no token list")
+    parent = block.get("parent")
+    return StoredEntry(
+        name,
+        {**fields, "schema_version": 1},
+        tail if parent is None else None,
+        parent,
+        int(block.get("shared") or 0),
+        tail,
+        block.get("sha256"),
+    )
 
 
 def rebuild_prompts(entries: dict[str, StoredEntry]) -> list[str]:
@@ -320,9 +372,13 @@ def rebuild_prompts(entries: dict[str, StoredEntry]) -> list[str]:
         if prompt_hasher is None:
             raw = token_bytes(entry.prompt or [])
             if raw is None:
-                continue
+                continue  # ids beyond int64: no prompt digest, the seal covers the prompt
             prompt_hasher = hashlib.sha256(raw)
-            if entry.digest is not None and digest_text(prompt_hasher) != entry.digest:
+            if entry.digest is None:
+                reasons.append(f"call {name}: stored prompt has no digest, which is required")
+                entry.prompt = None
+                continue
+            if digest_text(prompt_hasher) != entry.digest:
                 reasons.append(f"call {name}: stored prompt fails its digest check (altered?)")
                 entry.prompt = None
                 continue

@@ -91,9 +91,13 @@ def _assemble(rollout_id: str, entries: list, builder: str, model: str) -> dict:
 
 
 def build_from_snapshot(snapshot: TokenCaptureSnapshot, builder: str, model: str) -> dict:
-    """The one build path: empty snapshots fail, incomplete ones mask, the snapshot is attached."""
+    """The one build path: empty snapshots fail, incomplete ones mask, the snapshot is attached.
+
+    An incomplete snapshot's reasons are the cause: with no entry left, they are the error.
+    """
     if not snapshot.entries:
-        built = _failed_build(snapshot.rollout_id, builder, EMPTY_CAPTURE_ERROR)
+        error = "" if snapshot.incomplete else EMPTY_CAPTURE_ERROR
+        built = _failed_build(snapshot.rollout_id, builder, error)
     else:
         built = _assemble(snapshot.rollout_id, list(snapshot.entries), builder, model)
     if snapshot.incomplete:

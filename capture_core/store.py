@@ -1,12 +1,14 @@
 """`TokenCaptureStore`: the capture protocol on any filesystem, without a lock service.
 
 One object per event, every write create-only, so racing writers and freezers stay correct.
-Layout under the root: `<rollout>/e/<call>` entries (stored schema 2: prompts as deltas
-against their parent call, see `compact`), `<rollout>/i/<call>` intents,
+Layout under the root: `<rollout>/e/<call>` entries (stored schema 3: sealed, prompts as
+deltas against their parent call, see `compact`), `<rollout>/i/<call>` intents,
 `<rollout>/x/<id>` incomplete markers, `<rollout>/FROZEN` (first freezer wins) and
-`<rollout>/RETIRED` (with FROZEN, the tombstone left by a successful drop).
+`<rollout>/RETIRED`, the retirement decision: a tombstone (with FROZEN, what a successful
+drop leaves) or a refusal written by a loss reported after the freeze.
 A snapshot's version is the number of event objects, which only grows until drop or delete.
 It is a `TokenSink` and a `TokenSource`; NeMo Gym can load it as a custom sink.
+The guarantees are described in docs/store.md.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import logging
 import os
 import time
 import uuid
@@ -45,29 +48,43 @@ from capture_core.records import (
 )
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 ENTRY, INTENT, MARKER = "e", "i", "x"
 EVENT_KINDS = (ENTRY, INTENT, MARKER)
 FROZEN, RETIRED = "FROZEN", "RETIRED"
 MAX_PLAIN_CALL_KEY = 160
 IO_THREADS = 32
+LOCAL_SCHEMES = ("file://", "local://")
 
 
 def open_byte_store(
     url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
 ) -> ByteStore:
-    """Open the byte store for a local path, a `file://` URL or any other fsspec URL."""
-    text = os.fspath(url)
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    if "://" not in text:
+    """Open the byte store for a URL. Every local form (a path, `file://`, `local://`) is local.
+
+    Only the local backend owns durability and exclusive creates on a local disk; other
+    fsspec filesystems must create atomically themselves or are refused (`FsspecStore`).
+    """
+    text = local_path(url)
+    if text is not None:
         if not os.path.isabs(text):
             raise ValueError(
                 f"store location {text!r} is relative; use an absolute path or a URL such as "
                 "s3://bucket/prefix"
             )
         return LocalStore(text)
-    return FsspecStore(text, storage_options)
+    return FsspecStore(os.fspath(url), storage_options)
+
+
+def local_path(url: str | os.PathLike[str]) -> str | None:
+    """The local path a location names (a path, `file://`, `local://`), or `None` if remote."""
+    text = os.fspath(url)
+    for scheme in LOCAL_SCHEMES:
+        if text.startswith(scheme):
+            text = text[len(scheme) :]
+            break
+    return text if "://" not in text and "::" not in text else None
 
 
 def call_key(model_call_id: str) -> str:
@@ -82,7 +99,11 @@ def call_key(model_call_id: str) -> str:
 
 
 def encode_entry(entry: TokenEntry) -> bytes:
-    """Canonical stored-schema-1 bytes (whole prompt); still read, written by older versions."""
+    """Canonical stored-schema-1 bytes (whole prompt, no digest), as older versions wrote them.
+
+    Readers refuse these objects (their tokens cannot be verified); kept for benchmarks and
+    tests that need the legacy form.
+    """
     return orjson.dumps(entry_fields(entry), option=_ENCODE_OPTIONS)
 
 
@@ -94,7 +115,7 @@ def _json(payload: Mapping[str, Any]) -> bytes:
 
 
 class TokenCaptureStore:
-    """Capture store at `root`: an absolute path, `file://`, `memory://` or `s3://bucket/prefix`.
+    """Capture store at `root`: a local path (plain, `file://`, `local://`), `memory://` or S3.
 
     `storage_options` go to the fsspec filesystem (endpoint, credentials); they are never
     logged or shown in `repr`. Async methods run blocking I/O on a private thread pool.
@@ -150,8 +171,9 @@ class TokenCaptureStore:
 
         A byte-identical repeat is a no-op, also after freeze. A different payload for the
         same call id raises `CaptureConflictError` and marks the rollout incomplete.
-        A put after freeze raises `CaptureFencedError`; one that raced a freeze raises too,
-        and its object changes the version so retiring the consumed snapshot fails.
+        A put after freeze raises `CaptureFencedError`. One whose entry landed while the
+        rollout was being frozen raises too: the entry is stored, and a snapshot listed
+        before it landed can no longer be retired, because the entry changed its version.
         """
         record = coerce_token_entry(entry)
         rollout_id = validate_rollout_id(record.rollout_id)
@@ -174,18 +196,23 @@ class TokenCaptureStore:
             self._remember(rollout_id, encoded)
             if self._fence(rollout_id):
                 raise CaptureFencedError(
-                    f"call {record.model_call_id!r} of rollout {rollout_id} raced its freeze; "
-                    "the frozen snapshot may lack it, so retiring that snapshot will fail"
+                    f"call {record.model_call_id!r} of rollout {rollout_id} was stored while "
+                    "the rollout was being frozen, so its finalization may not include it; a "
+                    "snapshot without it cannot be retired (its version changed), so the "
+                    "capture is kept either way. Put every call before finalizing its rollout"
                 )
             return
         if self._same_entry(key, encoded):
             self._remember(rollout_id, encoded)
             return
         reason = f"call {record.model_call_id!r} was captured twice with different payloads"
-        self._write_marker(rollout_id, record.model_call_id, reason)
+        outcome = (
+            "it was already retired, so its handed-off record holds the first payload"
+            if self._report_loss(rollout_id, record.model_call_id, reason)
+            else "the rollout is marked incomplete and will be masked"
+        )
         raise CaptureConflictError(
-            f"rollout {rollout_id}: {reason}; the rollout is marked incomplete and will be "
-            "masked. Use a fresh model_call_id for every call"
+            f"rollout {rollout_id}: {reason}; {outcome}. Use a fresh model_call_id for every call"
         )
 
     def _same_entry(self, key: str, encoded: compact.EncodedEntry) -> bool:
@@ -208,20 +235,32 @@ class TokenCaptureStore:
     ) -> None:
         """Durably record a lost call. It changes the version even after a freeze.
 
-        Each call adds evidence; nothing clears it but retirement or delete.
-        Raises `CaptureRetiredError` when the rollout was already retired, so the caller
-        learns that the handed-off record may lack this call.
+        Each call adds evidence; nothing clears it but retirement or delete. Linearizable
+        with `drop`: on a frozen rollout the marker also races drop for `RETIRED`, so either
+        this returns and no drop can succeed, or it raises `CaptureRetiredError` because the
+        rollout was retired first (its handed-off record may lack this call).
         """
         validate_rollout_id(rollout_id)
         text = reason or (
             f"call {model_call_id!r} was lost" if model_call_id else "a call was lost"
         )
-        self._write_marker(rollout_id, model_call_id, text)
-        if self._bytes.exists(f"{rollout_id}/{RETIRED}"):
+        if self._report_loss(rollout_id, model_call_id, text):
             raise CaptureRetiredError(
                 f"rollout {rollout_id} was retired before this loss was reported ({text}); "
                 "its handed-off record may be missing that call"
             )
+
+    def _report_loss(self, rollout_id: str, model_call_id: str, reason: str) -> bool:
+        """Write an incomplete marker; return whether the rollout was retired before it.
+
+        Not frozen yet: every freeze lists after the marker, so every snapshot includes it.
+        Frozen: the marker races drop for `RETIRED` with a refusal; exactly one wins.
+        """
+        self._write_marker(rollout_id, model_call_id, reason)
+        if not self._fence(rollout_id):
+            return False
+        refusal = {"refused": f"a loss was reported after the freeze: {reason}", "at": time.time()}
+        return _is_tombstone(self._decide_retirement(rollout_id, refusal))
 
     def _write_marker(self, rollout_id: str, model_call_id: str, reason: str) -> None:
         marker = {"model_call_id": model_call_id, "reason": reason, "at": time.time()}
@@ -234,16 +273,20 @@ class TokenCaptureStore:
     def begin_call_now(self, rollout_id: str, model_call_id: str) -> None:
         """Record the intent to make a call; an intent without an entry at freeze is a loss.
 
-        A repeat is a no-op. After freeze it raises `CaptureFencedError`.
+        A repeat is a no-op. After freeze it raises `CaptureFencedError`, and so does an
+        intent that landed while the rollout was being frozen: the call must not start.
         """
         validate_rollout_id(rollout_id)
+        fenced = CaptureFencedError(
+            f"rollout {rollout_id} is already frozen or retired; call {model_call_id!r} "
+            "must not start"
+        )
         if self._fence(rollout_id):
-            raise CaptureFencedError(
-                f"rollout {rollout_id} is already frozen or retired; call {model_call_id!r} "
-                "must not start"
-            )
+            raise fenced
         key = f"{rollout_id}/{INTENT}/{call_key(model_call_id)}"
         self._bytes.create(key, _json({"model_call_id": model_call_id}))
+        if self._fence(rollout_id):
+            raise fenced  # a freeze raced the intent: the snapshot may lack it
 
     def _fence(self, rollout_id: str) -> bool:
         """Whether writes are closed. Retirement keeps FROZEN, so one check covers both."""
@@ -282,13 +325,37 @@ class TokenCaptureStore:
         )
 
     def _refuse_retired(self, rollout_id: str) -> None:
-        tombstone = self._bytes.get(f"{rollout_id}/{RETIRED}")
-        if tombstone is not None:
+        decision = self._retirement(rollout_id)
+        if _is_tombstone(decision):
             raise CaptureRetiredError(
                 f"rollout {rollout_id} was retired after handoff "
-                f"({tombstone.decode(errors='replace')}); its capture cannot be finalized again. "
-                "Clear it with delete() before reusing the id"
+                f"(snapshot {decision.get('snapshot_id')}, version {decision.get('version')}); "
+                "its capture cannot be finalized again. Clear it with delete() before "
+                "reusing the id"
             )
+
+    def _retirement(self, rollout_id: str) -> dict[str, Any] | None:
+        """The retirement decision (a tombstone or a refusal), or `None` when undecided."""
+        data = self._bytes.get(f"{rollout_id}/{RETIRED}")
+        return None if data is None else _parse_retirement(rollout_id, data)
+
+    def _decide_retirement(self, rollout_id: str, proposal: dict[str, Any]) -> dict[str, Any]:
+        """Propose a decision for `RETIRED`; the first create wins, and everyone follows it.
+
+        Drop proposes a tombstone, a loss reported after the freeze proposes a refusal.
+        Both are create-only writes of one key, so exactly one outcome holds everywhere.
+        """
+        key = f"{rollout_id}/{RETIRED}"
+        for _attempt in range(5):
+            if self._bytes.create(key, _json(proposal)):
+                return proposal
+            winner = self._retirement(rollout_id)
+            if winner is not None:
+                return winner
+        raise CaptureStoreError(
+            f"rollout {rollout_id}: its retirement decision keeps vanishing (a dispatch-time "
+            "clear running at the same time?); retry after the clear"
+        )
 
     def _claim_freeze(self, rollout_id: str) -> str:
         key = f"{rollout_id}/{FROZEN}"
@@ -364,39 +431,29 @@ class TokenCaptureStore:
     def drop_now(self, rollout_id: str, snapshot_id: str, version: int) -> bool:
         """Retire exactly the consumed snapshot, leaving a small tombstone.
 
-        Returns `False`, deleting nothing, when the freeze id or version differ.
+        Returns `False`, deleting nothing, when the freeze id or version differ, or when a
+        loss reported after the freeze refused retirement first (see `mark_incomplete_now`).
         Safe to repeat, also after a crash part-way: the tombstone names the snapshot.
         Call only after the finalized record was durably handed off.
         """
         validate_rollout_id(rollout_id)
-        tombstone = self._bytes.get(f"{rollout_id}/{RETIRED}")
-        if tombstone is not None:
-            if self._tombstone_snapshot(rollout_id, tombstone) != snapshot_id:
+        decision = self._retirement(rollout_id)
+        if decision is None:
+            frozen = self._bytes.get(f"{rollout_id}/{FROZEN}")
+            if frozen is None or self._parse_frozen(rollout_id, frozen) != snapshot_id:
                 return False
+            events = _events(rollout_id, self._bytes.list_prefix(rollout_id))
+            if sum(len(names) for names in events.values()) != version:
+                return False
+            tombstone = {"snapshot_id": snapshot_id, "version": version, "retired_at": time.time()}
+            decision = self._decide_retirement(rollout_id, tombstone)
+        retired = _is_tombstone(decision) and (
+            decision.get("snapshot_id"),
+            decision.get("version"),
+        ) == (snapshot_id, version)
+        if retired:
             self._delete_payloads(rollout_id)
-            return True
-        frozen = self._bytes.get(f"{rollout_id}/{FROZEN}")
-        if frozen is None or self._parse_frozen(rollout_id, frozen) != snapshot_id:
-            return False
-        events = _events(rollout_id, self._bytes.list_prefix(rollout_id))
-        if sum(len(names) for names in events.values()) != version:
-            return False
-        record = {"snapshot_id": snapshot_id, "version": version, "retired_at": time.time()}
-        if not self._bytes.create(f"{rollout_id}/{RETIRED}", _json(record)):
-            winner = self._bytes.get(f"{rollout_id}/{RETIRED}") or b"{}"
-            if self._tombstone_snapshot(rollout_id, winner) != snapshot_id:
-                return False
-        self._delete_payloads(rollout_id)
-        return True
-
-    @staticmethod
-    def _tombstone_snapshot(rollout_id: str, data: bytes) -> str | None:
-        try:
-            return orjson.loads(data).get("snapshot_id")
-        except (orjson.JSONDecodeError, AttributeError) as exc:
-            raise UnreadableCaptureError(
-                f"rollout {rollout_id}: object {rollout_id}/{RETIRED} is not a tombstone ({exc})"
-            ) from exc
+        return retired
 
     def _delete_payloads(self, rollout_id: str) -> None:
         """Delete every event object, then verify by listing; late objects go too.
@@ -434,23 +491,42 @@ class TokenCaptureStore:
     def sweep_retired(self, older_than_seconds: float) -> int:
         """Remove tombstones retired more than `older_than_seconds` ago; return how many.
 
-        Also removes temporary files that crashed local writers left behind.
+        A rollout whose tombstone cannot be read or removed is logged by name and skipped,
+        so one damaged rollout never stops the sweep. Refusals are not tombstones: they stay
+        until the dispatch-time clear. Also removes temporary files crashed local writers left.
         """
         now = time.time()
         swept = 0
         for name in self._bytes.list_children(""):
             if not ROLLOUT_ID_PATTERN.fullmatch(name):
                 continue
-            tombstone = self._bytes.get(f"{name}/{RETIRED}")
-            if tombstone is None:
-                continue
-            retired_at = float(orjson.loads(tombstone).get("retired_at", now))
-            if now - retired_at >= older_than_seconds:
-                self.delete(name)
-                swept += 1
+            try:
+                swept += self._sweep_one(name, older_than_seconds, now)
+            except Exception as exc:
+                logger.warning(
+                    "sweep: skipped rollout %s, its tombstone could not be swept: %s: %s",
+                    name,
+                    type(exc).__name__,
+                    exc,
+                )
         if isinstance(self._bytes, LocalStore):
             self._bytes.remove_stale_temporaries(max(older_than_seconds, 3600.0), now)
         return swept
+
+    def _sweep_one(self, rollout_id: str, older_than_seconds: float, now: float) -> int:
+        decision = self._retirement(rollout_id)
+        if not _is_tombstone(decision):
+            return 0
+        retired_at = decision.get("retired_at")
+        if not isinstance(retired_at, (int, float)):
+            raise UnreadableCaptureError(
+                f"rollout {rollout_id}: tombstone {rollout_id}/{RETIRED} has no retirement "
+                "time; inspect it, then delete the rollout's capture"
+            )
+        if now - retired_at < older_than_seconds:
+            return 0
+        self.delete(rollout_id)
+        return 1
 
     async def close(self) -> None:
         """Release the thread pool and backend. Safe to repeat."""
@@ -482,6 +558,25 @@ def _events(rollout_id: str, keys: list[str]) -> dict[str, list[str]]:
     return events
 
 
+def _parse_retirement(rollout_id: str, data: bytes) -> dict[str, Any]:
+    try:
+        decision = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        decision = exc
+    if not isinstance(decision, dict) or not ("snapshot_id" in decision or "refused" in decision):
+        raise UnreadableCaptureError(
+            f"rollout {rollout_id}: object {rollout_id}/{RETIRED} is not a retirement decision "
+            f"({decision if isinstance(decision, Exception) else 'unexpected content'}); "
+            "inspect it, then delete the rollout's capture"
+        )
+    return decision
+
+
+def _is_tombstone(decision: dict[str, Any] | None) -> bool:
+    """Whether a retirement decision retired the capture (rather than refusing it)."""
+    return decision is not None and "snapshot_id" in decision and "refused" not in decision
+
+
 def _unreadable(rollout_id: str, key: str, detail: str) -> UnreadableCaptureError:
     return UnreadableCaptureError(
         f"rollout {rollout_id}: object {key} is not a readable token entry: {detail}"
@@ -489,7 +584,7 @@ def _unreadable(rollout_id: str, key: str, detail: str) -> UnreadableCaptureErro
 
 
 def parse_stored_entry(rollout_id: str, key: str, name: str, data: bytes) -> compact.StoredEntry:
-    """Parse a stored entry of either stored schema, refusing garbage by name."""
+    """Parse and verify a stored entry, refusing garbage, damage and legacy objects by name."""
     try:
         stored = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -497,7 +592,7 @@ def parse_stored_entry(rollout_id: str, key: str, name: str, data: bytes) -> com
     if not isinstance(stored, dict):
         raise _unreadable(rollout_id, key, "not a JSON object")
     try:
-        return compact.parse_stored(name, stored)
+        return compact.parse_stored(name, data, stored)
     except (ValueError, TypeError) as exc:
         raise _unreadable(rollout_id, key, str(exc)) from exc
 

@@ -21,14 +21,13 @@ from prefect.serializers import JSONSerializer
 from capture_core._fsspec import s3_options
 from capture_core.config import public_storage_options
 from capture_core.handoff import HandoffReceipt
-from capture_core.store import open_byte_store
+from capture_core.store import local_path, open_byte_store
 
 RECEIPTS = "receipts"
 
 
 def _local_root(dest: str) -> str | None:
-    text = dest[len("file://") :] if dest.startswith("file://") else dest
-    return text if "://" not in text else None
+    return local_path(dest)
 
 
 def receipts_location(dest: str, run_id: str) -> str:

@@ -6,9 +6,12 @@ import multiprocessing
 import uuid
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from capture_core import compact
+from capture_core.errors import UnreadableCaptureError
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore, call_key, encode_entry
 from capture_core.synthetic import RolloutShape, synthetic_rollout
@@ -25,7 +28,7 @@ def test_later_calls_are_stored_as_deltas_and_read_back_exactly(tmp_path) -> Non
         store.put_now(entry)
     first, last = stored(store, "r1", "call-00000"), stored(store, "r1", "call-00005")
     assert first["p"]["a"] is None and last["p"]["a"] == call_key("call-00004"), "parent key"
-    assert len(last["p"]["d"]) == 8 and last["schema_version"] == 2, "only the new tokens"
+    assert len(last["p"]["d"]) == 8 and last["schema_version"] == 3, "only the new tokens"
     snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r1")
     assert not snapshot.incomplete
     assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
@@ -96,11 +99,13 @@ def test_writers_in_different_processes(tmp_path) -> None:
 
 
 def rewrite(store: TokenCaptureStore, rollout_id: str, call: str, mutate) -> None:
+    """Edit a stored object and seal it again, so only the prompt-chain checks can notice."""
     key = f"{rollout_id}/e/{call_key(call)}"
     data = orjson.loads(store.byte_store.get(key) or b"{}")
+    data.pop("s")
     mutate(data)
     store.byte_store.delete([key])
-    store.byte_store.create(key, orjson.dumps(data))
+    store.byte_store.create(key, compact.seal(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)))
 
 
 def test_altered_parent_or_delta_makes_the_snapshot_incomplete_never_wrong(tmp_path) -> None:
@@ -126,21 +131,17 @@ def test_altered_parent_or_delta_makes_the_snapshot_incomplete_never_wrong(tmp_p
             assert entry.prompt_token_ids == by_id[entry.model_call_id].prompt_token_ids
 
 
-def test_mixed_stored_schemas_and_logical_idempotency(tmp_path) -> None:
+def test_legacy_objects_are_refused_by_name_and_reputs_stay_logical(tmp_path) -> None:
     store = TokenCaptureStore(str(tmp_path))
     entries = synthetic_rollout("r4", RolloutShape(turns=4))
-    for entry in entries[:2]:
-        store.byte_store.create(f"r4/e/{call_key(entry.model_call_id)}", encode_entry(entry))
-    store.put_now(entries[1])  # identical to the stored schema-1 object: a no-op, now indexed
-    for entry in entries[2:]:
+    legacy_key = f"r4/e/{call_key(entries[0].model_call_id)}"
+    store.byte_store.create(legacy_key, encode_entry(entries[0]))
+    store.put_now(entries[0])  # the same logical entry: a no-op, not a conflict
+    for entry in entries[1:]:
         store.put_now(entry)
-    store.put_now(entries[0])
-    fresh = TokenCaptureStore(str(tmp_path))
-    fresh.put_now(entries[3])
-    snapshot = fresh.freeze_now("r4")
-    assert not snapshot.incomplete and len(snapshot.entries) == 4
-    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
-    assert stored(store, "r4", "call-00002")["p"]["a"] == call_key("call-00001")
+    assert store.byte_store.get(legacy_key) == encode_entry(entries[0])
+    with pytest.raises(UnreadableCaptureError, match=f"{legacy_key}.*without a digest"):
+        TokenCaptureStore(str(tmp_path)).freeze_now("r4")
 
 
 def test_reused_rollout_id_after_clear_does_not_reference_deleted_parents(tmp_path) -> None:
@@ -170,3 +171,24 @@ def test_unknown_extra_fields_never_collide_with_short_stored_names(tmp_path) ->
     store.put_now(entry)
     (got,) = TokenCaptureStore(str(tmp_path)).freeze_now("r6").entries
     assert got == entry and got.model_dump()["g"] == "extra named like a short key"
+
+
+def test_ids_beyond_int64_are_stored_whole_and_still_sealed(tmp_path) -> None:
+    big = 2**63 + 5
+    entries = [
+        TokenEntry(
+            rollout_id="r7",
+            model_call_id=call,
+            prompt_token_ids=prompt,
+            generation_token_ids=gen,
+            generation_log_probs=[-0.5] * len(gen),
+        )
+        for call, prompt, gen in (("a", [1, big], [2]), ("b", [1, 2], [big]))
+    ]
+    store = TokenCaptureStore(str(tmp_path))
+    for entry in entries:
+        store.put_now(entry)
+        store.put_now(entry)
+    snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r7")
+    assert not snapshot.incomplete, snapshot.incomplete_reasons
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries

@@ -10,6 +10,8 @@ import threading
 import orjson
 import pytest
 
+from capture_core import compact
+from capture_core.compact import RecentCumulatives
 from capture_core.conformance import ConformanceError, run_conformance
 from capture_core.errors import (
     CaptureConflictError,
@@ -115,7 +117,7 @@ def test_newer_schema_in_store_fails_the_read_loudly(store_location) -> None:
     root, options = store_location
     store = TokenCaptureStore(root, options)
     store.put_now(make_entry("r1", "ok", [1], [2]))
-    newer = {**make_entry("r1", "new", [1], [2]).model_dump(), "schema_version": 2}
+    newer = {**make_entry("r1", "new", [1], [2]).model_dump(), "schema_version": 99}
     key = f"r1/e/{call_key('new')}"
     store.byte_store.create(key, orjson.dumps(newer))
     with pytest.raises(UnreadableCaptureError, match=f"rollout r1: object {key}.*newer"):
@@ -138,8 +140,8 @@ def test_garbage_object_names_rollout_and_object(store_location) -> None:
 def test_misplaced_entry_is_refused(store_location) -> None:
     root, options = store_location
     store = TokenCaptureStore(root, options)
-    moved = make_entry("other", "a", [1], [2]).model_dump()
-    store.byte_store.create(f"r1/e/{call_key('a')}", orjson.dumps(moved))
+    moved = compact.encode(make_entry("other", "a", [1], [2]), call_key("a"), RecentCumulatives())
+    store.byte_store.create(f"r1/e/{call_key('a')}", moved.data)
     with pytest.raises(UnreadableCaptureError, match="copied into the wrong place"):
         store.freeze_now("r1")
 
