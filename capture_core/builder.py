@@ -20,7 +20,7 @@ from typing import Any
 from capture_core.records import TOKEN_FIELDS, TokenEntry
 
 BUILDERS = ("prefix_merging", "per_request")
-TOKEN_ONLY_ITEM = {"type": "message", "role": "assistant", "content": []}
+TOKEN_ONLY_ITEM = {"type": "message"}
 
 
 @dataclass
@@ -233,6 +233,19 @@ def _link_chain(calls: list[TokenEntry], path: list[int], chain_id: str) -> Chai
     return Chain(chain_id, links, list(root.prompt_token_ids))
 
 
+def _main_first(calls: list[TokenEntry], paths: list[list[int]]) -> list[list[int]]:
+    """Order paths by leaf (prompt length, call id), then move the main one to the front.
+
+    The main path starts at the root with the smallest (`created_at`, call id); among that
+    root's leaves it is the first in leaf order. The others keep leaf order as branches.
+    """
+    if not paths:
+        return []
+    by_leaf = sorted(paths, key=lambda path: path[-1])
+    main = min(by_leaf, key=lambda p: (calls[p[0]].created_at, calls[p[0]].model_call_id))
+    return [main, *(path for path in by_leaf if path is not main)]
+
+
 def prefix_merging(entries: Iterable[TokenEntry]) -> BuildOutput:
     """Merge calls into prefix-contiguous chains; the main chain comes first."""
     all_calls = list(entries)
@@ -240,8 +253,7 @@ def prefix_merging(entries: Iterable[TokenEntry]) -> BuildOutput:
     empty = [e.model_call_id for e in all_calls if not e.generation_token_ids]
     forest = _Forest(calls)
     unresolved = forest.resolve_retries()
-    paths = forest.chains()
-    paths.sort(key=lambda p: (calls[p[0]].created_at, calls[p[0]].model_call_id))
+    paths = _main_first(calls, forest.chains())
     chains = [
         _link_chain(calls, path, "main" if n == 0 else f"branch-{n - 1}")
         for n, path in enumerate(paths)

@@ -141,14 +141,22 @@ def test_call_without_content_items_yields_a_token_only_message() -> None:
     assert response["output"] == [
         {
             "type": "message",
-            "role": "assistant",
-            "content": [],
             "prompt_token_ids": [1],
             "generation_token_ids": [2, 3],
             "generation_log_probs": [-0.5, -0.5],
         }
     ]
     assert response["usage"] == {"input_tokens": 1, "output_tokens": 2}
+    experts = call("a", [1], [2])
+    experts.routed_experts = [[3, 4]]
+    (item,) = project_main_chain_response("r", prefix_merging([experts]))["output"]
+    assert set(item) == {
+        "type",
+        "prompt_token_ids",
+        "generation_token_ids",
+        "generation_log_probs",
+        "routed_experts",
+    }
     assert response["id"] == "proj-r" and response["object"] == "response"
 
 
@@ -283,3 +291,30 @@ def test_chain_validate_refuses_a_log_prob_mismatch() -> None:
     bad.generation_log_probs = []
     with pytest.raises(ValueError, match="1 tokens but 0 log probs"):
         chain.validate()
+
+
+def test_main_chain_among_several_leaves_is_the_first_leaf_by_prompt_length() -> None:
+    entries = [
+        call("a", [1], [2], created_at=1.0),
+        call("b", [1, 2, 3], [4], created_at=2.0),
+        call("d", [1, 2, 3, 4, 5], [6], created_at=4.0),
+        call("c", [1, 2, 7, 7], [8], created_at=3.0),
+        call("other-root", [9], [9], created_at=0.5),
+        call("e", [1, 2, 7, 7], [5], created_at=5.0),
+        call("f", [1, 2, 7, 7, 5, 1], [1], created_at=6.0),
+    ]
+    built = prefix_merging(entries)
+    chains = {c.chain_id: [link.entry.model_call_id for link in c.links] for c in built.chains}
+    assert chains == {
+        "main": ["other-root"],
+        "branch-0": ["a", "b", "d"],
+        "branch-1": ["a", "e", "f"],
+    }, "c is a retry of e that nobody extended, so it is quarantined"
+    later = [e for e in entries if e.model_call_id != "other-root"]
+    built = prefix_merging([*later, call("g", [1, 2, 9], [1], created_at=7.0)])
+    assert [[link.entry.model_call_id for link in c.links] for c in built.chains] == [
+        ["a", "g"],
+        ["a", "b", "d"],
+        ["a", "e", "f"],
+    ], "leaf g has the shortest prompt of the earliest root's leaves"
+    assert [c.chain_id for c in built.chains] == ["main", "branch-0", "branch-1"]
