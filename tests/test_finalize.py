@@ -265,3 +265,19 @@ def test_direct_assemble_of_invalid_entries_is_a_failed_build() -> None:
     built = consumer._assemble("r", [broken], "prefix_merging", "")
     assert built["mask_sample"] and "generation_log_probs" in built["error"]
     assert delivery.mask_reason(built) == built["error"]
+
+
+def test_attempt_one_is_finalized_from_its_own_capture_never_a_stale_attempt(store) -> None:
+    capture(store, "job-9", RolloutShape(turns=2, generated_tokens=3))
+    record = {"_ng_rollout_id": "job-9", "_ng_attempt_index": 1, "reward": 1.0}
+    built = finalize(record, store)
+    assert built["mask_sample"] and built["error"] == "capture contains no token records"
+    assert not store.byte_store.exists("job-9/FROZEN"), "the stale attempt is not fenced"
+    assert store.byte_store.exists("job-9-a1/FROZEN")
+    store.delete("job-9-a1")
+    capture(store, "job-9-a1", RolloutShape(turns=2, generated_tokens=5))
+    record = {"_ng_rollout_id": "job-9", "_ng_attempt_index": 1, "reward": 1.0}
+    built = finalize(record, store)
+    assert built["mask_sample"] is False
+    generated = [i["generation_token_ids"] for i in record["response"]["output"]]
+    assert [len(ids) for ids in generated if ids] == [5, 5], "attempt 1's own tokens"
