@@ -24,7 +24,7 @@ from capture_core.builder import (
 )
 from capture_core.config import TokenIdCaptureConfig
 from capture_core.ids import maybe_rollout_id_from_run_body, validate_rollout_id
-from capture_core.protocols import TokenCaptureSnapshot, TokenSource
+from capture_core.protocols import TokenSource
 from capture_core.records import coerce_token_entry
 from capture_core.store import TokenCaptureStore
 
@@ -92,18 +92,34 @@ def _assemble(rollout_id: str, entries: list, builder: str, model: str) -> dict:
     }
 
 
-def build_from_snapshot(snapshot: TokenCaptureSnapshot, builder: str, model: str) -> dict:
-    """The one build path: empty snapshots fail, incomplete ones mask, the snapshot is attached."""
-    if not snapshot.entries:
-        built = _failed_build(snapshot.rollout_id, builder, EMPTY_CAPTURE_ERROR)
+def build_from_snapshot(snapshot: Any, builder: str, model: str) -> dict:
+    """The one build path: empty snapshots fail, incomplete ones mask, the snapshot is attached.
+
+    `snapshot` is a `TokenCaptureSnapshot` or another library's snapshot type with the same
+    fields (`rollout_id`, `entries`, `incomplete`, `snapshot_id`, `version`); one that cannot
+    be read is a failed build, never an exception. An incomplete snapshot masks the build
+    without inventing an `error`; its reasons are logged.
+    """
+    rollout_id = str(getattr(snapshot, "rollout_id", ""))
+    try:
+        entries = list(snapshot.entries)
+        incomplete = bool(snapshot.incomplete)
+        identity = {"snapshot_id": snapshot.snapshot_id, "version": snapshot.version}
+    except Exception as exc:
+        logger.warning("rollout %s: unreadable snapshot: %s", rollout_id, exc)
+        return _failed_build(
+            rollout_id, builder, f"unreadable snapshot: {type(exc).__name__}: {exc}"
+        )
+    if not entries:
+        built = _failed_build(rollout_id, builder, EMPTY_CAPTURE_ERROR)
     else:
-        built = _assemble(snapshot.rollout_id, list(snapshot.entries), builder, model)
-    if snapshot.incomplete:
+        built = _assemble(rollout_id, entries, builder, model)
+    if incomplete:
         built["mask_sample"] = True
         built["metrics"]["capture_incomplete"] = True
-        reasons = "; ".join(snapshot.incomplete_reasons) or "a call was lost"
-        built["error"] = built.get("error") or f"capture incomplete: {reasons}"
-    built[SNAPSHOT_KEY] = {"snapshot_id": snapshot.snapshot_id, "version": snapshot.version}
+        reasons = "; ".join(getattr(snapshot, "incomplete_reasons", ())) or "a call was lost"
+        logger.warning("rollout %s masked: capture incomplete: %s", rollout_id, reasons)
+    built[SNAPSHOT_KEY] = identity
     return built
 
 
