@@ -100,6 +100,18 @@ class TokenCaptureStore:
     logged or shown in `repr`. Async methods run blocking I/O on a private thread pool.
     """
 
+    def __new__(
+        cls, root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+    ) -> Any:
+        """A local directory in NeMo Gym's file-store layout opens as `NemoGymFileStore`."""
+        if cls is TokenCaptureStore:
+            from capture_core.nemo_gym_layout import nemo_gym_store_for
+
+            found = nemo_gym_store_for(root)
+            if found is not None:
+                return found
+        return super().__new__(cls)
+
     def __init__(
         self, root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
     ) -> None:
