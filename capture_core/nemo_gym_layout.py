@@ -64,11 +64,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+class _TornLine(Exception):
+    """A JSONL line that does not parse."""
+
+
 def _call_id(path: str, offset: int, payload: bytes) -> str:
     try:
         parsed = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
-        raise UnreadableCaptureError(f"{path}: line at byte {offset} is not JSON ({exc})") from exc
+        raise _TornLine(str(exc)) from exc
     call_id = parsed.get("model_call_id") if isinstance(parsed, dict) else None
     if not isinstance(call_id, str):
         raise UnreadableCaptureError(
@@ -130,10 +134,13 @@ def _index_tail(
         if payload:
             try:
                 call_id = _call_id(path, indexed + position, payload)
-            except UnreadableCaptureError:
+            except _TornLine as exc:
                 rest = tail[end + 1 :] if newline != -1 else b""
                 if rest.strip():
-                    raise
+                    raise UnreadableCaptureError(
+                        f"{path}: line at byte {indexed + position} is not JSON ({exc}) and "
+                        "more content follows it: the capture is corrupt, inspect it"
+                    ) from exc
                 os.truncate(path, indexed + position)
                 logger.warning(
                     "dropped %d torn trailing bytes (a never-acknowledged write) from %s",

@@ -2,7 +2,8 @@
 
 It stands in for a live NeMo Gym model server: same files, same flock protocol, same checks.
 It deliberately shares no code with `capture_core`, so the tests compare two implementations.
-Run as a module it is a writer process: it puts calls until the rollout is frozen.
+Run as a module it is a writer process: it puts calls until the rollout is frozen, or
+(`mark`) reports a lost call the moment it is told to.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import hashlib
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -176,5 +178,21 @@ def main(root: str, rollout_id: str, calls: int) -> None:
         print(f"ok {call}", flush=True)
 
 
+def mark_when_told(root: str, rollout_id: str, go: str) -> None:
+    """Say `ready`, wait for the file `go`, then report a lost call at once; print the outcome."""
+    print("ready", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.0005)
+    try:
+        GymWriter(root).mark_incomplete(rollout_id, "lost-late")
+    except GymWriterRefused:
+        print("refused", flush=True)
+        return
+    print("marked", flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    if sys.argv[1] == "mark":
+        mark_when_told(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
