@@ -14,6 +14,7 @@ import pickle
 import orjson
 import pytest
 
+from capture_core.conformance import run_conformance
 from capture_core.consumer import (
     clear_token_captures_for_rollouts,
     token_id_capture_dirs_from_config,
@@ -30,6 +31,7 @@ from capture_core.store import TokenCaptureStore
 from capture_core.synthetic import rollout_record
 from tests.gym_file_writer import GymWriter, GymWriterRefused, entry_payload
 from tests.pipeline_helpers import dest_records, finalize_args, run_cli, write_rollouts
+from tests.test_store_contract import ALL_CHECKS
 
 
 def write_rollout(writer: GymWriter, rollout_id: str, calls: int = 3) -> list[dict]:
@@ -204,3 +206,9 @@ def test_a_recognised_directory_that_gains_tokcap_folders_is_refused(gym_dir) ->
     os.makedirs(os.path.join(gym_dir, "3-3", "x"))
     with pytest.raises(MixedLayoutError):
         TokenCaptureStore(gym_dir)
+
+
+def test_the_nemo_gym_file_store_passes_the_capture_contract(gym_dir) -> None:
+    passed = run_conformance(lambda: TokenCaptureStore(gym_dir), lambda: NemoGymFileStore(gym_dir))
+    assert set(passed) == ALL_CHECKS
+    assert tokcap_objects(gym_dir) == []
