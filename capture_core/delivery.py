@@ -10,7 +10,7 @@ Training correlation preserves `/ng-rollout/<id>/training-token-capture`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from capture_core.consumer import SNAPSHOT_KEY, build_from_snapshot
@@ -43,8 +43,11 @@ def _unusable(result: dict, error: str, message: str) -> dict:
 
 
 def _carries_generated_ids(item: Any) -> bool:
+    """A non-empty array of ids (a list, tuple or array); empty or absent carries nothing."""
     ids = item.get("generation_token_ids") if isinstance(item, Mapping) else None
-    return isinstance(ids, Sequence) and not isinstance(ids, str | bytes) and len(ids) > 0
+    if ids is None or isinstance(ids, str | bytes) or not hasattr(ids, "__len__"):
+        return False
+    return len(ids) > 0
 
 
 def rollout_carries_token_ids(result: dict) -> bool:

@@ -147,6 +147,7 @@ def test_chat_messages_carry_token_ids_only_when_non_empty() -> None:
     assert not rollout_carries_token_ids(chat([]))
     assert not rollout_carries_token_ids(chat(None))
     assert not rollout_carries_token_ids({"response": {"output": [{"generation_token_ids": []}]}})
+    assert rollout_carries_token_ids({"response": {"output": [{"generation_token_ids": (4,)}]}})
 
 
 def test_foreign_snapshot_types_build_like_our_own() -> None:
