@@ -161,21 +161,32 @@ def entry_payload(rollout_id: str, call: int) -> dict[str, Any]:
     }
 
 
-def main(root: str, rollout_id: str, calls: int) -> None:
-    """Begin and put calls one by one, printing `ok <n>` per acknowledged put, until refused."""
+def main(root: str, rollout_id: str, calls: int, late: int) -> None:
+    """Begin and put calls, printing `ok <n>` per acknowledged put, until refused.
+
+    Then, as a late writer of the same attempt, keep putting `late` more calls; each must be
+    refused (`late-refused`), or is acknowledged (`late-ok`, a fence violation).
+    """
     writer = GymWriter(root)
     for call in range(calls):
         try:
             writer.begin_call(rollout_id, f"c{call:04d}")
         except GymWriterRefused:
             print(f"refused-begin {call}", flush=True)
-            return
+            break
         try:
             writer.put(entry_payload(rollout_id, call))
         except GymWriterRefused:
             print(f"refused-put {call}", flush=True)
-            return
+            break
         print(f"ok {call}", flush=True)
+    for call in range(calls, calls + late):
+        try:
+            writer.put(entry_payload(rollout_id, call))
+        except GymWriterRefused:
+            print(f"late-refused {call}", flush=True)
+            continue
+        print(f"late-ok {call}", flush=True)
 
 
 def mark_when_told(root: str, rollout_id: str, go: str) -> None:
@@ -195,4 +206,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "mark":
         mark_when_told(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
-        main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+        main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))

@@ -60,19 +60,22 @@ def gym_dir(tmp_path) -> str:
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_a_live_writer_and_freeze_then_drop_stay_consistent(gym_dir, trial: int) -> None:
     rollout_id = f"live-{trial}"
-    writer = WriterProcess(gym_dir, rollout_id, "400")
+    writer = WriterProcess(gym_dir, rollout_id, "400", "300")
     wait_until(lambda: len(writer.lines) >= trial % 4, 30, "the writer's first puts")
     store = TokenCaptureStore(gym_dir)
     snapshot = store.freeze_now(rollout_id)
+    wait_until(lambda: any(line.startswith("refused") for line in writer.lines), 30, "a refusal")
+    assert store.freeze_now(rollout_id) == snapshot, "idempotent while a late writer knocks"
+    dropped = store.drop_now(rollout_id, snapshot.snapshot_id, snapshot.version)
     lines = writer.finish()
     acknowledged = {f"c{int(line.split()[1]):04d}" for line in lines if line.startswith("ok")}
     captured = {entry.model_call_id for entry in snapshot.entries}
     assert captured == acknowledged, "every acknowledged put is frozen, and nothing else"
-    refused = lines[-1]
-    assert refused.startswith("refused"), "the writer is fenced by the freeze"
-    assert snapshot.incomplete == refused.startswith("refused-put"), "a begun call masks"
-    assert store.freeze_now(rollout_id) == snapshot, "freeze is idempotent"
-    assert store.drop_now(rollout_id, snapshot.snapshot_id, snapshot.version)
+    assert not [line for line in lines if line.startswith("late-ok")], "the fence holds"
+    assert dropped, "nothing changed since the freeze, so the drop retires it"
+    (refusal,) = [line for line in lines if line.startswith("refused")]
+    assert snapshot.incomplete == refusal.startswith("refused-put"), "a begun call masks"
+    assert not os.path.exists(GymWriter(gym_dir).path(rollout_id, "jsonl"))
     with pytest.raises(GymWriterRefused):
         GymWriter(gym_dir).put(entry_payload(rollout_id, 999))
     assert not [n for n in os.listdir(gym_dir) if os.path.isdir(os.path.join(gym_dir, n))]
