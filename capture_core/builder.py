@@ -283,7 +283,7 @@ def run_builder(entries: Iterable[TokenEntry], builder: str = "prefix_merging") 
     An unknown name is a `ValueError` listing the known ones; the arguments in the wrong
     order (the name first) are a `TypeError` saying so.
     """
-    if isinstance(entries, str) and not isinstance(builder, str):
+    if isinstance(entries, str):
         raise TypeError(
             f"run_builder(entries, builder) takes the entries first; got the builder name "
             f"{entries!r} as the first argument. Call run_builder(entries, builder={entries!r})"

@@ -268,6 +268,8 @@ def test_builder_api_has_nemo_gym_signatures() -> None:
     assert [type(link).__name__ for link in built.chains[0].links] == ["ChainLink"] * 2
     with pytest.raises(TypeError, match=r"takes the entries first.*builder='prefix_merging'"):
         run_builder("prefix_merging", entries)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="takes the entries first"):
+        run_builder("per_request")  # type: ignore[arg-type]
 
 
 def test_projection_uses_the_model_as_given() -> None:
