@@ -212,3 +212,13 @@ def test_the_nemo_gym_file_store_passes_the_capture_contract(gym_dir) -> None:
     passed = run_conformance(lambda: TokenCaptureStore(gym_dir), lambda: NemoGymFileStore(gym_dir))
     assert set(passed) == ALL_CHECKS
     assert tokcap_objects(gym_dir) == []
+
+
+def test_schema_zero_records_in_a_gym_dir_are_read(gym_dir) -> None:
+    writer = GymWriter(gym_dir)
+    for call in range(2):
+        writer.put({**entry_payload("0-0", call), "schema_version": 0})
+    snapshot = TokenCaptureStore(gym_dir).freeze_now("0-0")
+    assert [e.schema_version for e in snapshot.entries] == [0, 0]
+    built = trajectories_for_rollout("0-0", [gym_dir])
+    assert built["mask_sample"] is False
