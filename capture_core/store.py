@@ -100,11 +100,13 @@ class TokenCaptureStore:
     logged or shown in `repr`. Async methods run blocking I/O on a private thread pool.
     """
 
-    def __new__(
-        cls, root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
-    ) -> Any:
-        """A local directory in NeMo Gym's file-store layout opens as `NemoGymFileStore`."""
-        if cls is TokenCaptureStore:
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """A local directory in NeMo Gym's file-store layout opens as `NemoGymFileStore`.
+
+        Subclasses are constructed as they are, whatever their signature.
+        """
+        root = args[0] if args else kwargs.get("root")
+        if cls is TokenCaptureStore and root is not None:
             from capture_core.nemo_gym_layout import nemo_gym_store_for
 
             found = nemo_gym_store_for(root)

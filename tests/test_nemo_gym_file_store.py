@@ -222,3 +222,14 @@ def test_schema_zero_records_in_a_gym_dir_are_read(gym_dir) -> None:
     assert [e.schema_version for e in snapshot.entries] == [0, 0]
     built = trajectories_for_rollout("0-0", [gym_dir])
     assert built["mask_sample"] is False
+
+
+def test_store_subclasses_keep_their_own_signature(tmp_path) -> None:
+    class Logged(TokenCaptureStore):
+        def __init__(self, root: str, log: str) -> None:
+            super().__init__(root)
+            self.log = log
+
+    store = Logged(str(tmp_path / "s"), log="x")
+    assert type(store) is Logged and store.log == "x"
+    assert isinstance(TokenCaptureStore(root=str(tmp_path / "s")), TokenCaptureStore)
