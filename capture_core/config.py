@@ -37,6 +37,14 @@ class TokenIdCaptureConfig(BaseModel):
     max_mask_fraction: float | None = Field(default=None, ge=0.0, le=1.0)
     mask_fraction_min_samples: int = Field(default=50, ge=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_a_whole_configuration(cls, data: Any) -> Any:
+        """NeMo Gym validates the whole configuration: take its block and the fallback dir."""
+        if isinstance(data, Mapping) and (CONFIG_KEY in data or FALLBACK_DIR_KEY in data):
+            return _block_of(data)
+        return data
+
     @model_validator(mode="after")
     def _check_location(self) -> TokenIdCaptureConfig:
         if self.enabled and self.rebuild_response and not (self.dir or self.sink):
@@ -53,24 +61,77 @@ class TokenIdCaptureConfig(BaseModel):
     @classmethod
     def from_global(cls, global_config: Mapping[str, Any] | None) -> TokenIdCaptureConfig:
         """Read the block from a whole configuration; a missing block means disabled."""
-        config = global_config or {}
-        block = dict(config.get(CONFIG_KEY) or {})
-        if not block.get("dir") and config.get(FALLBACK_DIR_KEY):
-            block["dir"] = os.fspath(config[FALLBACK_DIR_KEY])
-        if block.get("dir") is not None:
-            block["dir"] = os.fspath(block["dir"])
         try:
-            return cls.model_validate(block)
+            return cls.model_validate(_block_of(global_config or {}))
         except ValidationError as exc:
             raise ValueError(
                 f"invalid {CONFIG_KEY} configuration: {describe_validation_error(exc)}"
             ) from exc
 
-    def location(self) -> str | Path | None:
-        """The enabled store location: a `Path` for local disk, the URL string otherwise."""
-        if not self.enabled or not self.dir:
+    @property
+    def token_id_capture(self) -> TokenIdCaptureConfig:
+        """The block, where NeMo Gym's code reads `config.token_id_capture.<key>`."""
+        return self
+
+    def resolved_dir(self) -> str | Path | None:
+        """The configured location, enabled or not: a `Path` locally, else the URL."""
+        if not self.dir:
             return None
         return self.dir if "://" in self.dir else Path(self.dir)
+
+    def location(self) -> str | Path | None:
+        """The enabled store location: a `Path` for local disk, the URL string otherwise."""
+        return self.resolved_dir() if self.enabled else None
+
+    def build_sink(self) -> Any:
+        """The configured `sink` class; `None` when capture is off or the store at `dir` is used."""
+        from capture_core.protocols import TokenSink
+
+        if not self.enabled or not self.sink:
+            return None
+        return load_capture_class(self.sink, self.sink_kwargs, TokenSink)
+
+
+TokenIdCaptureSettings = TokenIdCaptureConfig
+
+
+def _block_of(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The `token_id_capture` block of a whole configuration, with `dir` resolved."""
+    block = dict(config.get(CONFIG_KEY) or {})
+    if not block.get("dir") and config.get(FALLBACK_DIR_KEY):
+        block["dir"] = os.fspath(config[FALLBACK_DIR_KEY])
+    if block.get("dir") is not None:
+        block["dir"] = os.fspath(block["dir"])
+    return block
+
+
+def token_id_capture_config(global_config_dict: Mapping[str, Any] | None) -> TokenIdCaptureConfig:
+    """Read the capture settings out of a whole configuration (NeMo Gym's name)."""
+    return TokenIdCaptureConfig.from_global(global_config_dict)
+
+
+def token_id_capture_enabled_for_agent(
+    global_config_dict: Mapping[str, Any] | None, agent_name: str | None
+) -> bool:
+    """Whether one configured agent's calls are captured.
+
+    True when capture is enabled and either `all_agents` is set or the agent's server entry
+    has a `responses_api_agents` config with `token_id_capture: true`.
+    """
+    settings = token_id_capture_config(global_config_dict)
+    if not settings.enabled:
+        return False
+    if settings.all_agents:
+        return True
+    entry = (global_config_dict or {}).get(agent_name) if agent_name else None
+    agents = entry.get("responses_api_agents") if isinstance(entry, Mapping) else None
+    if not isinstance(agents, Mapping):
+        return False
+    return any(
+        bool(agent.get(CONFIG_KEY, False))
+        for agent in agents.values()
+        if isinstance(agent, Mapping)
+    )
 
 
 def load_capture_class(spec: str, kwargs: Mapping[str, Any] | None, protocol: type) -> Any:

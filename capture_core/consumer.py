@@ -24,7 +24,7 @@ from capture_core.builder import (
 )
 from capture_core.config import TokenIdCaptureConfig
 from capture_core.ids import maybe_rollout_id_from_run_body, validate_rollout_id
-from capture_core.protocols import TokenCaptureSnapshot, TokenSource
+from capture_core.protocols import TokenSource
 from capture_core.records import coerce_token_entry
 from capture_core.store import TokenCaptureStore
 
@@ -47,7 +47,7 @@ def _failed_build(rollout_id: str, builder: str, error: str, n_calls: int = 0) -
 
 def _metrics(n_calls: int, built: BuildOutput) -> dict[str, Any]:
     notes = built.notes
-    quarantined = len(notes.quarantined_call_ids)
+    quarantined = len(built.quarantined)
     return {
         "n_calls": n_calls,
         "chains": notes.chains,
@@ -57,7 +57,7 @@ def _metrics(n_calls: int, built: BuildOutput) -> dict[str, Any]:
         "delivered_fraction": notes.delivered_fraction,
         "generated_tokens_captured": notes.generated_tokens_captured,
         "generated_tokens_delivered": notes.generated_tokens_delivered,
-        "empty_generation_calls": notes.empty_generation_calls,
+        "empty_generation_calls": len(notes.empty_generation_calls),
     }
 
 
@@ -73,9 +73,11 @@ def _assemble(rollout_id: str, entries: list, builder: str, model: str) -> dict:
         )
     try:
         records = [coerce_token_entry(entry) for entry in entries]
-        built = run_builder(builder, records)
+        built = run_builder(records, builder)
+        for chain in built.chains:
+            chain.validate()
         response = project_main_chain_response(rollout_id, built, model=model)
-        assert_prefix_contiguity(response["output"])
+        assert_prefix_contiguity(response)
     except Exception as exc:
         logger.warning("rollout %s: build failed: %s", rollout_id, exc)
         return _failed_build(rollout_id, builder, f"{type(exc).__name__}: {exc}", len(entries))
@@ -90,22 +92,36 @@ def _assemble(rollout_id: str, entries: list, builder: str, model: str) -> dict:
     }
 
 
-def build_from_snapshot(snapshot: TokenCaptureSnapshot, builder: str, model: str) -> dict:
+def build_from_snapshot(snapshot: Any, builder: str, model: str) -> dict:
     """The one build path: empty snapshots fail, incomplete ones mask, the snapshot is attached.
 
-    An incomplete snapshot's reasons are the cause: with no entry left, they are the error.
+    `snapshot` is a `TokenCaptureSnapshot` or another library's snapshot type with the same
+    fields (`rollout_id`, `entries`, `incomplete`, `snapshot_id`, `version`); one that cannot
+    be read is a failed build, never an exception. An incomplete snapshot masks the build
+    without inventing an `error`; its reasons are logged. With no entry left its reasons are
+    the cause, so they become the failed build's error.
     """
-    if not snapshot.entries:
-        error = "" if snapshot.incomplete else EMPTY_CAPTURE_ERROR
-        built = _failed_build(snapshot.rollout_id, builder, error)
+    rollout_id = str(getattr(snapshot, "rollout_id", ""))
+    try:
+        entries = list(snapshot.entries)
+        incomplete = bool(snapshot.incomplete)
+        identity = {"snapshot_id": snapshot.snapshot_id, "version": snapshot.version}
+        reasons = "; ".join(getattr(snapshot, "incomplete_reasons", ())) or "a call was lost"
+    except Exception as exc:
+        logger.warning("rollout %s: unreadable snapshot: %s", rollout_id, exc)
+        return _failed_build(
+            rollout_id, builder, f"unreadable snapshot: {type(exc).__name__}: {exc}"
+        )
+    if not entries:
+        error = f"capture incomplete: {reasons}" if incomplete else EMPTY_CAPTURE_ERROR
+        built = _failed_build(rollout_id, builder, error)
     else:
-        built = _assemble(snapshot.rollout_id, list(snapshot.entries), builder, model)
-    if snapshot.incomplete:
+        built = _assemble(rollout_id, entries, builder, model)
+    if incomplete:
         built["mask_sample"] = True
         built["metrics"]["capture_incomplete"] = True
-        reasons = "; ".join(snapshot.incomplete_reasons) or "a call was lost"
-        built["error"] = built.get("error") or f"capture incomplete: {reasons}"
-    built[SNAPSHOT_KEY] = {"snapshot_id": snapshot.snapshot_id, "version": snapshot.version}
+        logger.warning("rollout %s masked: capture incomplete: %s", rollout_id, reasons)
+    built[SNAPSHOT_KEY] = identity
     return built
 
 

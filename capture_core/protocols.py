@@ -2,7 +2,7 @@
 
 A sink is what a model server writes captured calls into.
 A source is what finalization freezes and, after durable handoff, retires.
-`TokenCaptureStore` is both; a training framework may bring its own source.
+`TokenCaptureStore` and `NemoGymFileStore` are both; a training framework may bring its own.
 Each method's docstring says whether a repeat is safe and what must fail.
 This module imports only `records`.
 """

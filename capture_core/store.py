@@ -121,6 +121,20 @@ class TokenCaptureStore:
     logged or shown in `repr`. Async methods run blocking I/O on a private thread pool.
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """A local directory in NeMo Gym's file-store layout opens as `NemoGymFileStore`.
+
+        Subclasses are constructed as they are, whatever their signature.
+        """
+        root = args[0] if args else kwargs.get("root")
+        if cls is TokenCaptureStore and root is not None:
+            from capture_core.nemo_gym_layout import nemo_gym_store_for
+
+            found = nemo_gym_store_for(root)
+            if found is not None:
+                return found
+        return super().__new__(cls)
+
     def __init__(
         self, root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
     ) -> None:

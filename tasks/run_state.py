@@ -9,6 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from capture_core.handoff import LedgerLine, encode_ledger, is_class_spec, open_source
+from capture_core.nemo_gym_store import NemoGymFileStore
 from capture_core.rollout_io import RolloutFilePlan
 from capture_core.run_manifest import RunManifest, claim_run, read_ledger, read_manifest
 from capture_core.store import TokenCaptureStore, open_byte_store
@@ -26,6 +27,8 @@ def check_locations(
     source = open_source(store, storage_options, source_kwargs)
     if isinstance(source, TokenCaptureStore):
         source.byte_store.probe(must_exist=True)
+    elif isinstance(source, NemoGymFileStore):
+        source.probe()
     elif not is_class_spec(store):
         raise ValueError(f"store {store!r} is neither a location nor a source class")
     open_byte_store(dest, storage_options).probe(must_exist=False)

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from capture_core.config import TokenIdCaptureConfig, build_configured_sink, load_capture_class
+from capture_core.config import (
+    TokenIdCaptureConfig,
+    TokenIdCaptureSettings,
+    build_configured_sink,
+    load_capture_class,
+    token_id_capture_config,
+    token_id_capture_enabled_for_agent,
+)
 from capture_core.consumer import token_id_capture_dirs_from_config
 from capture_core.protocols import TokenSink, TokenSource
 from capture_core.store import TokenCaptureStore
@@ -81,3 +88,38 @@ def test_capture_class_errors_name_the_class_and_the_fix(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         load_capture_class(spec, kwargs, TokenSource)
+
+
+def test_nemo_gym_config_names_read_a_whole_configuration(tmp_path) -> None:
+    whole = {
+        "policy_model_name": "p",
+        "model_call_capture_dir": str(tmp_path),
+        "token_id_capture": {"enabled": True, "sink": "capture_core.store:TokenCaptureStore"},
+    }
+    config = TokenIdCaptureConfig.model_validate(whole)
+    assert config == token_id_capture_config(whole) == TokenIdCaptureConfig.from_global(whole)
+    assert config.enabled and config.token_id_capture.sink == whole["token_id_capture"]["sink"]
+    assert config.resolved_dir() == Path(tmp_path)
+    with pytest.raises(ValueError, match="cannot construct"):
+        config.build_sink()
+    assert TokenIdCaptureConfig.model_validate({"token_id_capture": {}}).build_sink() is None
+    assert TokenIdCaptureSettings is TokenIdCaptureConfig
+
+
+def test_capture_per_agent_follows_all_agents_or_the_agent_flag() -> None:
+    agent = {"responses_api_agents": {"simple": {"token_id_capture": True}}}
+    on = {"token_id_capture": {"enabled": True, "rebuild_response": False}, "a": agent}
+    assert token_id_capture_enabled_for_agent(on, "a")
+    assert not token_id_capture_enabled_for_agent(on, "b")
+    everyone = {**on, "token_id_capture": {**on["token_id_capture"], "all_agents": True}}
+    assert token_id_capture_enabled_for_agent(everyone, "b")
+    assert not token_id_capture_enabled_for_agent({"a": agent}, "a")
+
+
+def test_a_configured_nemo_gym_dir_builds_its_file_store(tmp_path) -> None:
+    from capture_core.nemo_gym_store import NemoGymFileStore
+    from tests.gym_file_writer import GymWriter, entry_payload
+
+    GymWriter(str(tmp_path)).put(entry_payload("1-1", 0))
+    config = TokenIdCaptureConfig.from_global({"token_id_capture": {"dir": str(tmp_path)}})
+    assert isinstance(build_configured_sink(config), NemoGymFileStore)

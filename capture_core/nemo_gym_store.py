@@ -1,0 +1,369 @@
+"""NeMo Gym's own file store, finalized in place through its lock protocol.
+
+A NeMo Gym `token_id_capture.dir` holds flat files per rollout: `<id>.tokens.jsonl` and friends.
+`NemoGymFileStore` reads, freezes, retires, clears and sweeps them as NeMo Gym's writers do.
+Every operation holds `flock` on `<id>.tokens.lock`, so a live NeMo Gym writer stays correct.
+It never creates objects of tokcap's own layout in such a directory.
+`nemo_gym_store_for` recognises the layout; a directory holding both layouts is refused.
+`flock` is node-local: this interoperates only on the host that owns the directory.
+This module imports no Prefect and no storage backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import orjson
+
+from capture_core import nemo_gym_layout as layout
+from capture_core.errors import (
+    CaptureConflictError,
+    CaptureFencedError,
+    CaptureRetiredError,
+    UnreadableCaptureError,
+)
+from capture_core.ids import validate_rollout_id
+from capture_core.nemo_gym_layout import (
+    MixedLayoutError,
+    nemo_gym_store_for,
+    read_jsonl_entries,
+    reconcile_tail,
+)
+from capture_core.protocols import TokenCaptureSnapshot
+from capture_core.records import TokenEntry, coerce_token_entry
+
+__all__ = ["MixedLayoutError", "NemoGymFileStore", "nemo_gym_store_for"]
+
+logger = logging.getLogger(__name__)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _append_line(path: str, line: bytes) -> int:
+    """Append one line and fsync it; return the file's new size."""
+    with open(path, "ab") as handle:
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+        return handle.tell()
+
+
+def _unlink(path: str) -> None:
+    with suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+class NemoGymFileStore:
+    """NeMo Gym's file store at a local directory: a `TokenSink` and a `TokenSource`.
+
+    Writes (`put`, `begin_call`, `mark_incomplete`) produce NeMo Gym's own files, so NeMo
+    Gym reads them too. Failures raise tokcap's capture errors with the same meaning as
+    `TokenCaptureStore`. Async methods run the blocking file work on a thread.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+
+    def __repr__(self) -> str:
+        return f"NemoGymFileStore({self.root!r})"
+
+    def __reduce__(self) -> tuple[type[NemoGymFileStore], tuple[str]]:
+        return (NemoGymFileStore, (self.root,))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NemoGymFileStore) and self.root == other.root
+
+    def __hash__(self) -> int:
+        return hash(("nemo-gym", self.root))
+
+    def path_for(self, rollout_id: str, suffix: str) -> str:
+        """The path of one of a rollout's files; the id is validated, so it stays in the root."""
+        return os.path.join(self.root, validate_rollout_id(rollout_id) + suffix)
+
+    def probe(self, must_exist: bool = True) -> None:
+        """Raise a clear error when the directory is missing or not writable."""
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(f"NeMo Gym capture directory {self.root} does not exist")
+        if not os.access(self.root, os.W_OK):
+            raise PermissionError(f"NeMo Gym capture directory {self.root} is not writable")
+
+    @contextmanager
+    def _locked(self, rollout_id: str, *, shared: bool = False) -> Iterator[None]:
+        with open(self.path_for(rollout_id, layout.LOCK), "a+b") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    # -- state ----------------------------------------------------------------------------
+
+    def _read_state(self, rollout_id: str) -> dict[str, Any]:
+        path = self.path_for(rollout_id, layout.STATE)
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            return layout.empty_state()
+        try:
+            state = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise UnreadableCaptureError(
+                f"rollout {rollout_id}: {path} is not a NeMo Gym state object ({exc}); "
+                "inspect it before clearing the rollout"
+            ) from exc
+        if not isinstance(state, dict):
+            raise UnreadableCaptureError(
+                f"rollout {rollout_id}: {path} is not a JSON object; inspect it before "
+                "clearing the rollout"
+            )
+        return state
+
+    def _write_state(self, rollout_id: str, state: dict[str, Any], *, durable: bool) -> None:
+        """Replace the state atomically: a `.tokens-state-*` temp file, `os.replace`, root fsync."""
+        payload = orjson.dumps(state, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE)
+        fd, temporary = tempfile.mkstemp(dir=self.root, prefix=layout.STATE_TEMP_PREFIX)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(payload)
+                handle.flush()
+                if durable:
+                    os.fsync(handle.fileno())
+            os.replace(temporary, self.path_for(rollout_id, layout.STATE))
+            if durable:
+                _fsync_dir(self.root)
+        finally:
+            _unlink(temporary)
+
+    def _reconcile(self, rollout_id: str, state: dict[str, Any]) -> bool:
+        """Index the JSONL tail; a conflict marks the rollout incomplete, then raises."""
+        try:
+            return reconcile_tail(self.path_for(rollout_id, layout.JSONL), rollout_id, state)
+        except CaptureConflictError:
+            self._write_state(rollout_id, state, durable=True)
+            raise
+
+    @staticmethod
+    def _refuse(rollout_id: str, state: dict[str, Any], *, frozen_too: bool, what: str) -> None:
+        if state.get("retired"):
+            raise CaptureRetiredError(
+                f"rollout {rollout_id} was retired after handoff; {what}. Clear it with "
+                "delete() before reusing the id"
+            )
+        if frozen_too and state.get("frozen"):
+            raise CaptureFencedError(f"rollout {rollout_id} is already frozen; {what}")
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def put_now(self, entry: Any) -> None:
+        """Append one call durably (the line is fsynced before this returns).
+
+        A byte-identical repeat is a no-op; a different payload for the same call id raises
+        `CaptureConflictError` and marks the rollout incomplete. After freeze or retirement
+        every put raises, as NeMo Gym's writer does.
+        """
+        record = coerce_token_entry(entry)
+        rollout_id = validate_rollout_id(record.rollout_id)
+        canonical = orjson.dumps(record.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+        digest = layout.line_digest(canonical)
+        with self._locked(rollout_id):
+            state = self._read_state(rollout_id)
+            what = f"call {record.model_call_id!r} arrived too late and was not recorded"
+            self._refuse(rollout_id, state, frozen_too=True, what=what)
+            changed = self._reconcile(rollout_id, state)
+            known = state["entry_digests"].get(record.model_call_id)
+            if known == digest:
+                if changed:
+                    self._write_state(rollout_id, state, durable=False)
+                return
+            if known is not None:
+                state["incomplete"] = True
+                state["version"] = int(state.get("version", 0)) + 1
+                self._write_state(rollout_id, state, durable=True)
+                raise CaptureConflictError(
+                    f"rollout {rollout_id}: call {record.model_call_id!r} was captured twice "
+                    "with different payloads; the rollout is marked incomplete and will be "
+                    "masked. Use a fresh model_call_id for every call"
+                )
+            size = _append_line(self.path_for(rollout_id, layout.JSONL), canonical + b"\n")
+            state["indexed_size"] = size
+            state["entry_digests"][record.model_call_id] = digest
+            state["version"] = int(state.get("version", 0)) + 1
+            self._write_state(rollout_id, state, durable=False)
+
+    def append(self, entry: Any) -> None:
+        """Synchronous `put`, the name NeMo Gym's sink uses."""
+        self.put_now(entry)
+
+    async def put(self, entry: Any) -> None:
+        await asyncio.to_thread(self.put_now, entry)
+
+    def begin_call_now(self, rollout_id: str, model_call_id: str) -> None:
+        """Record the intent to make a call; after freeze or retirement it raises."""
+        with self._locked(rollout_id):
+            state = self._read_state(rollout_id)
+            what = f"call {model_call_id!r} must not start"
+            self._refuse(rollout_id, state, frozen_too=True, what=what)
+            _append_line(self.path_for(rollout_id, layout.INTENTS), model_call_id.encode() + b"\n")
+
+    async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
+        await asyncio.to_thread(self.begin_call_now, rollout_id, model_call_id)
+
+    def mark_incomplete_now(
+        self, rollout_id: str, model_call_id: str = "", reason: str = ""
+    ) -> None:
+        """Durably record a lost call; it changes the version even after a freeze.
+
+        NeMo Gym's layout keeps only the call id, so `reason` is logged, not stored.
+        Raises `CaptureRetiredError` when the rollout was already retired.
+        """
+        with self._locked(rollout_id):
+            state = self._read_state(rollout_id)
+            what = f"the loss of call {model_call_id!r} was reported too late"
+            self._refuse(rollout_id, state, frozen_too=False, what=what)
+            state["incomplete"] = True
+            state["version"] = int(state.get("version", 0)) + 1
+            self._write_state(rollout_id, state, durable=True)
+            line = model_call_id.encode() + b"\n"
+            _append_line(self.path_for(rollout_id, layout.INCOMPLETE), line)
+            _fsync_dir(self.root)
+        if reason:
+            logger.warning("rollout %s: call %r lost: %s", rollout_id, model_call_id, reason)
+
+    async def mark_incomplete(
+        self, rollout_id: str, model_call_id: str = "", reason: str = ""
+    ) -> None:
+        await asyncio.to_thread(self.mark_incomplete_now, rollout_id, model_call_id, reason)
+
+    # -- freeze ---------------------------------------------------------------------------
+
+    def freeze_now(self, rollout_id: str) -> TokenCaptureSnapshot:
+        """Fence a rollout and return its snapshot; idempotent while nothing changes.
+
+        A retired rollout raises `CaptureRetiredError`; a corrupt line raises
+        `UnreadableCaptureError` naming the file.
+        """
+        with self._locked(rollout_id):
+            state = self._read_state(rollout_id)
+            self._refuse(rollout_id, state, frozen_too=False, what="it cannot be frozen again")
+            changed = self._reconcile(rollout_id, state)
+            if not state.get("frozen"):
+                state["frozen"] = True
+                state["snapshot_id"] = uuid.uuid4().hex
+                state["version"] = int(state.get("version", 0)) + 1
+                self._write_state(rollout_id, state, durable=True)
+            elif changed:
+                self._write_state(rollout_id, state, durable=True)
+            entries = read_jsonl_entries(self.path_for(rollout_id, layout.JSONL), rollout_id)
+            reasons = self._incomplete_reasons(rollout_id, state, entries)
+            return TokenCaptureSnapshot(
+                rollout_id=rollout_id,
+                entries=tuple(entries),
+                incomplete=bool(reasons),
+                snapshot_id=str(state["snapshot_id"]),
+                version=int(state["version"]),
+                incomplete_reasons=tuple(reasons),
+            )
+
+    async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
+        return await asyncio.to_thread(self.freeze_now, rollout_id)
+
+    def _incomplete_reasons(
+        self, rollout_id: str, state: dict[str, Any], entries: list[TokenEntry]
+    ) -> list[str]:
+        lost = layout.read_lines(self.path_for(rollout_id, layout.INCOMPLETE))
+        reasons = [f"call {call!r} was lost" if call else "a call was lost" for call in lost]
+        if state.get("incomplete") and not reasons:
+            reasons.append("the capture state marks the rollout incomplete")
+        captured = {entry.model_call_id for entry in entries}
+        for call in layout.read_lines(self.path_for(rollout_id, layout.INTENTS)):
+            if call and call not in captured:
+                reasons.append(f"call {call!r} began but was never captured")
+        return reasons
+
+    def read_entries(self, rollout_id: str) -> list[TokenEntry]:
+        """Read a rollout's entries under the shared lock, without freezing (diagnostics)."""
+        with self._locked(rollout_id, shared=True):
+            return read_jsonl_entries(self.path_for(rollout_id, layout.JSONL), rollout_id)
+
+    # -- retire, delete, sweep -------------------------------------------------------------
+
+    def drop_now(self, rollout_id: str, snapshot_id: str, version: int) -> bool:
+        """Retire exactly the consumed snapshot; `False`, deleting nothing, if it changed.
+
+        The state file and the lock stay as the tombstone, so a late writer still fails.
+        """
+        with self._locked(rollout_id):
+            state = self._read_state(rollout_id)
+            if (
+                not state.get("frozen")
+                or state.get("snapshot_id") != snapshot_id
+                or int(state.get("version", 0)) != version
+            ):
+                return False
+            for suffix in (layout.JSONL, layout.INCOMPLETE, layout.INTENTS):
+                _unlink(self.path_for(rollout_id, suffix))
+            state.update(indexed_size=0, entry_digests={}, retired=True)
+            self._write_state(rollout_id, state, durable=True)
+            _fsync_dir(self.root)
+            return True
+
+    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
+        return await asyncio.to_thread(self.drop_now, rollout_id, snapshot_id, version)
+
+    def delete(self, rollout_id: str) -> None:
+        """Remove a rollout's capture and state so the id can be reused; the lock file stays."""
+        with self._locked(rollout_id):
+            for suffix in (layout.JSONL, layout.INCOMPLETE, layout.INTENTS, layout.STATE):
+                _unlink(self.path_for(rollout_id, suffix))
+            _fsync_dir(self.root)
+
+    def sweep_retired(self, older_than_seconds: float) -> int:
+        """Remove retired tombstones whose state is older than the cutoff; return how many.
+
+        A rollout whose state cannot be read is named in a warning and skipped.
+        """
+        cutoff = time.time() - older_than_seconds
+        removed = 0
+        for rollout_id in layout.rollouts_with_state(self.root):
+            try:
+                removed += self._sweep_one(rollout_id, cutoff)
+            except (OSError, UnreadableCaptureError) as exc:
+                logger.warning("sweep skipped rollout %s in %s: %s", rollout_id, self.root, exc)
+        return removed
+
+    def _sweep_one(self, rollout_id: str, cutoff: float) -> int:
+        state_path = self.path_for(rollout_id, layout.STATE)
+        with self._locked(rollout_id):
+            try:
+                if os.stat(state_path).st_mtime > cutoff:
+                    return 0
+            except FileNotFoundError:
+                return 0
+            if not self._read_state(rollout_id).get("retired"):
+                return 0
+            for suffix in (layout.STATE, layout.INTENTS, layout.INCOMPLETE, layout.LOCK):
+                _unlink(self.path_for(rollout_id, suffix))
+            _fsync_dir(self.root)
+            return 1
+
+    def close_now(self) -> None:
+        """Nothing to release: every operation opens and closes its own files."""
+
+    async def close(self) -> None:
+        self.close_now()
