@@ -195,7 +195,12 @@ class LocalStore(ByteStore):
             except FileNotFoundError:
                 self._forget_dir(folder)  # removed by a concurrent delete; recreate it
                 continue
-            self._dir_sync.sync(folder)
+            try:
+                self._dir_sync.sync(folder)
+            except FileNotFoundError:
+                # A concurrent delete removed the new object and its folder after the link:
+                # the create happened, then the delete, so there is nothing left to sync.
+                self._forget_dir(folder)
             return True
         raise CaptureStoreError(
             f"could not publish {target}: its folder keeps disappearing (a concurrent "
