@@ -73,7 +73,7 @@ def test_empty_token_arrays_without_a_capture_mask_and_keep_evidence(store) -> N
     record = _empty_arrays_record(chat=False)
     built = asyncio.run(finalize_rollout_token_capture(record, store))
     assert built["mask_sample"] and record["mask_sample"] is True
-    assert record[TOKEN_CAPTURE_KEY]["error"] == "capture contains no token records"
+    assert record[TOKEN_CAPTURE_KEY]["error"] == "capture incomplete: model server timed out"
     assert not capture_build_can_retire(built)
     assert not asyncio.run(retire_rollout_token_capture("3-4", store, built))
     assert store.freeze_now("3-4").incomplete, "the evidence stays"
