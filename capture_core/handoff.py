@@ -1,6 +1,7 @@
 """Batches of rollouts: finalize, durable handoff to a destination, and retirement by receipt.
 
 A batch is finalized through `finalize_rollout_token_capture`, the one finalize path.
+Lines refused as input (unparsable, or a rollout id repeated in the file) are never finalized.
 A storage failure while freezing fails the batch (retry it); it never becomes a masked record.
 The part file is written create-only, durably, and verified by reading it back.
 A receipt names the part, its digest and each rollout's snapshot; only it permits retirement.
@@ -143,6 +144,15 @@ def plain_rollout_id(result: dict) -> str | None:
         return None
 
 
+def input_error(batch: BatchPlan, parsed: ParsedLine) -> RolloutOutcome | None:
+    """The outcome of a line refused as input (unparsable, or a repeated rollout id), if it is."""
+    error = parsed.error or batch.refused.get(parsed.line)
+    if error is None:
+        return None
+    rollout_id = None if parsed.record is None else plain_rollout_id(parsed.record)
+    return RolloutOutcome(line=parsed.line, rollout_id=rollout_id, masked=True, error=error)
+
+
 async def finalize_batch(
     run_id: str,
     batch: BatchPlan,
@@ -158,10 +168,11 @@ async def finalize_batch(
     outcomes: list[RolloutOutcome] = []
     chunks: list[bytes] = []
     for parsed in lines:
-        if parsed.record is None:
-            outcomes.append(RolloutOutcome(line=parsed.line, masked=True, error=parsed.error))
+        refused = input_error(batch, parsed)
+        if refused is not None:
+            outcomes.append(refused)
             continue
-        record = parsed.record
+        record = parsed.record or {}
         built = await finalize_rollout_token_capture(record, guard, builder=builder)
         if guard.failure is not None:
             raise TransientStoreError(

@@ -235,6 +235,7 @@ def print_summary(summary: Any) -> None:
         ("retired", summary.retired),
         ("failed", summary.failed),
         ("malformed input lines", summary.malformed_lines),
+        ("duplicate rollout id lines", summary.duplicate_lines),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

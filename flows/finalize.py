@@ -116,7 +116,7 @@ def finalize_run(
     retirements: dict[str, RetireOutcome] = {}
     failed: dict[int, tuple[list[RolloutOutcome], str]] = {}
     seconds: dict[int, float] = {}
-    errors: list[str] = []
+    errors: list[str] = [plan.duplicates_error()] if plan.duplicates else []
     todo = deque(b for b in plan.batches if receipt_key(b) not in earlier)
     in_flight: dict[int, PrefectFuture[Any]] = {}
 

@@ -22,6 +22,7 @@ from capture_core.handoff import (
     RolloutOutcome,
     finalize_batch,
     handoff_batch,
+    input_error,
     open_source,
     plain_rollout_id,
     retire_receipt,
@@ -167,8 +168,9 @@ def describe_batch(
     """Rollout ids and lines of a batch that failed, so the ledger lists each of them."""
     outcomes = []
     for parsed in read_batch(rollouts, batch, storage_options):
-        rollout_id = None
-        if parsed.record is not None:
-            rollout_id = plain_rollout_id(parsed.record)
-        outcomes.append(RolloutOutcome(line=parsed.line, rollout_id=rollout_id, error=parsed.error))
+        refused = input_error(batch, parsed)
+        if refused is None:
+            rollout_id = plain_rollout_id(parsed.record or {})
+            refused = RolloutOutcome(line=parsed.line, rollout_id=rollout_id)
+        outcomes.append(refused)
     return outcomes
