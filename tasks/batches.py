@@ -26,6 +26,7 @@ from capture_core.handoff import (
     open_source,
     plain_rollout_id,
     retire_receipt,
+    store_identity,
 )
 from capture_core.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
 from capture_core.store import open_byte_store
@@ -105,11 +106,19 @@ def upload_batch(
     return receipt
 
 
+def _retired_key(parameters: Mapping[str, Any]) -> str:
+    """A retirement is valid for this receipt against this capture store only."""
+    store = store_identity(
+        parameters["store"], parameters.get("storage_options"), parameters.get("source_kwargs")
+    )
+    return f"{parameters['receipt'].receipt_key}-retired-{store}"
+
+
 @task(
     name="retire-batch",
     persist_result=True,
     result_serializer="json",
-    cache_key_fn=lambda context, parameters: parameters["receipt"].receipt_key + "-retired",
+    cache_key_fn=lambda context, parameters: _retired_key(parameters),
     **TRANSIENT_RETRIES,
 )
 def retire_batch(
@@ -119,7 +128,7 @@ def retire_batch(
     storage_options: Mapping[str, Any] | None = None,
     source_kwargs: Mapping[str, Any] | None = None,
 ) -> RetireOutcome:
-    """Retire the batch's retirable captures, only once its receipt exists in result storage."""
+    """Retire the batch's retirable captures once its receipt is persisted and its part matches."""
     crash_point("after-receipt")
     persisted = read_receipt(dest, receipt.run_id, receipt.receipt_key, storage_options)
     if persisted is None or persisted.sha256 != receipt.sha256:
@@ -128,7 +137,7 @@ def retire_batch(
             "retired. Rerun the run (tokcap retrigger) to persist it, then retire"
         )
     source = open_source(store, storage_options, source_kwargs)
-    outcome = run_async(retire_receipt(persisted, source))
+    outcome = run_async(retire_receipt(persisted, source, open_byte_store(dest, storage_options)))
     logger = get_run_logger()
     logger.info(
         "batch %d: retired %d captures, kept %d",

@@ -6,14 +6,19 @@ Flows run against the session's real Prefect server; S3 is a real moto server.
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import orjson
 import pytest
 
+from capture_core.errors import is_transient
 from capture_core.handoff import receipt_key
 from capture_core.rollout_io import plan_rollout_file, read_batch
 from capture_core.run_manifest import read_ledger
 from capture_core.store import TokenCaptureStore, open_byte_store
-from flows.finalize import RunFailedError, finalize_run
+from flows.finalize import RunFailedError, finalize_run, retire_uploaded
+from tasks.receipts import read_receipt
 from tests.pipeline_helpers import (
     dest_records,
     finalize_args,
@@ -169,3 +174,143 @@ def test_bare_cr_keeps_ledger_line_numbers(tmp_path) -> None:
         (1, "7-0", True),
         (2, "7-1", True),
     ]
+
+
+# -- unreadable receipts ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x00garbage", b'{"result": "trunc'])
+def test_unreadable_receipt_is_a_loud_error_and_nothing_is_refinalized(
+    locations, damage: bytes
+) -> None:
+    options = locations["options"]
+    records = make_batch(TokenCaptureStore(locations["store"], options), 4)
+    write_rollouts(locations["rollouts"], records, options)
+    args = (locations["rollouts"], locations["store"], locations["dest"], "rcpt")
+    finalize_run(*args, batch_size=2, storage_options=options)
+    before = dest_records(locations["dest"], "rcpt", options)
+    damaged = receipt_path(locations, "rcpt", 0)
+    overwrite(locations, damaged, damage)
+    with pytest.raises(
+        Exception, match=rf"receipt .*{damaged.rsplit('/', 1)[-1]}.* cannot be read"
+    ):
+        finalize_run(*args, batch_size=2, storage_options=options)
+    assert dest_records(locations["dest"], "rcpt", options) == before, "no part is replaced"
+    assert not any(r.get("mask_sample") for r in before)
+    with pytest.raises(Exception, match=rf"{damaged.rsplit('/', 1)[-1]}.* cannot be read"):
+        retire_uploaded(locations["dest"], "rcpt", locations["store"], options)
+    record_case("unreadable receipt", records_lost=0)
+
+
+def test_retire_with_an_unreadable_receipt_exits_non_zero(tmp_path, prefect_api: str) -> None:
+    locations = {
+        "store": str(tmp_path / "store"),
+        "dest": str(tmp_path / "dest"),
+        "rollouts": str(tmp_path / "in.jsonl"),
+        "options": None,
+    }
+    handed_off_not_retired(locations, "rcpt-cli")
+    damaged = receipt_path(locations, "rcpt-cli", 1)
+    overwrite(locations, damaged, b"not a receipt")
+    args = ["retire", "--dest", locations["dest"], "--run-id", "rcpt-cli"]
+    done = run_cli([*args, "--store", locations["store"]], prefect_api)
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert damaged.rsplit("/", 1)[-1] in done.stderr and "cannot be read" in done.stderr
+    assert "captures retired" not in done.stdout
+    assert captured(locations) == [True] * 4, "nothing retired on an unreadable receipt"
+
+
+def test_transient_receipt_read_error_is_not_absent(tmp_path) -> None:
+    dead = {"endpoint_url": "http://127.0.0.1:9"}
+    with pytest.raises(Exception) as raised:
+        read_receipt("s3://bucket/dest", "run", "batch-00000-0123456789abcdef", dead)
+    assert is_transient(raised.value), f"{type(raised.value).__name__}: {raised.value}"
+    record_case("transient receipt read error counted as absent", records_lost=0)
+
+
+def test_lost_receipt_conflict_never_advises_losing_records(tmp_path) -> None:
+    store, dest = str(tmp_path / "store"), str(tmp_path / "dest")
+    records = make_batch(TokenCaptureStore(store), 2)
+    rollouts = write_rollouts(str(tmp_path / "in.jsonl"), records)
+    finalize_run(rollouts, store, dest, "lost", batch_size=2)
+    part = dest_records(dest, "lost")
+    locations = {"rollouts": rollouts, "dest": dest, "options": None}
+    overwrite(locations, receipt_path(locations, "lost", 0), None)
+    with pytest.raises(RunFailedError, match="already exists with other content") as raised:
+        finalize_run(rollouts, store, dest, "lost", batch_size=2)
+    message = str(raised.value).lower()
+    assert "move it away" not in message and "delete" not in message
+    assert "keep it" in message
+    assert dest_records(dest, "lost") == part, "the handed-off part is never replaced"
+    record_case("conflict advice that would replace handed-off records", records_lost=0)
+
+
+# -- retire re-verifies the part --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "edited"])
+def test_retire_reverifies_the_part_before_dropping(locations, damage: str) -> None:
+    handed_off_not_retired(locations, "part")
+    options = locations["options"]
+    dest = open_byte_store(locations["dest"], options)
+    part_key = dest.list_prefix("part/records")[1]
+    data = dest.get(part_key) or b""
+    overwrite(
+        locations,
+        part_key,
+        {"deleted": None, "truncated": data[: len(data) // 2], "edited": data.replace(b"7", b"8")}[
+            damage
+        ],
+    )
+    with pytest.raises(RunFailedError, match=rf"part .*{part_key.rsplit('/', 1)[-1]}") as raised:
+        retire_uploaded(locations["dest"], "part", locations["store"], options)
+    assert "sha256" in str(raised.value) and hashlib.sha256(data).hexdigest()[:12] in str(
+        raised.value
+    )
+    assert captured(locations) == [False, False, True, True], "the damaged batch keeps captures"
+    ledger = read_ledger(dest, "part")
+    assert [line.retired for line in ledger] == [True, True, False, False]
+    record_case(f"retire after the part was {damage}", records_lost=0)
+
+
+# -- retire cache keyed by store identity -----------------------------------------------------
+
+
+def test_retire_against_another_store_claims_nothing(locations) -> None:
+    options = locations["options"]
+    records = make_batch(TokenCaptureStore(locations["store"], options), 3)
+    write_rollouts(locations["rollouts"], records, options)
+    finalize_run(
+        locations["rollouts"],
+        locations["store"],
+        locations["dest"],
+        "cache",
+        batch_size=2,
+        storage_options=options,
+    )
+    other = locations["store"] + "-other"
+    if "://" not in other:
+        os.makedirs(other)
+    counts = retire_uploaded(locations["dest"], "cache", other, options)
+    assert counts["retired"] == 0 and counts["retired_earlier"] == 0, counts
+    again = retire_uploaded(locations["dest"], "cache", locations["store"], options)
+    assert (again["retired"], again["retired_earlier"]) == (0, 3), again
+    record_case("retire cache hit against another store", records_lost=0)
+
+
+def test_retire_cli_against_another_store_prints_no_earlier_count(
+    tmp_path, prefect_api: str
+) -> None:
+    store, dest = str(tmp_path / "store"), str(tmp_path / "dest")
+    records = make_batch(TokenCaptureStore(store), 3)
+    rollouts = write_rollouts(str(tmp_path / "in.jsonl"), records)
+    done = run_cli(finalize_args(rollouts, store, dest, "cache-cli"), prefect_api)
+    assert done.returncode == 0, done.stderr[-2000:]
+    other = str(tmp_path / "other-store")
+    os.makedirs(other)
+    retire = run_cli(
+        ["retire", "--dest", dest, "--run-id", "cache-cli", "--store", other], prefect_api
+    )
+    assert retire.returncode == 0, retire.stderr[-2000:]
+    assert "0 captures retired" in retire.stdout, retire.stdout
+    assert "3 captures retired" not in retire.stdout
