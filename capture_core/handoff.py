@@ -1,6 +1,7 @@
 """Batches of rollouts: finalize, durable handoff to a destination, and retirement by receipt.
 
 A batch is finalized through `finalize_rollout_token_capture`, the one finalize path.
+Lines refused as input (unparsable, or a rollout id repeated in the file) are never finalized.
 A storage failure while freezing fails the batch (retry it); it never becomes a masked record.
 The part file is written create-only, durably, and verified by reading it back.
 A receipt names the part, its digest and each rollout's snapshot; only it permits retirement.
@@ -10,6 +11,7 @@ Masked and failed rollouts are never retired. This module does not import Prefec
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,7 +26,12 @@ from capture_core.delivery import (
     finalize_rollout_token_capture,
     mask_reason,
 )
-from capture_core.errors import HandoffConflictError, TransientStoreError, is_transient
+from capture_core.errors import (
+    CaptureStoreError,
+    HandoffConflictError,
+    TransientStoreError,
+    is_transient,
+)
 from capture_core.faults import crash_point
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenCaptureSnapshot, TokenSource
@@ -78,6 +85,7 @@ class RetireOutcome(BaseModel):
     """Which rollouts of a receipt were retired, kept (capture changed), or failed (errors).
 
     Only an outcome without failures is final; `transient` says whether a retry may fix them.
+    `earlier` marks an outcome recorded by an earlier run and reused, not work done now.
     """
 
     receipt_key: str
@@ -85,6 +93,14 @@ class RetireOutcome(BaseModel):
     kept: dict[str, str] = Field(default_factory=dict)
     failed: dict[str, str] = Field(default_factory=dict)
     transient: bool = True
+    earlier: bool = False
+
+
+RECEIPT_KEY = re.compile(r"batch-[0-9]{5,}-[0-9a-f]{16}")
+
+
+class UnreadableReceiptError(CaptureStoreError):
+    """A receipt object exists but cannot be read; it is never taken for a missing receipt."""
 
 
 def receipt_key(batch: BatchPlan) -> str:
@@ -143,6 +159,15 @@ def plain_rollout_id(result: dict) -> str | None:
         return None
 
 
+def input_error(batch: BatchPlan, parsed: ParsedLine) -> RolloutOutcome | None:
+    """The outcome of a line refused as input (unparsable, or a repeated rollout id), if it is."""
+    error = parsed.error or batch.refused.get(parsed.line)
+    if error is None:
+        return None
+    rollout_id = None if parsed.record is None else plain_rollout_id(parsed.record)
+    return RolloutOutcome(line=parsed.line, rollout_id=rollout_id, masked=True, error=error)
+
+
 async def finalize_batch(
     run_id: str,
     batch: BatchPlan,
@@ -158,10 +183,11 @@ async def finalize_batch(
     outcomes: list[RolloutOutcome] = []
     chunks: list[bytes] = []
     for parsed in lines:
-        if parsed.record is None:
-            outcomes.append(RolloutOutcome(line=parsed.line, masked=True, error=parsed.error))
+        refused = input_error(batch, parsed)
+        if refused is not None:
+            outcomes.append(refused)
             continue
-        record = parsed.record
+        record = parsed.record or {}
         built = await finalize_rollout_token_capture(record, guard, builder=builder)
         if guard.failure is not None:
             raise TransientStoreError(
@@ -196,8 +222,10 @@ def upload_part(dest: ByteStore, key: str, data: bytes) -> tuple[str, int]:
     if len(stored) != len(data) or hashlib.sha256(stored).hexdigest() != digest:
         raise HandoffConflictError(
             f"destination part {dest.url}/{key} already exists with other content "
-            f"({len(stored)} bytes, not {len(data)}); it is never overwritten. Move it away "
-            "if it is stale, or finalize into a new run id"
+            f"({len(stored)} bytes, not {len(data)}); it is never overwritten. Keep it: it may "
+            "hold records already handed off whose captures are retired, and this run would "
+            "deliver them masked. Check that the run's receipts are intact; to finalize this "
+            "input afresh, use a new run id"
         )
     return digest, len(data)
 
@@ -217,12 +245,42 @@ def handoff_batch(run_id: str, finalized: FinalizedBatch, dest: ByteStore) -> Ha
     )
 
 
-async def retire_receipt(receipt: HandoffReceipt, source: TokenSource) -> RetireOutcome:
+class PartMismatchError(CaptureStoreError):
+    """A handed-off part no longer matches its receipt; no capture of its batch is retired."""
+
+
+def verify_part(dest: ByteStore, receipt: HandoffReceipt) -> None:
+    """Re-read the receipt's part and check its size and sha256 against the receipt.
+
+    A transient read failure propagates (retry it); a missing or different part raises
+    `PartMismatchError` naming it, because its records are not what the receipt certifies.
+    """
+    stored = dest.get(receipt.part_key)
+    digest = None if stored is None else hashlib.sha256(stored).hexdigest()
+    if stored is not None and len(stored) == receipt.bytes and digest == receipt.sha256:
+        return
+    found = "is missing" if stored is None else f"has {len(stored)} bytes, sha256 {digest}"
+    raise PartMismatchError(
+        f"batch {receipt.batch}: part {dest.url}/{receipt.part_key} {found}, but its receipt "
+        f"certifies {receipt.bytes} bytes, sha256 {receipt.sha256}; nothing of this batch was "
+        "retired now, its captures are kept. Restore the part from a copy with that digest, "
+        "then retire again"
+    )
+
+
+async def retire_receipt(
+    receipt: HandoffReceipt, source: TokenSource, dest: ByteStore
+) -> RetireOutcome:
     """Retire the rollouts a receipt marks retirable, each by its exact snapshot.
 
-    Failures are collected, not raised, so one bad rollout does not stop the others.
+    The part is re-verified against the receipt first (`verify_part`); nothing is dropped
+    unless it still holds exactly the certified records.
+    Drop failures are collected, not raised, so one bad rollout does not stop the others.
     """
     outcome = RetireOutcome(receipt_key=receipt.receipt_key)
+    if not any(r.can_retire and r.rollout_id for r in receipt.rollouts):
+        return outcome
+    verify_part(dest, receipt)
     for rollout in receipt.rollouts:
         if not rollout.rollout_id:
             continue
@@ -240,7 +298,10 @@ async def retire_receipt(receipt: HandoffReceipt, source: TokenSource) -> Retire
             outcome.retired.append(rollout.rollout_id)
             crash_point("mid-retire")
         else:
-            outcome.kept[rollout.rollout_id] = "capture changed since it was frozen; kept"
+            outcome.kept[rollout.rollout_id] = (
+                "not retired: this store holds no capture at its frozen snapshot (it changed "
+                "since it was frozen, or this is another store); anything there is kept"
+            )
     return outcome
 
 
@@ -312,6 +373,20 @@ def open_source(
     if is_class_spec(store):
         return load_capture_class(store, source_kwargs, TokenSource)
     return TokenCaptureStore(store, storage_options)
+
+
+def store_identity(
+    store: str,
+    storage_options: Mapping[str, Any] | None = None,
+    source_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """A digest of what names a capture store: location or class, endpoint, source arguments.
+
+    Results recorded against one store (a retirement) are never reused for another.
+    """
+    named = [store, dict(storage_options or {}), dict(source_kwargs or {})]
+    encoded = orjson.dumps(named, option=orjson.OPT_SORT_KEYS, default=str)
+    return hashlib.sha256(encoded).hexdigest()[:16]
 
 
 def is_class_spec(store: str) -> bool:

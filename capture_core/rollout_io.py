@@ -1,21 +1,26 @@
 """Rollout record files: JSON lines at any fsspec URL, planned into batches and read by range.
 
 Planning streams the file once and records each batch's byte range, line numbers and digest,
-so a batch is later read with one ranged read and memory stays bounded by the batch.
+so a batch is later read with one ranged read; memory holds one batch (and, while planning,
+one id per rollout).
 A malformed line is reported with its file and line number; the other lines still count.
+Lines end at LF only, one splitter for planning and reading, so line numbers always agree.
+A rollout id on more than one line is found while planning; every copy of it is refused.
 This module does not import Prefect.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import orjson
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from capture_core._fsspec import filesystem_for
+from capture_core.ids import maybe_rollout_id_from_run_body
 
 READ_CHUNK = 1 << 20
 
@@ -29,24 +34,102 @@ class BatchPlan(BaseModel):
     first_line: int
     lines: int
     sha256: str
+    refused: dict[int, str] = Field(default_factory=dict)
 
 
 class RolloutFilePlan(BaseModel):
-    """All batches of one rollout file, and the digest of the whole file."""
+    """All batches of one rollout file, the digest of the whole file, and repeated rollout ids.
+
+    `duplicates` maps each rollout id found on more than one line to those line numbers.
+    """
 
     url: str
     sha256: str
     size: int
     batches: list[BatchPlan]
+    duplicates: dict[str, list[int]] = Field(default_factory=dict)
 
     @property
     def rollouts(self) -> int:
         return sum(batch.lines for batch in self.batches)
 
+    def duplicates_error(self) -> str | None:
+        """One message naming the repeated rollout ids, or `None` when every id is unique."""
+        if not self.duplicates:
+            return None
+        shown = [duplicate_reason(self.url, rid, lines) for rid, lines in self.duplicates.items()]
+        more = f" (and {len(shown) - 3} more ids)" if len(shown) > 3 else ""
+        return "; ".join(shown[:3]) + more
+
+
+def duplicate_reason(url: str, rollout_id: str, lines: list[int]) -> str:
+    """Why every copy of a repeated rollout id is refused, naming its lines."""
+    listed = ", ".join(str(n) for n in lines[:20]) + (", ..." if len(lines) > 20 else "")
+    return (
+        f"{url}: rollout id {rollout_id} appears on lines {listed}; no copy is finalized or "
+        "retired (its capture is kept). Give each rollout one line and finalize the corrected "
+        "file under a new run id"
+    )
+
+
+class _DuplicateFinder:
+    """Remembers the first line of each rollout id and every line of the ids seen again."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.first: dict[str, int] = {}
+        self.repeated: dict[str, list[int]] = {}
+
+    def add(self, line_no: int, line: bytes) -> None:
+        record = _parse_line(self.url, line_no, line).record
+        try:
+            rollout_id = None if record is None else maybe_rollout_id_from_run_body(record)
+        except ValueError:
+            rollout_id = None
+        if rollout_id is None:
+            return
+        first = self.first.setdefault(rollout_id, line_no)
+        if first != line_no:
+            self.repeated.setdefault(rollout_id, [first]).append(line_no)
+
+    def refuse(self, batches: list[BatchPlan]) -> dict[str, list[int]]:
+        """Mark each copy in its batch; return the repeated ids with their lines."""
+        starts = [batch.first_line for batch in batches]
+        for rollout_id, lines in self.repeated.items():
+            reason = duplicate_reason(self.url, rollout_id, lines)
+            for line_no in lines:
+                batches[bisect.bisect_right(starts, line_no) - 1].refused[line_no] = reason
+        return self.repeated
+
+
+def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Split a byte stream into lines ending at LF only, each with its LF (the last may lack it).
+
+    This is the one line splitter for rollout files: planning, batch reads and record streams
+    all use it, so a CR or other separator inside a record never shifts line numbers.
+    """
+    pending: list[bytes] = []
+    for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            yield (
+                b"".join([*pending, chunk[start : end + 1]]) if pending else chunk[start : end + 1]
+            )
+            pending, start = [], end + 1
+        if start < len(chunk):
+            pending.append(chunk[start:])
+    if pending:
+        yield b"".join(pending)
+
+
+def _stream_chunks(stream: Any) -> Iterator[bytes]:
+    while chunk := stream.read(READ_CHUNK):
+        yield chunk
+
 
 def _lines_with_offsets(stream: Any) -> Iterator[tuple[int, bytes]]:
     offset = 0
-    for line in stream:
+    for line in split_lines(_stream_chunks(stream)):
         yield offset, line
         offset += len(line)
 
@@ -54,7 +137,11 @@ def _lines_with_offsets(stream: Any) -> Iterator[tuple[int, bytes]]:
 def plan_rollout_file(
     url: str, batch_size: int, storage_options: Mapping[str, Any] | None = None
 ) -> RolloutFilePlan:
-    """Stream the file once and split its non-blank lines into batches of `batch_size`."""
+    """Stream the file once and split its non-blank lines into batches of `batch_size`.
+
+    Every line that repeats another line's rollout id is marked refused in its batch, the
+    first copy included: no copy of a repeated id may be finalized.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     fs, path = filesystem_for(url, storage_options)
@@ -65,6 +152,7 @@ def plan_rollout_file(
     current: dict[str, Any] | None = None
     size = 0
     pending_blank = b""
+    finder = _DuplicateFinder(url)
     with fs.open(path, "rb", block_size=READ_CHUNK) as stream:
         for line_no, (offset, line) in enumerate(_lines_with_offsets(stream), start=1):
             whole.update(line)
@@ -79,6 +167,7 @@ def plan_rollout_file(
                     "lines": 0,
                     "sha": hashlib.sha256(),
                 }
+            finder.add(line_no, line)
             current["lines"] += 1
             current["sha"].update(pending_blank + line)
             pending_blank = b""
@@ -88,7 +177,10 @@ def plan_rollout_file(
                 current, pending_blank = None, b""
     if current is not None:
         batches.append(_close(len(batches), current))
-    return RolloutFilePlan(url=url, sha256=whole.hexdigest(), size=size, batches=batches)
+    duplicates = finder.refuse(batches)
+    return RolloutFilePlan(
+        url=url, sha256=whole.hexdigest(), size=size, batches=batches, duplicates=duplicates
+    )
 
 
 def _close(index: int, current: dict[str, Any]) -> BatchPlan:
@@ -123,7 +215,7 @@ def read_batch(
         )
     parsed: list[ParsedLine] = []
     line_no = batch.first_line
-    for line in data.splitlines():
+    for line in split_lines([data]):
         if line.strip():
             parsed.append(_parse_line(url, line_no, line))
         line_no += 1
@@ -146,6 +238,6 @@ def read_records(
     """Stream every line of a rollout file as parsed records or errors."""
     fs, path = filesystem_for(url, storage_options)
     with fs.open(path, "rb", block_size=READ_CHUNK) as stream:
-        for line_no, line in enumerate(stream, start=1):
+        for line_no, line in enumerate(split_lines(_stream_chunks(stream)), start=1):
             if line.strip():
                 yield _parse_line(url, line_no, line)

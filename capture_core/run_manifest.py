@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from capture_core._bytestore import ByteStore
 from capture_core.handoff import LedgerLine
 from capture_core.ids import validate_rollout_id
+from capture_core.rollout_io import split_lines
 
 
 class RunManifest(BaseModel):
@@ -69,4 +70,8 @@ def read_ledger(dest: ByteStore, run_id: str) -> list[LedgerLine] | None:
     data = dest.get(f"{validate_run_id(run_id)}/ledger.jsonl")
     if data is None:
         return None
-    return [LedgerLine.model_validate(orjson.loads(line)) for line in data.splitlines() if line]
+    return [
+        LedgerLine.model_validate(orjson.loads(line))
+        for line in split_lines([data])
+        if line.strip()
+    ]

@@ -28,14 +28,20 @@ class RunSummary(BaseModel):
     retired: int = 0
     failed: int = 0
     malformed_lines: int = 0
+    duplicate_lines: int = 0
     errors: list[str] = Field(default_factory=list)
     records_prefix: str = ""
     ledger: str = ""
 
     @property
     def ok(self) -> bool:
-        """No failed rollout, no unreadable input line, no error."""
-        return self.failed == 0 and self.malformed_lines == 0 and not self.errors
+        """No failed rollout, no unreadable or duplicate input line, no error."""
+        return (
+            self.failed == 0
+            and self.malformed_lines == 0
+            and self.duplicate_lines == 0
+            and not self.errors
+        )
 
 
 def reason_category(reason: str | None) -> str:
@@ -59,6 +65,7 @@ def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
         retired=sum(1 for line in ledger if line.retired),
         failed=sum(1 for line in ledger if line.finalized and not line.handed_off),
         malformed_lines=sum(1 for line in ledger if not line.finalized and line.rollout_id is None),
+        duplicate_lines=sum(1 for line in ledger if not line.finalized and line.rollout_id),
     )
 
 
@@ -72,6 +79,7 @@ def summary_table(summary: RunSummary) -> list[dict[str, object]]:
         {"metric": "retired", "value": summary.retired},
         {"metric": "failed", "value": summary.failed},
         {"metric": "malformed input lines", "value": summary.malformed_lines},
+        {"metric": "duplicate rollout id lines", "value": summary.duplicate_lines},
     ]
 
 

@@ -166,9 +166,11 @@ def cmd_retire(args: argparse.Namespace) -> int:
     counts = retire_uploaded(
         args.dest, args.run_id, args.store, options or None, source_kwargs or None
     )
+    total = counts["retired"] + counts["retired_earlier"]
     print(
-        f"run {args.run_id}: {counts['retired']} captures retired from {counts['receipts']} "
-        f"receipts ({counts['kept']} kept as evidence)"
+        f"run {args.run_id}: {total} captures retired from {counts['receipts']} receipts "
+        f"({counts['retired']} now, {counts['retired_earlier']} by an earlier run against this "
+        f"store; {counts['kept']} not retired)"
     )
     return 0
 
@@ -235,6 +237,7 @@ def print_summary(summary: Any) -> None:
         ("retired", summary.retired),
         ("failed", summary.failed),
         ("malformed input lines", summary.malformed_lines),
+        ("duplicate rollout id lines", summary.duplicate_lines),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

@@ -116,7 +116,7 @@ def finalize_run(
     retirements: dict[str, RetireOutcome] = {}
     failed: dict[int, tuple[list[RolloutOutcome], str]] = {}
     seconds: dict[int, float] = {}
-    errors: list[str] = []
+    errors: list[str] = [plan.duplicates_error()] if plan.duplicates else []
     todo = deque(b for b in plan.batches if receipt_key(b) not in earlier)
     in_flight: dict[int, PrefectFuture[Any]] = {}
 
@@ -224,7 +224,8 @@ def _retire(
     errors: list[str],
 ) -> RetireOutcome:
     try:
-        return retire(receipt, dest, store, options, source_kwargs)
+        state = retire(receipt, dest, store, options, source_kwargs, return_state=True)
+        outcome: RetireOutcome = state.result()
     except Exception as exc:
         errors.append(f"batch {receipt.batch}: retirement failed: {exc}")
         return RetireOutcome(
@@ -235,6 +236,8 @@ def _retire(
                 if r.rollout_id and r.can_retire
             },
         )
+    outcome.earlier = state.name == "Cached"
+    return outcome
 
 
 @flow(name="retire-uploaded", flow_run_name="retire {run_id}")
@@ -245,7 +248,11 @@ def retire_uploaded(
     storage_options: dict[str, Any] | None = None,
     source_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, int]:
-    """Retire the rollouts listed as retirable in the run's receipts, and only those."""
+    """Retire the rollouts listed as retirable in the run's receipts, and only those.
+
+    `retired` counts retirements done now; `retired_earlier` those an earlier run did
+    against the same store (reused, not repeated).
+    """
     options = public_storage_options(storage_options)
     validate_run_id(run_id)
     receipts = find_receipts(dest, run_id, None, options)
@@ -258,7 +265,8 @@ def retire_uploaded(
     mark_retired(dest, run_id, [rid for o in outcomes for rid in o.retired], options)
     counts = {
         "receipts": len(receipts),
-        "retired": sum(len(o.retired) for o in outcomes),
+        "retired": sum(len(o.retired) for o in outcomes if not o.earlier),
+        "retired_earlier": sum(len(o.retired) for o in outcomes if o.earlier),
         "kept": sum(len(o.kept) for o in outcomes),
     }
     get_run_logger().info("run %s: %s", run_id, counts)

@@ -22,9 +22,11 @@ from capture_core.handoff import (
     RolloutOutcome,
     finalize_batch,
     handoff_batch,
+    input_error,
     open_source,
     plain_rollout_id,
     retire_receipt,
+    store_identity,
 )
 from capture_core.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
 from capture_core.store import open_byte_store
@@ -104,11 +106,19 @@ def upload_batch(
     return receipt
 
 
+def _retired_key(parameters: Mapping[str, Any]) -> str:
+    """A retirement is valid for this receipt against this capture store only."""
+    store = store_identity(
+        parameters["store"], parameters.get("storage_options"), parameters.get("source_kwargs")
+    )
+    return f"{parameters['receipt'].receipt_key}-retired-{store}"
+
+
 @task(
     name="retire-batch",
     persist_result=True,
     result_serializer="json",
-    cache_key_fn=lambda context, parameters: parameters["receipt"].receipt_key + "-retired",
+    cache_key_fn=lambda context, parameters: _retired_key(parameters),
     **TRANSIENT_RETRIES,
 )
 def retire_batch(
@@ -118,7 +128,7 @@ def retire_batch(
     storage_options: Mapping[str, Any] | None = None,
     source_kwargs: Mapping[str, Any] | None = None,
 ) -> RetireOutcome:
-    """Retire the batch's retirable captures, only once its receipt exists in result storage."""
+    """Retire the batch's retirable captures once its receipt is persisted and its part matches."""
     crash_point("after-receipt")
     persisted = read_receipt(dest, receipt.run_id, receipt.receipt_key, storage_options)
     if persisted is None or persisted.sha256 != receipt.sha256:
@@ -127,7 +137,7 @@ def retire_batch(
             "retired. Rerun the run (tokcap retrigger) to persist it, then retire"
         )
     source = open_source(store, storage_options, source_kwargs)
-    outcome = run_async(retire_receipt(persisted, source))
+    outcome = run_async(retire_receipt(persisted, source, open_byte_store(dest, storage_options)))
     logger = get_run_logger()
     logger.info(
         "batch %d: retired %d captures, kept %d",
@@ -167,8 +177,9 @@ def describe_batch(
     """Rollout ids and lines of a batch that failed, so the ledger lists each of them."""
     outcomes = []
     for parsed in read_batch(rollouts, batch, storage_options):
-        rollout_id = None
-        if parsed.record is not None:
-            rollout_id = plain_rollout_id(parsed.record)
-        outcomes.append(RolloutOutcome(line=parsed.line, rollout_id=rollout_id, error=parsed.error))
+        refused = input_error(batch, parsed)
+        if refused is None:
+            rollout_id = plain_rollout_id(parsed.record or {})
+            refused = RolloutOutcome(line=parsed.line, rollout_id=rollout_id)
+        outcomes.append(refused)
     return outcomes

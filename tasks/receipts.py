@@ -3,24 +3,25 @@
 A local destination uses a path; any other URL uses a saved `RemoteFileSystem` block that
 holds only the location and public settings (credentials stay in the environment).
 A receipt exists exactly when the upload task's persisted result exists.
+Receipts are read through the destination's byte store, never `ResultStore.exists`, which
+reads every failure, transient or not, as "absent".
+An object there that is not a readable receipt is an error naming it, never "no receipt".
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
-from prefect.filesystems import LocalFileSystem, RemoteFileSystem
-from prefect.results import ResultStore
-from prefect.serializers import JSONSerializer
+from prefect.filesystems import RemoteFileSystem
+from prefect.results import ResultRecord
 
 from capture_core._fsspec import s3_options
 from capture_core.config import public_storage_options
-from capture_core.handoff import HandoffReceipt
+from capture_core.handoff import RECEIPT_KEY, HandoffReceipt, UnreadableReceiptError
 from capture_core.store import local_path, open_byte_store
 
 RECEIPTS = "receipts"
@@ -53,32 +54,40 @@ def receipt_storage(dest: str, run_id: str, storage_options: Mapping[str, Any] |
     return block
 
 
-def _reader(dest: str, run_id: str, storage_options: Mapping[str, Any] | None) -> ResultStore:
-    local = _local_root(dest)
-    if local is not None:
-        block: Any = LocalFileSystem(basepath=os.path.join(local, run_id, RECEIPTS))
-    else:
-        block = RemoteFileSystem(
-            basepath=receipts_location(dest, run_id),
-            settings=_remote_settings(dest, storage_options),
-        )
-    return ResultStore(result_storage=block, serializer=JSONSerializer())
-
-
 def read_receipt(
     dest: str, run_id: str, key: str, storage_options: Mapping[str, Any] | None
 ) -> HandoffReceipt | None:
-    """The persisted receipt under `key`, or `None` when that batch was not handed off."""
-    store = _reader(dest, run_id, storage_options)
-    if not store.exists(key):
+    """The persisted receipt under `key`, or `None` only when no object exists there.
+
+    The object is read once through the destination's byte store, so a storage failure
+    propagates (the calling task retries a transient one) and never reads as "absent".
+    An object that exists but is not this batch's receipt raises `UnreadableReceiptError`.
+    """
+    data = open_byte_store(dest, storage_options).get(f"{run_id}/{RECEIPTS}/{key}")
+    if data is None:
         return None
-    receipt = store.read(key).result
+    location = f"{receipts_location(dest, run_id)}/{key}"
+    try:
+        receipt = ResultRecord.deserialize(data).result
+    except Exception as exc:
+        first_line = str(exc).partition("\n")[0][:160]
+        detail = f"{type(exc).__name__}: {first_line}"
+        raise UnreadableReceiptError(_unreadable(location, detail)) from exc
     if not isinstance(receipt, HandoffReceipt):
-        raise ValueError(
-            f"result {key} under {receipts_location(dest, run_id)} is not a receipt; "
-            "something else wrote into the receipts folder, move it away"
-        )
+        raise UnreadableReceiptError(_unreadable(location, f"it holds {type(receipt).__name__}"))
+    if receipt.receipt_key != key:
+        detail = f"it holds the receipt of {receipt.receipt_key}"
+        raise UnreadableReceiptError(_unreadable(location, detail))
     return receipt
+
+
+def _unreadable(location: str, detail: str) -> str:
+    return (
+        f"receipt {location} exists but cannot be read ({detail}). It certifies a batch's "
+        "handoff, and that batch's captures may already be retired: do not delete it. Restore "
+        "it (from a backup or an earlier object version), then run again; until then nothing "
+        "of this run is finalized again or retired"
+    )
 
 
 def list_receipt_keys(
@@ -88,4 +97,4 @@ def list_receipt_keys(
     byte_store = open_byte_store(dest, storage_options)
     prefix = f"{run_id}/{RECEIPTS}"
     names = [key.rsplit("/", 1)[-1] for key in byte_store.list_prefix(prefix)]
-    return sorted(n for n in names if n.startswith("batch-") and not n.endswith("-retired"))
+    return sorted(name for name in names if RECEIPT_KEY.fullmatch(name))

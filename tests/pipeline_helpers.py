@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from capture_core.rollout_io import split_lines
 from capture_core.store import TokenCaptureStore, open_byte_store
 from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
@@ -55,7 +56,7 @@ def dest_records(dest: str, run_id: str, options: dict | None = None) -> list[di
     records = []
     for key in byte_store.list_prefix(f"{run_id}/records"):
         data = byte_store.get(key) or b""
-        records.extend(orjson.loads(line) for line in data.splitlines() if line)
+        records.extend(orjson.loads(line) for line in split_lines([data]) if line.strip())
     return records
 
 

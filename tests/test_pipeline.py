@@ -230,7 +230,7 @@ def test_retire_uploaded_retires_exactly_what_receipts_allow(tmp_path) -> None:
     assert [(line.handed_off, line.retired) for line in first] == [(True, False)] * 4
     assert all("retirement failed" in (line.error or "") for line in first[:3])
     counts = retire_uploaded(dest, "later", store_root)
-    assert counts == {"receipts": 2, "retired": 3, "kept": 0}
+    assert counts == {"receipts": 2, "retired": 3, "retired_earlier": 0, "kept": 0}
     store = TokenCaptureStore(store_root)
     assert [bool(store.read_entries(f"7-{i}")) for i in range(4)] == [False, False, False, True]
     ledger = read_ledger(open_byte_store(dest), "later")
