@@ -285,9 +285,11 @@ class TokenCaptureStore:
         tombstone = self._bytes.get(f"{rollout_id}/{RETIRED}")
         if tombstone is not None:
             raise CaptureRetiredError(
-                f"rollout {rollout_id} was retired after handoff "
-                f"({tombstone.decode(errors='replace')}); its capture cannot be finalized again. "
-                "Clear it with delete() before reusing the id"
+                f"rollout {rollout_id} was already retired after an earlier handoff "
+                f"({tombstone.decode(errors='replace')}), so its capture cannot be finalized "
+                "again. Before dispatching a new attempt with this id, run `tokcap clear "
+                "--rollouts FILE --store STORE`: it deletes the rollout's whole capture "
+                "(entries, markers and the retired tombstone)"
             )
 
     def _claim_freeze(self, rollout_id: str) -> str:
