@@ -7,6 +7,7 @@ This module does not import Prefect.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter
 
@@ -40,10 +41,19 @@ class RunSummary(BaseModel):
 
 
 def reason_category(reason: str | None) -> str:
-    """Group mask reasons by their leading phrase (ids and details dropped)."""
+    """Group mask reasons by their leading phrase: exception names, ids and details dropped.
+
+    `CaptureRetiredError: rollout 7-0 was already retired after ... (...)` groups as
+    `was already retired after ...`; `capture incomplete: lost call` as `capture incomplete`.
+    """
     if not reason:
         return "masked"
-    head = reason.split(": ", 1)[0].split(" [", 1)[0].strip()
+    text = reason.strip()
+    name, sep, rest = text.partition(": ")
+    if sep and rest and name.isidentifier() and name.endswith("Error"):
+        text = rest
+    text = re.sub(r"^rollout \S+ ", "", text)
+    head = re.split(r": | \[| \(\{", text, maxsplit=1)[0].strip()
     return head[:80] or "masked"
 
 

@@ -32,6 +32,13 @@ from flows.cli_checks import (
     positive_int,
     run_summary,
 )
+from flows.cli_output import (
+    one_line,
+    print_retired,
+    print_retriggered,
+    print_summary,
+    report_failure,
+)
 from flows.runners import ServerUnavailableError, parse_task_runner, prefect_environment
 
 CREDENTIAL_ENV = {
@@ -39,7 +46,6 @@ CREDENTIAL_ENV = {
     "secret": "AWS_SECRET_ACCESS_KEY",
     "token": "AWS_SESSION_TOKEN",
 }
-MAX_FAILURE_LINES = 20
 
 
 class Parser(argparse.ArgumentParser):
@@ -255,13 +261,6 @@ def cmd_clear(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_retired(run_id: str, counts: dict[str, int]) -> None:
-    print(
-        f"run {run_id}: {counts['retired']} captures retired from {counts['receipts']} "
-        f"receipts ({counts['kept']} kept as evidence)"
-    )
-
-
 def cmd_retire(args: argparse.Namespace) -> int:
     from flows.finalize import retire_uploaded
 
@@ -274,13 +273,6 @@ def cmd_retire(args: argparse.Namespace) -> int:
     )
     print_retired(args.run_id, counts)
     return 0
-
-
-def print_retriggered(report: Any) -> None:
-    print(
-        f"run {report.run_id}: {len(report.newly_handed_off)} newly handed off, "
-        f"{len(report.newly_retired)} newly retired, {len(report.still_failing)} still failing"
-    )
 
 
 def cmd_retrigger(args: argparse.Namespace) -> int:
@@ -326,52 +318,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.workdir, args.api_url)
 
 
-def print_summary(summary: Any) -> None:
-    rows = [
-        ("rollouts", summary.rollouts),
-        ("handed off", summary.handed_off),
-        ("already handed off (earlier run)", summary.already_handed_off),
-        ("masked", summary.masked),
-        *((f"  masked: {reason}", count) for reason, count in summary.mask_reasons.items()),
-        ("retired", summary.retired),
-        ("failed", summary.failed),
-        ("malformed input lines", summary.malformed_lines),
-    ]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
-    if summary.records_prefix:
-        print(f"records: {summary.records_prefix}\nledger:  {summary.ledger}")
-
-
-def report_failure(args: argparse.Namespace, failed: FlowFailed) -> None:
-    """The run's summary when it wrote one, then one line per failure and where the traces are."""
-    error = failed.error
-    partial = getattr(error, "summary", None)
-    if partial is None and args.command == "finalize":
-        partial = run_summary(args.dest, args.run_id, args.options)
-    if partial is not None:
-        PRINTERS.get(args.command, lambda _result: None)(partial)
-    failures = list(getattr(error, "failures", None) or [f"{type(error).__name__}: {error}"])
-    out = sys.stderr
-    print(f"tokcap {args.command} failed:", file=out)
-    for line in failures[:MAX_FAILURE_LINES]:
-        print(f"  {one_line(line)}", file=out)
-    if len(failures) > MAX_FAILURE_LINES:
-        print(f"  ... and {len(failures) - MAX_FAILURE_LINES} more (see the ledger)", file=out)
-    print(f"Full logs and tracebacks: prefect flow-run logs {failed.flow_run_id}", file=out)
-
-
-def one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-PRINTERS: dict[str, Callable[[Any], None]] = {
-    "finalize": print_summary,
-    "demo": print_summary,
-    "retrigger": print_retriggered,
-}
-
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "finalize": cmd_finalize,
     "clear": cmd_clear,
@@ -411,7 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tokcap {args.command}: {exc}", file=sys.stderr)
         return 2
     except FlowFailed as failed:
-        report_failure(args, failed)
+        partial = None
+        if args.command == "finalize" and getattr(failed.error, "summary", None) is None:
+            partial = run_summary(args.dest, args.run_id, args.options)
+        report_failure(args, failed, partial)
         return 1
     except ServerUnavailableError as exc:
         print(f"tokcap {args.command}: {exc}", file=sys.stderr)

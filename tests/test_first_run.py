@@ -161,6 +161,7 @@ def test_finalizing_a_retired_capture_says_so_and_names_tokcap_clear(
     assert "already retired after an earlier handoff" in reasons[0]
     assert "tokcap clear" in reasons[0] and "retired tombstone" in reasons[0]
     assert "delete()" not in reasons[0]
+    assert re.search(r"masked: was already retired after an earlier handoff\s+3$", again.stdout, re.M)
 
 
 def test_retire_of_an_unknown_run_id_is_a_usage_error(inputs, prefect_api: str) -> None:
@@ -256,3 +257,73 @@ def test_status_json_says_where_the_records_are(inputs, prefect_api: str) -> Non
     summary = orjson.loads(status.stdout)["summary"]
     assert summary["records_prefix"] == f"{inputs['dest']}/where/records/"
     assert summary["ledger"] == f"{inputs['dest']}/where/ledger.jsonl"
+
+
+BURN_SECONDS = 300
+
+
+def cpu_burner() -> subprocess.Popen:
+    """A CPU-bound process that stops by itself after `BURN_SECONDS`."""
+    code = (
+        f"import time\nend = time.monotonic() + {BURN_SECONDS}\n"
+        "while time.monotonic() < end:\n    pass\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def fresh_prefect_env(home: str, **extra: str) -> dict[str, str]:
+    """The environment of a new user: no Prefect settings at all, an empty `PREFECT_HOME`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    return {**env, "PREFECT_HOME": home, "PYTHONPATH": REPO, **extra}
+
+
+def test_first_demo_succeeds_on_a_busy_machine_with_a_fresh_prefect_home(tmp_path) -> None:
+    burners = [cpu_burner(), cpu_burner()]
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "demo", "--workdir", "demo"],
+            cwd=str(tmp_path),
+            env=fresh_prefect_env(str(tmp_path / "prefect-home")),
+            capture_output=True,
+            text=True,
+            timeout=BURN_SECONDS - 30,
+        )
+        competed = [burner.poll() is None for burner in burners]
+    finally:
+        for burner in burners:
+            burner.terminate()
+            burner.wait(timeout=30)
+    assert competed == [True, True], "both CPU burners ran for the whole demo"
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "database is locked" not in result.stderr
+    assert re.search(r"^handed off\s+7$", result.stdout, re.MULTILINE), result.stdout
+    assert "prefect server start` and open http://127.0.0.1:4200" in result.stdout
+    assert os.path.isdir(tmp_path / "demo" / "dest"), "the relative workdir is under the cwd"
+
+
+def test_a_server_that_cannot_start_says_what_to_do_in_one_line(tmp_path) -> None:
+    env = fresh_prefect_env(
+        str(tmp_path / "prefect-home"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "demo", "--workdir", str(tmp_path / "demo")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 1
+    ours = [line for line in result.stderr.splitlines() if line.startswith("tokcap demo:")]
+    assert len(ours) == 1, result.stderr
+    assert "did not start within 1 s" in ours[0] and "`prefect server start`" in ours[0]
+    assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in ours[0]
+    assert "Traceback" not in result.stderr
+    assert not os.path.exists(tmp_path / "demo"), "nothing ran"
+
+
+def test_the_demo_points_at_the_configured_server(tmp_path, prefect_api: str) -> None:
+    result = tokcap(["demo", "--workdir", str(tmp_path)], prefect_api)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"open {prefect_api.removesuffix('/api')} " in result.stdout
+    assert ":4200" not in result.stdout
