@@ -194,7 +194,7 @@ def check_args(args: argparse.Namespace) -> None:
     if getattr(args, "rollouts", None) is not None:
         check_rollouts(args)
     if getattr(args, "store", None) is not None:
-        check_store(args)
+        check_store(args, must_exist=args.command != "serve")
     if getattr(args, "dest", None) is not None:
         check_dest(args, must_exist=args.command in ("retire", "retrigger", "status"))
     if args.command == "finalize":

@@ -59,11 +59,11 @@ def check_rollouts(args: argparse.Namespace) -> None:
         raise UsageError(f"--rollouts {args.rollouts} is not a file; give the rollout JSONL file")
 
 
-def check_store(args: argparse.Namespace) -> None:
+def check_store(args: argparse.Namespace, must_exist: bool = True) -> None:
     if is_class_spec(args.store):
         return
     args.store = absolute(args.store)
-    if is_local(args.store) and not os.path.isdir(args.store):
+    if must_exist and is_local(args.store) and not os.path.isdir(args.store):
         raise UsageError(
             f"--store {args.store} is not a directory; give the capture store the model "
             "servers write to (an absolute or relative path, or an s3:// URL)"

@@ -62,7 +62,7 @@ def line_range(outcomes: list[RolloutOutcome]) -> str:
 
 def finalize_run_name(parameters: Mapping[str, Any]) -> str:
     batch: BatchPlan = parameters["batch"]
-    return f"finalize batch {batch.index} ({batch.lines} rollouts from line {batch.first_line})"
+    return f"finalize batch {batch.index} ({batch.lines} lines from line {batch.first_line})"
 
 
 def upload_run_name(parameters: Mapping[str, Any]) -> str:

@@ -161,7 +161,9 @@ def test_finalizing_a_retired_capture_says_so_and_names_tokcap_clear(
     assert "already retired after an earlier handoff" in reasons[0]
     assert "tokcap clear" in reasons[0] and "retired tombstone" in reasons[0]
     assert "delete()" not in reasons[0]
-    assert re.search(r"masked: was already retired after an earlier handoff\s+3$", again.stdout, re.M)
+    assert re.search(
+        r"masked: was already retired after an earlier handoff\s+3$", again.stdout, re.M
+    )
 
 
 def test_retire_of_an_unknown_run_id_is_a_usage_error(inputs, prefect_api: str) -> None:
@@ -222,7 +224,7 @@ def test_runs_name_batches_show_receipts_and_list_masked_rollouts(inputs, prefec
         lambda names: {"upload batch 0 (lines 1-2)", "upload batch 1 (lines 3-4)"} <= set(names),
         "named upload task runs",
     )
-    assert "finalize batch 1 (2 rollouts from line 3)" in tasks
+    assert "finalize batch 1 (2 lines from line 3)" in tasks
     assert "retire batch 0 (lines 1-2)" in tasks
     upload = tasks["upload batch 0 (lines 1-2)"]
     receipt = upload.state.result()
