@@ -2,7 +2,7 @@
 
 Without `PREFECT_API_URL` the CLI starts Prefect's temporary server itself, before any flow,
 with a generous readiness wait (`PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`, default
-180 s: a fresh `PREFECT_HOME` migrates its database first, slowly on a busy machine) and with
+300 s: a fresh `PREFECT_HOME` migrates its database first, slowly on a busy machine) and with
 the server's telemetry off, so its background writes cannot lock the database mid-run.
 The console shows one line per log record; tracebacks stay in the flow-run logs on the API.
 """
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 STARTUP_TIMEOUT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
-DEFAULT_STARTUP_TIMEOUT_SECONDS = 180
+DEFAULT_STARTUP_TIMEOUT_SECONDS = 300
 CLI_PREFECT_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     STARTUP_TIMEOUT_SETTING: str(DEFAULT_STARTUP_TIMEOUT_SECONDS),
