@@ -32,10 +32,10 @@ pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
 def tokcap(
-    args: list[str], api_url: str, cwd: str = REPO, timeout: float = 300
+    args: list[str], api_url: str, cwd: str = REPO, timeout: float = 300, **env_extra: str
 ) -> subprocess.CompletedProcess:
     """`tokcap ARGS` as a subprocess in `cwd`, against the session's Prefect server."""
-    env = {**os.environ, "PREFECT_API_URL": api_url, "PYTHONPATH": REPO}
+    env = {**os.environ, "PREFECT_API_URL": api_url, "PYTHONPATH": REPO, **env_extra}
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", *args],
         cwd=cwd,
@@ -199,10 +199,13 @@ def test_unreachable_s3_fails_with_one_line_and_traces_in_the_run_logs(
         "--storage-option",
         f"endpoint_url={endpoint}",
     )
-    result = tokcap(args, prefect_api)
+    result = tokcap(args, prefect_api, PREFECT_LOGGING_LEVEL="INFO")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
-    failures = [line for line in result.stderr.splitlines() if "unreachable" in line]
+    mentions = [line for line in result.stderr.splitlines() if "is unreachable" in line]
+    retries = [line for line in mentions if re.search(r"Retry [123]/3 will start", line)]
+    failures = [line for line in mentions if line not in retries]
+    assert len(retries) == 3, "each retry is one progress line"
     assert len(failures) == 1 and "check the endpoint and network" in failures[0], result.stderr
     logs = eventually(
         lambda: logs_of(flow_run_id_from(result.stderr)),
