@@ -41,24 +41,39 @@ def validate_run_id(run_id: str) -> str:
 def claim_run(dest: ByteStore, manifest: RunManifest) -> bool:
     """Record the manifest; `False` when this run id already holds the same input.
 
-    Raises `ValueError` when the run id was used for another input or other settings.
+    Raises `ValueError` naming each changed setting when the run id was used for another
+    input, batch size or builder.
     """
     key = f"{manifest.run_id}/run.json"
     data = orjson.dumps(manifest.model_dump(), option=orjson.OPT_SORT_KEYS)
     if dest.create(key, data):
         return True
     existing = read_manifest(dest, manifest.run_id)
-    same = existing is not None and (
-        existing.rollouts_sha256,
-        existing.batch_size,
-        existing.builder,
-    ) == (manifest.rollouts_sha256, manifest.batch_size, manifest.builder)
-    if not same:
+    changed = _changed_settings(existing, manifest)
+    if changed:
         raise ValueError(
-            f"run id {manifest.run_id} at {dest.url} was used for other input or settings "
-            f"({existing.rollouts if existing else 'unreadable manifest'}); pick a new run id"
+            f"run id {manifest.run_id} at {dest.url} was used for other input or settings: "
+            f"{'; '.join(changed)}. Rerun with the original input and settings, or pick a new "
+            "run id"
         )
     return False
+
+
+def _changed_settings(existing: RunManifest | None, new: RunManifest) -> list[str]:
+    """What differs between a run's recorded manifest and a new claim, in words."""
+    if existing is None:
+        return ["the recorded run.json is unreadable"]
+    changed = []
+    if existing.rollouts_sha256 != new.rollouts_sha256:
+        changed.append(
+            f"input digest {existing.rollouts_sha256[:12]} ({existing.rollouts}) is now "
+            f"{new.rollouts_sha256[:12]} ({new.rollouts})"
+        )
+    for name in ("batch_size", "builder"):
+        old, now = getattr(existing, name), getattr(new, name)
+        if old != now:
+            changed.append(f"{name.replace('_', ' ')} {old} is now {now}")
+    return changed
 
 
 def read_manifest(dest: ByteStore, run_id: str) -> RunManifest | None:

@@ -7,6 +7,7 @@ This module does not import Prefect.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter
 
@@ -30,6 +31,7 @@ class RunSummary(BaseModel):
     malformed_lines: int = 0
     duplicate_lines: int = 0
     errors: list[str] = Field(default_factory=list)
+    malformed_line_errors: list[str] = Field(default_factory=list)
     records_prefix: str = ""
     ledger: str = ""
 
@@ -45,28 +47,57 @@ class RunSummary(BaseModel):
 
 
 def reason_category(reason: str | None) -> str:
-    """Group mask reasons by their leading phrase (ids and details dropped)."""
+    """Group mask reasons by their leading phrase: exception names, ids and details dropped.
+
+    `CaptureRetiredError: rollout 7-0 was already retired after ... (...)` groups as
+    `was already retired after ...`; `capture incomplete: lost call` as `capture incomplete`.
+    """
     if not reason:
         return "masked"
-    head = reason.split(": ", 1)[0].split(" [", 1)[0].strip()
+    text = reason.strip()
+    name, sep, rest = text.partition(": ")
+    if sep and rest and name.isidentifier() and name.endswith("Error"):
+        text = rest
+    text = re.sub(r"^rollout \S+ ", "", text)
+    head = re.split(r": | \[| \(\{", text, maxsplit=1)[0].strip()
     return head[:80] or "masked"
 
 
+MAX_LISTED = 50
+
+
+def is_malformed(line: LedgerLine) -> bool:
+    """An input line that yielded no record and no rollout id: unreadable, not a rollout."""
+    return not line.finalized and line.rollout_id is None
+
+
 def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
-    """Counts and mask reasons of a run, from its ledger."""
-    reasons = Counter(reason_category(line.mask_reason) for line in ledger if line.masked)
+    """Counts and mask reasons of a run, from its ledger; the first malformed lines' errors."""
+    masked = [line for line in ledger if line.masked and line.finalized]
+    reasons = Counter(reason_category(line.mask_reason) for line in masked)
+    malformed = [line for line in ledger if is_malformed(line)]
     return RunSummary(
         run_id=run_id,
         rollouts=len(ledger),
         finalized=sum(1 for line in ledger if line.finalized),
-        masked=sum(1 for line in ledger if line.masked),
+        masked=len(masked),
         mask_reasons=dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         handed_off=sum(1 for line in ledger if line.handed_off),
         retired=sum(1 for line in ledger if line.retired),
         failed=sum(1 for line in ledger if line.finalized and not line.handed_off),
-        malformed_lines=sum(1 for line in ledger if not line.finalized and line.rollout_id is None),
+        malformed_lines=len(malformed),
+        malformed_line_errors=[
+            line.error or f"line {line.line}: unreadable" for line in malformed[:MAX_LISTED]
+        ],
         duplicate_lines=sum(1 for line in ledger if not line.finalized and line.rollout_id),
     )
+
+
+def locate(summary: RunSummary, dest: str) -> RunSummary:
+    """Fill in where the run's records and ledger are at `dest`."""
+    summary.records_prefix = f"{dest.rstrip('/')}/{summary.run_id}/records/"
+    summary.ledger = f"{dest.rstrip('/')}/{summary.run_id}/ledger.jsonl"
+    return summary
 
 
 def summary_table(summary: RunSummary) -> list[dict[str, object]]:
@@ -84,14 +115,17 @@ def summary_table(summary: RunSummary) -> list[dict[str, object]]:
 
 
 def markdown_report(
-    summary: RunSummary, delivered: list[float], batch_seconds: dict[int, float]
+    summary: RunSummary,
+    ledger: list[LedgerLine],
+    delivered: list[float],
+    batch_seconds: dict[int, float],
 ) -> str:
-    """Mask reasons, delivered-fraction distribution and slowest batches, as markdown."""
+    """Counts, mask reasons, masked and failed rollouts, delivered fraction, slowest batches."""
     lines = [f"# tokcap run `{summary.run_id}`", ""]
     lines += [
         f"{summary.handed_off}/{summary.rollouts} rollouts handed off, "
         f"{summary.masked} masked, {summary.retired} captures retired, "
-        f"{summary.failed} failed.",
+        f"{summary.failed} failed, {summary.malformed_lines} malformed input lines.",
         "",
         "## Mask reasons",
         "",
@@ -101,20 +135,46 @@ def markdown_report(
         lines += [f"| {reason} | {count} |" for reason, count in summary.mask_reasons.items()]
     else:
         lines.append("No rollout was masked.")
-    lines += ["", "## Delivered fraction (unmasked rollouts)", ""]
-    if delivered:
-        quantiles = statistics.quantiles(delivered, n=10) if len(delivered) > 1 else delivered * 9
-        lines += [
-            "| min | p10 | p50 | p90 | max |",
-            "|---|---|---|---|---|",
-            f"| {min(delivered):.4f} | {quantiles[0]:.4f} | {statistics.median(delivered):.4f}"
-            f" | {quantiles[-1]:.4f} | {max(delivered):.4f} |",
-        ]
-    else:
-        lines.append("No unmasked rollout.")
+    masked = [
+        (line, line.mask_reason or "masked") for line in ledger if line.masked and line.finalized
+    ]
+    failed = [(line, line.error or "failed") for line in ledger if not line.handed_off]
+    lines += _rollout_table("Masked rollouts", masked)
+    lines += _rollout_table("Failed rollouts and malformed lines", failed)
+    lines += _delivered(delivered)
     lines += ["", "## Slowest batches", "", "| batch | seconds |", "|---|---|"]
     for index, seconds in sorted(batch_seconds.items(), key=lambda kv: -kv[1])[:5]:
         lines.append(f"| {index} | {seconds:.2f} |")
     if summary.errors:
         lines += ["", "## Errors", ""] + [f"- {error}" for error in summary.errors]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _rollout_table(title: str, rows: list[tuple[LedgerLine, str]]) -> list[str]:
+    """A section listing the first `MAX_LISTED` rollouts with their reasons, and the count."""
+    if not rows:
+        return []
+    out = ["", f"## {title} ({len(rows)})", "", "| rollout | line | reason |", "|---|---|---|"]
+    for line, reason in rows[:MAX_LISTED]:
+        out.append(f"| {line.rollout_id or '-'} | {line.line} | {_cell(reason)} |")
+    if len(rows) > MAX_LISTED:
+        out += ["", f"... and {len(rows) - MAX_LISTED} more; the run ledger lists every one."]
+    return out
+
+
+def _delivered(delivered: list[float]) -> list[str]:
+    lines = ["", "## Delivered fraction (unmasked rollouts)", ""]
+    if not delivered:
+        return [*lines, "No unmasked rollout."]
+    quantiles = statistics.quantiles(delivered, n=10) if len(delivered) > 1 else delivered * 9
+    return [
+        *lines,
+        "| min | p10 | p50 | p90 | max |",
+        "|---|---|---|---|---|",
+        f"| {min(delivered):.4f} | {quantiles[0]:.4f} | {statistics.median(delivered):.4f}"
+        f" | {quantiles[-1]:.4f} | {max(delivered):.4f} |",
+    ]

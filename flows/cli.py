@@ -1,7 +1,9 @@
 """The `tokcap` command line: each command runs its flow and prints a summary.
 
-Without `PREFECT_API_URL`, Prefect runs the flow against a temporary local server.
-Exit status: 0 success, 1 the run failed (the reason is printed), 2 bad usage or input.
+Every argument is checked, and every local path made absolute, before any Prefect server or
+flow starts. Without `PREFECT_API_URL` the CLI starts a temporary Prefect server (see
+`flows.runners`). Exit status: 0 success, 1 the run failed (each failure on one line; the
+tracebacks are in the flow-run logs), 2 bad usage or input.
 Credentials given with `--storage-option` go to the environment, never to flow parameters.
 """
 
@@ -11,9 +13,33 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
+
+from capture_core.builder import BUILDERS
+from flows.cli_checks import (
+    UsageError,
+    absolute,
+    check_cron,
+    check_dest,
+    check_rollouts,
+    check_run_id,
+    check_storage_options,
+    check_store,
+    fraction,
+    known_run,
+    positive_int,
+    run_summary,
+)
+from flows.cli_output import (
+    one_line,
+    print_retired,
+    print_retriggered,
+    print_summary,
+    report_failure,
+)
+from flows.runners import ServerUnavailableError, parse_task_runner, prefect_environment
 
 CREDENTIAL_ENV = {
     "key": "AWS_ACCESS_KEY_ID",
@@ -22,17 +48,28 @@ CREDENTIAL_ENV = {
 }
 
 
-class UsageError(ValueError):
-    """Bad command-line input."""
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line and exit with status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
-    """`key=value` pairs to fsspec options; values are JSON when they parse, else strings."""
+class FlowFailed(Exception):
+    """A flow run ended Failed or Crashed; `error` is why, `flow_run_id` where its logs are."""
+
+    def __init__(self, error: BaseException, flow_run_id: Any) -> None:
+        super().__init__(str(error))
+        self.error, self.flow_run_id = error, flow_run_id
+
+
+def parse_options(pairs: Sequence[str], flag: str = "--storage-option") -> dict[str, Any]:
+    """`key=value` pairs to options; values are JSON when they parse, else strings."""
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise UsageError(f"--storage-option {pair!r} must look like key=value")
+            raise UsageError(f"{flag} {pair!r} must look like key=value")
         try:
             options[key] = orjson.loads(value)
         except orjson.JSONDecodeError:
@@ -51,7 +88,7 @@ def split_credentials(options: dict[str, Any]) -> dict[str, Any]:
     return public
 
 
-def _add_storage(parser: argparse.ArgumentParser) -> None:
+def _add_storage(parser: argparse.ArgumentParser, source: bool = True) -> None:
     parser.add_argument(
         "--storage-option",
         action="append",
@@ -60,28 +97,47 @@ def _add_storage(parser: argparse.ArgumentParser) -> None:
         help="fsspec option for s3:// locations (endpoint_url=..., key=..., "
         "secret=...); repeatable",
     )
-    parser.add_argument(
-        "--source-kwarg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="keyword argument for a module.path:ClassName store; repeatable",
-    )
+    if source:
+        parser.add_argument(
+            "--source-kwarg",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="keyword argument for a module.path:ClassName store; repeatable",
+        )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokcap", description="Token-capture finalization.")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+STORE_HELP = "capture store: a path, an s3:// URL, or module.path:ClassName"
+DEST_HELP = "destination of finalized records: a path or an s3:// URL"
 
+
+def _add_finalize(commands: Any) -> None:
     finalize = commands.add_parser("finalize", help="finalize, hand off and retire a run")
-    finalize.add_argument("--rollouts", required=True, help="JSON-lines rollout records URL")
-    finalize.add_argument("--store", required=True, help="capture store path/URL or module:Class")
-    finalize.add_argument("--dest", required=True, help="destination path or URL")
-    finalize.add_argument("--run-id", required=True)
-    finalize.add_argument("--batch-size", type=int, default=500)
-    finalize.add_argument("--builder", default="prefix_merging")
-    finalize.add_argument("--max-mask-fraction", type=float, default=None)
-    finalize.add_argument("--mask-fraction-min-samples", type=int, default=50)
+    finalize.add_argument("--rollouts", required=True, help="rollout records file (JSON lines)")
+    finalize.add_argument("--store", required=True, help=STORE_HELP)
+    finalize.add_argument("--dest", required=True, help=DEST_HELP)
+    finalize.add_argument("--run-id", required=True, help="names the run under --dest")
+    finalize.add_argument(
+        "--batch-size", type=positive_int, default=500, help="rollouts per batch (default 500)"
+    )
+    finalize.add_argument(
+        "--builder",
+        choices=BUILDERS,
+        default=BUILDERS[0],
+        help=f"trajectory builder: {', '.join(BUILDERS)} (default {BUILDERS[0]})",
+    )
+    finalize.add_argument(
+        "--max-mask-fraction",
+        type=fraction,
+        default=None,
+        help="abort the run when more than this fraction (0-1) of rollouts is masked",
+    )
+    finalize.add_argument(
+        "--mask-fraction-min-samples",
+        type=positive_int,
+        default=50,
+        help="rollouts seen before --max-mask-fraction applies (default 50)",
+    )
     finalize.add_argument(
         "--task-runner",
         default=None,
@@ -90,9 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_storage(finalize)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="tokcap", description="Token-capture finalization.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    _add_finalize(commands)
+
     clear = commands.add_parser("clear", help="dispatch-time clear of the given rollouts")
-    clear.add_argument("--rollouts", required=True)
-    clear.add_argument("--store", required=True)
+    clear.add_argument("--rollouts", required=True, help="rollout records file (JSON lines)")
+    clear.add_argument("--store", required=True, help=STORE_HELP)
     _add_storage(clear)
 
     for name, text in (
@@ -100,41 +162,81 @@ def build_parser() -> argparse.ArgumentParser:
         ("retrigger", "re-run what did not complete in a run"),
     ):
         sub = commands.add_parser(name, help=text)
-        sub.add_argument("--dest", required=True)
+        sub.add_argument("--dest", required=True, help=DEST_HELP)
         sub.add_argument("--run-id", required=True)
-        sub.add_argument("--store", required=True)
+        sub.add_argument("--store", required=True, help=STORE_HELP)
         _add_storage(sub)
 
     status = commands.add_parser("status", help="show a run's ledger summary")
-    status.add_argument("--dest", required=True)
+    status.add_argument("--dest", required=True, help=DEST_HELP)
     status.add_argument("--run-id", required=True)
     status.add_argument("--json", action="store_true")
-    _add_storage(status)
+    _add_storage(status, source=False)
 
     demo = commands.add_parser("demo", help="end-to-end demo on a local store")
-    demo.add_argument("--workdir", default="tokcap-demo")
+    demo.add_argument("--workdir", default="tokcap-demo", help="default ./tokcap-demo")
 
     serve = commands.add_parser("serve", help="serve the deployments with their schedules")
     serve.add_argument("--inbox", required=True, help="folder URL of rollout files to finalize")
-    serve.add_argument("--store", required=True)
-    serve.add_argument("--dest", required=True)
+    serve.add_argument("--store", required=True, help=STORE_HELP)
+    serve.add_argument("--dest", required=True, help=DEST_HELP)
     serve.add_argument("--cron", default="*/10 * * * *")
     return parser
 
 
-def _storage(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    options = split_credentials(parse_options(args.storage_option))
-    return options, parse_options(getattr(args, "source_kwarg", []))
+def check_args(args: argparse.Namespace) -> None:
+    """Check every argument and make local paths absolute; raises `UsageError`."""
+    args.options = split_credentials(parse_options(getattr(args, "storage_option", [])))
+    args.source_kwargs = parse_options(getattr(args, "source_kwarg", []), "--source-kwarg")
+    check_storage_options(args.options)
+    if getattr(args, "run_id", None) is not None:
+        check_run_id(args)
+    if getattr(args, "rollouts", None) is not None:
+        check_rollouts(args)
+    if getattr(args, "store", None) is not None:
+        check_store(args, must_exist=args.command != "serve")
+    if getattr(args, "dest", None) is not None:
+        check_dest(args, must_exist=args.command in ("retire", "retrigger", "status"))
+    if args.command == "finalize":
+        try:
+            parse_task_runner(args.task_runner)
+        except ValueError as exc:
+            raise UsageError(f"--task-runner: {exc}") from None
+    if args.command in ("retire", "retrigger", "status"):
+        known_run(args.dest, args.run_id, args.options, need_ledger=args.command == "status")
+    if args.command == "serve":
+        args.inbox = absolute(args.inbox)
+        check_cron(args.cron)
+    if args.command == "demo":
+        args.workdir = absolute(args.workdir)
+
+
+def run_flow(flow: Any, **parameters: Any) -> Any:
+    """Run a flow and return its result; `FlowFailed` when the run did not complete."""
+    state = flow(**parameters, return_state=True)
+    if state.is_completed():
+        return state.result()
+    error = state.result(raise_on_failure=False)
+    if not isinstance(error, BaseException):
+        error = RuntimeError(state.message or f"flow run ended {state.name}")
+    raise FlowFailed(error, state.state_details.flow_run_id)
+
+
+def _flow_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "storage_options": args.options or None,
+        "source_kwargs": args.source_kwargs or None,
+    }
 
 
 def cmd_finalize(args: argparse.Namespace) -> int:
     from flows.finalize import finalize_run
     from flows.runners import task_runner_from_spec
 
-    options, source_kwargs = _storage(args)
     runner = task_runner_from_spec(args.task_runner)
     flow = finalize_run.with_options(task_runner=runner) if runner else finalize_run
-    summary = flow(
+    summary = run_flow(
+        flow,
         rollouts=args.rollouts,
         store=args.store,
         dest=args.dest,
@@ -143,8 +245,7 @@ def cmd_finalize(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_mask_fraction=args.max_mask_fraction,
         mask_fraction_min_samples=args.mask_fraction_min_samples,
-        storage_options=options or None,
-        source_kwargs=source_kwargs or None,
+        **_flow_options(args),
     )
     print_summary(summary)
     return 0
@@ -153,8 +254,9 @@ def cmd_finalize(args: argparse.Namespace) -> int:
 def cmd_clear(args: argparse.Namespace) -> int:
     from flows.clear import dispatch_clear
 
-    options, source_kwargs = _storage(args)
-    summary = dispatch_clear(args.rollouts, args.store, options or None, source_kwargs or None)
+    summary = run_flow(
+        dispatch_clear, rollouts=args.rollouts, store=args.store, **_flow_options(args)
+    )
     print(f"cleared {summary.cleared} rollouts' captures ({summary.without_id} records without id)")
     return 0
 
@@ -162,45 +264,34 @@ def cmd_clear(args: argparse.Namespace) -> int:
 def cmd_retire(args: argparse.Namespace) -> int:
     from flows.finalize import retire_uploaded
 
-    options, source_kwargs = _storage(args)
-    counts = retire_uploaded(
-        args.dest, args.run_id, args.store, options or None, source_kwargs or None
+    counts = run_flow(
+        retire_uploaded,
+        dest=args.dest,
+        run_id=args.run_id,
+        store=args.store,
+        **_flow_options(args),
     )
-    total = counts["retired"] + counts["retired_earlier"]
-    print(
-        f"run {args.run_id}: {total} captures retired from {counts['receipts']} receipts "
-        f"({counts['retired']} now, {counts['retired_earlier']} by an earlier run against this "
-        f"store; {counts['kept']} not retired)"
-    )
+    print_retired(args.run_id, counts)
     return 0
 
 
 def cmd_retrigger(args: argparse.Namespace) -> int:
     from flows.finalize import retrigger_failed
 
-    options, source_kwargs = _storage(args)
-    report = retrigger_failed(
-        args.dest, args.run_id, args.store, options or None, source_kwargs or None
+    report = run_flow(
+        retrigger_failed,
+        dest=args.dest,
+        run_id=args.run_id,
+        store=args.store,
+        **_flow_options(args),
     )
-    print(
-        f"run {args.run_id}: {len(report.newly_handed_off)} newly handed off, "
-        f"{len(report.newly_retired)} newly retired, {len(report.still_failing)} still failing"
-    )
+    print_retriggered(report)
     return 0 if not report.still_failing else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from capture_core.run_manifest import read_ledger, read_manifest
-    from capture_core.run_report import summarize
-    from capture_core.store import open_byte_store
-
-    options, _ = _storage(args)
-    dest = open_byte_store(args.dest, options)
-    manifest = read_manifest(dest, args.run_id)
-    ledger = read_ledger(dest, args.run_id)
-    if manifest is None or ledger is None:
-        raise UsageError(f"unknown run id {args.run_id} at {args.dest}: no manifest or ledger")
-    summary = summarize(args.run_id, ledger)
+    manifest, summary = known_run(args.dest, args.run_id, args.options, need_ledger=True)
+    assert summary is not None
     if args.json:
         print(
             orjson.dumps(
@@ -224,26 +315,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from flows.demo import run_demo
 
-    return run_demo(args.workdir)
-
-
-def print_summary(summary: Any) -> None:
-    rows = [
-        ("rollouts", summary.rollouts),
-        ("handed off", summary.handed_off),
-        ("already handed off (earlier run)", summary.already_handed_off),
-        ("masked", summary.masked),
-        *((f"  masked: {reason}", count) for reason, count in summary.mask_reasons.items()),
-        ("retired", summary.retired),
-        ("failed", summary.failed),
-        ("malformed input lines", summary.malformed_lines),
-        ("duplicate rollout id lines", summary.duplicate_lines),
-    ]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
-    if summary.records_prefix:
-        print(f"records: {summary.records_prefix}\nledger:  {summary.ledger}")
+    return run_demo(args.workdir, args.api_url)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -255,22 +327,48 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": cmd_demo,
     "serve": cmd_serve,
 }
+NO_SERVER = {"status"}
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the command, on a temporary Prefect server unless it needs none or one is set."""
+    if args.command in NO_SERVER:
+        return COMMANDS[args.command](args)
+    from flows.runners import one_line_console, prefect_api
+
+    one_line_console()
+    with prefect_api() as api_url:
+        args.api_url = api_url
+        return COMMANDS[args.command](args)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tokcap` console script."""
+    prefect_environment()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
     try:
-        return COMMANDS[args.command](args)
+        check_args(args)
+        return run_command(args)
     except UsageError as exc:
         print(f"tokcap {args.command}: {exc}", file=sys.stderr)
         return 2
+    except FlowFailed as failed:
+        partial = None
+        if args.command == "finalize" and getattr(failed.error, "summary", None) is None:
+            partial = run_summary(args.dest, args.run_id, args.options)
+        report_failure(args, failed, partial)
+        return 1
+    except ServerUnavailableError as exc:
+        print(f"tokcap {args.command}: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
-        print(f"tokcap {args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(
+            f"tokcap {args.command} failed: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr
+        )
         return 1
 
 

@@ -65,10 +65,13 @@ def capture_batch(store_root: str) -> None:
             store.mark_incomplete_now(rollout_id, "call-00004", reason="model server restarted")
 
 
-def run_demo(workdir: str) -> int:
+def run_demo(workdir: str, api_url: str | None = None) -> int:
+    """Run the demo in `workdir` against `api_url` (`None`: the CLI's temporary server)."""
     from flows.clear import dispatch_clear
-    from flows.cli import print_summary
+    from flows.cli import run_flow
+    from flows.cli_output import print_summary
     from flows.finalize import finalize_run
+    from flows.runners import script, ui_hint
 
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
@@ -78,15 +81,16 @@ def run_demo(workdir: str) -> int:
     print(f"tokcap demo in {workdir}: {len(DEMO_ROLLOUTS)} rollouts")
     for rollout_id, _shape, why in DEMO_ROLLOUTS:
         print(f"  {rollout_id}: {why}")
-    cleared = dispatch_clear(rollouts, store_root)
+    cleared = run_flow(dispatch_clear, rollouts=rollouts, store=store_root)
     print(f"dispatch-time clear: removed stale captures of {cleared.cleared} rollout ids")
     capture_batch(store_root)
-    summary = finalize_run(rollouts, store_root, dest, run_id, batch_size=4)
+    summary = run_flow(
+        finalize_run, rollouts=rollouts, store=store_root, dest=dest, run_id=run_id, batch_size=4
+    )
     print(f"\nrun {run_id}")
     print_summary(summary)
     print(
-        "\nWatch it in the Prefect UI: run `.venv/bin/prefect server start` and open "
-        "http://127.0.0.1:4200 (flow runs, the summary table, report and progress artifacts).\n"
-        f"Inspect it here: .venv/bin/tokcap status --dest {dest} --run-id {run_id}"
+        f"\nWatch it in the Prefect UI: {ui_hint(api_url)}.\n"
+        f"Inspect it here: {script('tokcap')} status --dest {dest} --run-id {run_id}"
     )
     return 0

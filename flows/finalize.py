@@ -28,6 +28,7 @@ from tasks.batches import (
     describe_batch,
     finalize_rollout_batch,
     find_receipts,
+    kept_as_evidence,
     plan_rollouts,
     retire_batch,
     upload_batch,
@@ -38,7 +39,17 @@ from tasks.run_state import check_locations, claim_run_id, load_ledger, load_man
 
 
 class RunFailedError(RuntimeError):
-    """A run ended with failed batches or was aborted; its ledger says which rollouts."""
+    """A run failed something: batches, input lines, or it was aborted; its ledger says which.
+
+    `failures` holds one line per failure; `summary` what the run did nonetheless.
+    """
+
+    def __init__(
+        self, message: str, failures: list[str] | None = None, summary: Any = None
+    ) -> None:
+        super().__init__(message)
+        self.failures = failures or [message]
+        self.summary = summary
 
 
 class MaskGate:
@@ -174,9 +185,16 @@ def finalize_run(
         errors + ([abort] if abort else []),
         options,
     )
-    if abort or failed or errors:
-        raise RunFailedError(abort or "; ".join(errors) or f"{len(failed)} batches failed")
+    failures = summary.errors + summary.malformed_line_errors
+    if failures or not summary.ok:
+        message = abort or "; ".join(errors) or _malformed_message(summary)
+        raise RunFailedError(message, failures, summary)
     return summary
+
+
+def _malformed_message(summary: RunSummary) -> str:
+    shown = "; ".join(summary.malformed_line_errors[:3])
+    return f"{summary.malformed_lines} malformed input lines ({shown}); see {summary.ledger}"
 
 
 def _finalize_and_upload(
@@ -255,6 +273,7 @@ def retire_uploaded(
     """
     options = public_storage_options(storage_options)
     validate_run_id(run_id)
+    load_manifest(dest, run_id, options)
     receipts = find_receipts(dest, run_id, None, options)
     retire = retire_batch.with_options(result_storage=receipt_storage(dest, run_id, options))
     errors: list[str] = []
@@ -267,11 +286,11 @@ def retire_uploaded(
         "receipts": len(receipts),
         "retired": sum(len(o.retired) for o in outcomes if not o.earlier),
         "retired_earlier": sum(len(o.retired) for o in outcomes if o.earlier),
-        "kept": sum(len(o.kept) for o in outcomes),
+        "kept": sum(len(o.kept) for o in outcomes) + sum(map(kept_as_evidence, receipts.values())),
     }
     get_run_logger().info("run %s: %s", run_id, counts)
     if errors:
-        raise RunFailedError("; ".join(errors))
+        raise RunFailedError("; ".join(errors), errors)
     return counts
 
 
@@ -296,7 +315,7 @@ def retrigger_failed(
     options = public_storage_options(storage_options)
     manifest = load_manifest(dest, run_id, options)
     before = {(line.line, line.rollout_id): line for line in load_ledger(dest, run_id, options)}
-    error: str | None = None
+    error: RunFailedError | None = None
     try:
         finalize_run(
             manifest.rollouts,
@@ -310,8 +329,10 @@ def retrigger_failed(
             options,
             source_kwargs,
         )
+    except RunFailedError as exc:
+        error = exc
     except Exception as exc:
-        error = str(exc)
+        error = RunFailedError(str(exc))
     after = load_ledger(dest, run_id, options)
     report = RetriggerReport(run_id=run_id)
     for line in after:
@@ -331,5 +352,7 @@ def retrigger_failed(
         len(report.still_failing),
     )
     if error:
-        raise RunFailedError(f"retrigger of {run_id} did not complete: {error}")
+        raise RunFailedError(
+            f"retrigger of {run_id} did not complete: {error}", error.failures, report
+        )
     return report

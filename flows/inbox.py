@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
@@ -66,6 +67,19 @@ def note_attempt(dest: str, run_id: str, storage_options: dict[str, Any] | None 
     record_attempt(open_byte_store(dest, storage_options), run_id)
 
 
+def inbox_markdown(inbox: str, report: InboxReport, failures: list[str]) -> str:
+    """The inbox pass as markdown: counts, then each file that was not finalized and why."""
+    lines = [
+        f"# tokcap inbox `{inbox}`",
+        "",
+        f"{len(report.finalized)} finalized, {len(report.already_done)} already done, "
+        f"{len(report.failed)} failed, {len(report.given_up)} given up.",
+    ]
+    if failures:
+        lines += ["", "## Not finalized", ""] + [f"- {failure}" for failure in failures]
+    return "\n".join(lines) + "\n"
+
+
 @flow(name="finalize-inbox", flow_run_name="inbox {inbox}")
 def finalize_inbox(
     inbox: str,
@@ -97,7 +111,7 @@ def finalize_inbox(
             continue
         note_attempt(dest, item.run_id, options)
         try:
-            summary = finalize_run(
+            finalize_run(
                 item.url,
                 store,
                 dest,
@@ -108,18 +122,36 @@ def finalize_inbox(
                 source_kwargs=source_kwargs,
             )
         except Exception as exc:
-            report.failed[item.url] = str(exc)
+            report.failed[item.url] = _reason(exc)
             logger.warning(
                 "finalizing %s failed (attempt %d): %s", item.url, item.attempts + 1, exc
             )
             continue
-        if summary.ok:
-            report.finalized.append(item.url)
-        else:
-            report.failed[item.url] = (
-                f"{summary.malformed_lines} unreadable lines; see {summary.ledger}"
-            )
-    logger.info(
+        report.finalized.append(item.url)
+    return _conclude(inbox, report)
+
+
+class InboxFailedError(RuntimeError):
+    """Some inbox files were not finalized; `failures` names each file and why."""
+
+    def __init__(self, failures: list[str], report: InboxReport) -> None:
+        super().__init__(f"{len(failures)} inbox files not finalized: " + "; ".join(failures))
+        self.failures, self.summary = failures, report
+
+
+def _reason(exc: Exception) -> str:
+    lines = getattr(exc, "failures", None) or [str(exc)]
+    more = f" (and {len(lines) - 3} more)" if len(lines) > 3 else ""
+    return " ".join("; ".join(lines[:3]).split()) + more
+
+
+def _conclude(inbox: str, report: InboxReport) -> InboxReport:
+    """Log and publish the pass; fail the flow run, naming each file, if any file failed."""
+    failures = [f"{url}: {reason}" for url, reason in report.failed.items()]
+    failures += [
+        f"{url}: given up after repeated failures; see its ledger" for url in report.given_up
+    ]
+    get_run_logger().info(
         "inbox %s: %d finalized, %d already done, %d failed, %d given up",
         inbox,
         len(report.finalized),
@@ -127,4 +159,7 @@ def finalize_inbox(
         len(report.failed),
         len(report.given_up),
     )
+    create_markdown_artifact(markdown=inbox_markdown(inbox, report, failures))
+    if failures:
+        raise InboxFailedError(failures, report)
     return report

@@ -1,23 +1,192 @@
-"""Task runners for finalize batches: the default threads, or a Dask cluster (prefect-dask)."""
+"""How the CLI runs flows: the Prefect API it talks to, its console, and the task runners.
+
+Without `PREFECT_API_URL` the CLI starts Prefect's temporary server itself, before any flow,
+with a generous readiness wait (`PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`, default
+300 s: a fresh `PREFECT_HOME` migrates its database first, slowly on a busy machine) and with
+the server's telemetry off, so its background writes cannot lock the database mid-run.
+The console shows one line per log record; tracebacks stay in the flow-run logs on the API.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+STARTUP_TIMEOUT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+DEFAULT_STARTUP_TIMEOUT_SECONDS = 300
+CLI_PREFECT_DEFAULTS = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    STARTUP_TIMEOUT_SETTING: str(DEFAULT_STARTUP_TIMEOUT_SECONDS),
+}
+ENGINE_MODULES = ("flow_engine", "task_engine")
 
-def task_runner_from_spec(spec: str | None) -> Any:
-    """`None`: Prefect's default; `dask`: a local cluster; `dask=ADDRESS`: an existing one."""
+
+class ServerUnavailableError(RuntimeError):
+    """No Prefect API could be reached or started; the message says what to do."""
+
+
+def prefect_environment() -> None:
+    """Set the CLI's Prefect defaults; call before Prefect is imported. Explicit values win."""
+    for name, value in CLI_PREFECT_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+def startup_timeout() -> int:
+    """Seconds to wait for the temporary server; a bad value falls back to the default."""
+    try:
+        return max(1, int(os.environ.get(STARTUP_TIMEOUT_SETTING, "")))
+    except ValueError:
+        return DEFAULT_STARTUP_TIMEOUT_SECONDS
+
+
+def server_help() -> str:
+    """The one line that tells a user how to run against their own Prefect server."""
+    return (
+        "start one with `prefect server start` in another terminal and set "
+        "PREFECT_API_URL=http://127.0.0.1:4200/api, or wait longer with "
+        f"{STARTUP_TIMEOUT_SETTING}=600"
+    )
+
+
+@contextmanager
+def prefect_api() -> Iterator[str | None]:
+    """Yield the API URL the flows use: `PREFECT_API_URL`, else a temporary server's.
+
+    `None` means the temporary server, which stops on exit. Its flow runs stay in the
+    database under `PREFECT_HOME`, where `prefect server start` shows them later.
+    """
+    from prefect.settings import PREFECT_API_URL
+
+    configured = PREFECT_API_URL.value()
+    if configured:
+        yield str(configured)
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    wait = startup_timeout()
+    try:
+        server.start(timeout=wait)
+    except Exception as exc:
+        server.stop()
+        raise ServerUnavailableError(
+            f"the temporary Prefect server did not start within {wait} s "
+            f"({str(exc).splitlines()[0][:120]}); {server_help()}"
+        ) from None
+    try:
+        yield None
+    finally:
+        drain_to_api()
+        server.stop()
+
+
+def drain_to_api(timeout: float = 30) -> None:
+    """Send the logs and events still queued, so none is lost when the server stops."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        try:
+            worker.drain_all(timeout=timeout)
+        except Exception as exc:  # a lost log line must not fail a finished command
+            logging.getLogger(__name__).warning("could not send queued %s: %s", worker, exc)
+
+
+def script(name: str) -> str:
+    """How to call one of this environment's console scripts from the working directory."""
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    if not os.path.exists(path):
+        return name
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith("..") else path
+
+
+def ui_hint(api_url: str | None) -> str:
+    """Where the user sees the runs: the configured server's UI, or a server they start."""
+    if api_url:
+        base = api_url.rstrip("/")
+        base = base[: -len("/api")] if base.endswith("/api") else base
+        return f"open {base} (flow runs, the summary table, report and progress artifacts)"
+    from prefect.settings import PREFECT_SERVER_API_HOST, PREFECT_SERVER_API_PORT
+
+    address = f"http://{PREFECT_SERVER_API_HOST.value()}:{PREFECT_SERVER_API_PORT.value()}"
+    return (
+        f"run `{script('prefect')} server start` and open {address} (flow runs, the summary table, "
+        "report and progress artifacts; this run is stored under PREFECT_HOME)"
+    )
+
+
+class OneLineFormatter(logging.Formatter):
+    """Formats a record with its wrapped formatter, without traceback or stack."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        try:
+            return self.inner.format(record).split("\n", 1)[0]
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
+class EngineFailureFilter(logging.Filter):
+    """Drops the engine's reports of failed states; the CLI prints each failure once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.module not in ENGINE_MODULES:
+            return True
+        if record.levelno >= logging.WARNING:
+            return False
+        message = str(record.msg)
+        return not message.startswith("Finished in state") or "Completed" in message
+
+
+def one_line_console() -> None:
+    """Make every Prefect console handler print one line per record and no engine failures."""
+    import prefect.main  # noqa: F401  (configures Prefect's logging once, on first import)
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, PrefectConsoleHandler) and not isinstance(
+                handler.formatter, OneLineFormatter
+            ):
+                handler.setFormatter(OneLineFormatter(handler.formatter))
+                handler.addFilter(EngineFailureFilter())
+
+
+def parse_task_runner(spec: str | None) -> tuple[str, str] | None:
+    """Check a `--task-runner` value: `dask` or `dask=ADDRESS`; `ValueError` otherwise."""
     if not spec:
         return None
     kind, _, address = spec.partition("=")
     if kind != "dask":
         raise ValueError(f"unknown task runner {spec!r}; use dask or dask=tcp://scheduler:8786")
     try:
-        from prefect_dask import DaskTaskRunner
+        import prefect_dask  # noqa: F401
     except ImportError as exc:
         raise ValueError(
             "the dask task runner needs prefect-dask: pip install -e '.[dask]'"
         ) from exc
+    return kind, address
+
+
+def task_runner_from_spec(spec: str | None) -> Any:
+    """`None`: Prefect's default; `dask`: a local cluster; `dask=ADDRESS`: an existing one."""
+    parsed = parse_task_runner(spec)
+    if parsed is None:
+        return None
+    from prefect_dask import DaskTaskRunner
+
+    _kind, address = parsed
     if address:
         return DaskTaskRunner(address=address)
     return DaskTaskRunner(

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from capture_core.errors import RetirementFailedError, TransientStoreError
@@ -54,7 +55,34 @@ def find_receipt(
     return read_receipt(dest, run_id, key, storage_options)
 
 
-@task(name="finalize-batch", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+def line_range(outcomes: list[RolloutOutcome]) -> str:
+    """`lines 1501-2000` of a batch's outcomes (input line numbers, from 1)."""
+    if not outcomes:
+        return "no lines"
+    return f"lines {outcomes[0].line}-{outcomes[-1].line}"
+
+
+def finalize_run_name(parameters: Mapping[str, Any]) -> str:
+    batch: BatchPlan = parameters["batch"]
+    return f"finalize batch {batch.index} ({batch.lines} lines from line {batch.first_line})"
+
+
+def upload_run_name(parameters: Mapping[str, Any]) -> str:
+    finalized: FinalizedBatch = parameters["finalized"]
+    return f"upload batch {finalized.index} ({line_range(finalized.outcomes)})"
+
+
+def retire_run_name(parameters: Mapping[str, Any]) -> str:
+    receipt: HandoffReceipt = parameters["receipt"]
+    return f"retire batch {receipt.batch} ({line_range(receipt.rollouts)})"
+
+
+@task(
+    name="finalize-batch",
+    task_run_name=finalize_run_name,
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def finalize_rollout_batch(
     run_id: str,
     rollouts: str,
@@ -68,10 +96,12 @@ def finalize_rollout_batch(
     lines = read_batch(rollouts, batch, storage_options)
     source = open_source(store, storage_options, source_kwargs)
     finalized = run_async(finalize_batch(run_id, batch, lines, source, builder))
-    masked = sum(o.masked for o in finalized.outcomes)
-    get_run_logger().info(
-        "batch %d: finalized %d rollouts (%d masked)", batch.index, len(lines), masked
-    )
+    masked = sum(o.masked and o.emitted for o in finalized.outcomes)
+    logger = get_run_logger()
+    logger.info("batch %d: finalized %d rollouts (%d masked)", batch.index, len(lines), masked)
+    for parsed in lines:
+        if parsed.error:
+            logger.warning("batch %d: %s; no record for this line", batch.index, parsed.error)
     return finalized
 
 
@@ -81,6 +111,7 @@ def _receipt_key(parameters: Mapping[str, Any]) -> str:
 
 @task(
     name="upload-batch",
+    task_run_name=upload_run_name,
     persist_result=True,
     result_serializer="json",
     cache_key_fn=lambda context, parameters: _receipt_key(parameters),
@@ -95,6 +126,7 @@ def upload_batch(
     """Write the batch's part durably, verify it, and return the receipt Prefect persists."""
     receipt = handoff_batch(run_id, finalized, open_byte_store(dest, storage_options))
     crash_point("after-upload")
+    publish_receipt(receipt)
     get_run_logger().info(
         "batch %d: handed off %d records (%d bytes, sha256 %s) to %s",
         receipt.batch,
@@ -116,6 +148,7 @@ def _retired_key(parameters: Mapping[str, Any]) -> str:
 
 @task(
     name="retire-batch",
+    task_run_name=retire_run_name,
     persist_result=True,
     result_serializer="json",
     cache_key_fn=lambda context, parameters: _retired_key(parameters),
@@ -140,9 +173,11 @@ def retire_batch(
     outcome = run_async(retire_receipt(persisted, source, open_byte_store(dest, storage_options)))
     logger = get_run_logger()
     logger.info(
-        "batch %d: retired %d captures, kept %d",
+        "batch %d: retired %d captures; kept %d masked or unfinished as evidence and %d "
+        "changed since frozen",
         receipt.batch,
         len(outcome.retired),
+        kept_as_evidence(persisted),
         len(outcome.kept),
     )
     if outcome.failed:
@@ -152,6 +187,25 @@ def retire_batch(
             + "; ".join(f"{k}: {v}" for k, v in sorted(outcome.failed.items())[:5])
         )
     return outcome
+
+
+def publish_receipt(receipt: HandoffReceipt) -> None:
+    """Show the receipt in the upload task run: part key, sha256, size and record count."""
+    create_table_artifact(
+        table=[
+            {"field": "part key", "value": receipt.part_key},
+            {"field": "sha256", "value": receipt.sha256},
+            {"field": "bytes", "value": receipt.bytes},
+            {"field": "records", "value": receipt.records},
+            {"field": "receipt key", "value": receipt.receipt_key},
+        ],
+        description=f"handoff receipt of batch {receipt.batch} of run {receipt.run_id}",
+    )
+
+
+def kept_as_evidence(receipt: HandoffReceipt) -> int:
+    """Captures a receipt never retires: those of masked or unfinished rollouts."""
+    return sum(1 for r in receipt.rollouts if r.rollout_id and not r.can_retire)
 
 
 @task(name="find-receipts", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)

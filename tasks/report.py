@@ -18,7 +18,13 @@ from capture_core.handoff import (
     encode_ledger,
     ledger_lines,
 )
-from capture_core.run_report import RunSummary, markdown_report, summarize, summary_table
+from capture_core.run_report import (
+    RunSummary,
+    locate,
+    markdown_report,
+    summarize,
+    summary_table,
+)
 from capture_core.store import open_byte_store
 from tasks.common import TRANSIENT_RETRIES
 
@@ -46,16 +52,16 @@ def write_run_report(
     summary = summarize(run_id, ledger)
     summary.already_handed_off = already_handed_off
     summary.errors = errors
-    summary.records_prefix = f"{dest.rstrip('/')}/{run_id}/records/"
-    summary.ledger = f"{dest.rstrip('/')}/{run_id}/ledger.jsonl"
+    locate(summary, dest)
     publish_artifacts(summary, ledger, batch_seconds)
     get_run_logger().info(
-        "run %s: %d handed off, %d masked, %d retired, %d failed",
+        "run %s: %d handed off, %d masked, %d retired, %d failed, %d malformed input lines",
         run_id,
         summary.handed_off,
         summary.masked,
         summary.retired,
         summary.failed,
+        summary.malformed_lines,
     )
     return summary
 
@@ -75,6 +81,6 @@ def publish_artifacts(
     )
     create_markdown_artifact(
         key=artifact_key(summary.run_id, "report"),
-        markdown=markdown_report(summary, delivered, batch_seconds),
+        markdown=markdown_report(summary, ledger, delivered, batch_seconds),
         description=f"tokcap report for run {summary.run_id}",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import orjson
@@ -39,6 +40,7 @@ def test_finalize_then_status(run_inputs, prefect_api: str) -> None:
     assert status.returncode == 0, status.stderr
     report = orjson.loads(status.stdout)
     assert report["summary"]["handed_off"] == 4 and report["summary"]["retired"] == 3
+    assert report["summary"]["ledger"] == f"{run_inputs['dest']}/cli-1/ledger.jsonl"
     assert report["manifest"]["batches"] == 2
 
 
@@ -76,7 +78,8 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
         ],
         prefect_api,
     )
-    assert retire.returncode == 0 and "3 captures retired from 2 receipts" in retire.stdout
+    assert retire.returncode == 0
+    assert "3 captures retired from 2 receipts (1 kept as evidence)" in retire.stdout
 
 
 @pytest.mark.parametrize(
@@ -94,8 +97,8 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
                 "--run-id",
                 "x",
             ],
-            1,
-            "store root .* does not exist",
+            2,
+            "--store .*missing is not a directory",
         ),
         (
             [
@@ -115,8 +118,13 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
         (["status", "--dest", "{dest}", "--run-id", "never"], 2, "unknown run id never"),
         (
             ["retrigger", "--dest", "{dest}", "--run-id", "never", "--store", "{store}"],
-            1,
+            2,
             "unknown run id never",
+        ),
+        (
+            ["retire", "--dest", "{dest}", "--run-id", "never-ran", "--store", "{store}"],
+            2,
+            "unknown run id never-ran",
         ),
         (
             [
@@ -130,8 +138,13 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
                 "--run-id",
                 "../up",
             ],
-            1,
+            2,
             "malformed run id",
+        ),
+        (
+            ["serve", "--inbox", "{dest}", "--store", "{store}", "--dest", "{dest}", "--cron", "x"],
+            2,
+            "--cron 'x' is not a cron expression",
         ),
         (
             ["clear", "--rollouts", "{rollouts}", "--store", "{store}", "--storage-option", "oops"],
@@ -144,6 +157,10 @@ def test_errors_name_the_problem(
     run_inputs, tmp_path, prefect_api: str, args: list[str], code: int, message: str
 ) -> None:
     values = {**run_inputs, "missing": str(tmp_path / "missing")}
+    os.makedirs(run_inputs["dest"], exist_ok=True)
     result = run_cli([a.format(**values) for a in args], prefect_api)
     assert result.returncode == code, result.stderr[-1500:]
     assert re.search(message, result.stderr), result.stderr[-1500:]
+    assert "Traceback" not in result.stderr
+    if code == 2:
+        assert len(result.stderr.strip().splitlines()) <= 2, result.stderr

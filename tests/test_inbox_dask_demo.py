@@ -13,7 +13,7 @@ from capture_core.rollout_io import plan_rollout_file
 from capture_core.run_manifest import read_ledger
 from capture_core.store import TokenCaptureStore, open_byte_store
 from flows.finalize import finalize_run
-from flows.inbox import finalize_inbox
+from flows.inbox import InboxFailedError, finalize_inbox
 from flows.runners import task_runner_from_spec
 from tasks.receipts import read_receipt
 from tests.pipeline_helpers import dest_records, make_batch, run_cli, write_rollouts
@@ -61,10 +61,14 @@ def test_inbox_gives_up_on_a_file_that_keeps_failing(tmp_path) -> None:
     os.makedirs(store)
     write_rollouts(f"{inbox}/bad.jsonl", [], extra_lines=[b"{broken\n"])
     for _ in range(2):
-        assert list(finalize_inbox(inbox, store, dest, max_attempts=2).failed) == [
-            f"{inbox}/bad.jsonl"
-        ]
-    assert finalize_inbox(inbox, store, dest, max_attempts=2).given_up == [f"{inbox}/bad.jsonl"]
+        state = finalize_inbox(inbox, store, dest, max_attempts=2, return_state=True)
+        assert state.is_failed(), "an inbox pass that failed a file is not Completed"
+        failed = state.result(raise_on_failure=False)
+        assert list(failed.summary.failed) == [f"{inbox}/bad.jsonl"]
+        assert "line 1: malformed JSON" in failed.summary.failed[f"{inbox}/bad.jsonl"]
+    with pytest.raises(InboxFailedError, match=r"bad\.jsonl: given up") as given_up:
+        finalize_inbox(inbox, store, dest, max_attempts=2)
+    assert given_up.value.summary.given_up == [f"{inbox}/bad.jsonl"]
 
 
 def test_dask_runner_gives_the_same_records_receipts_and_ledger(tmp_path) -> None:

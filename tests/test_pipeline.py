@@ -99,7 +99,9 @@ def test_malformed_lines_and_records_without_ids(tmp_path) -> None:
         records,
         extra_lines=[b"{not json\n", b'{"reward": 0.5}\n', b"[1, 2]\n"],
     )
-    summary = finalize_run(rollouts, store_root, dest, "bad-lines", batch_size=10)
+    with pytest.raises(RunFailedError, match="2 malformed input lines") as failed:
+        finalize_run(rollouts, store_root, dest, "bad-lines", batch_size=10)
+    summary = failed.value.summary
     assert summary.malformed_lines == 2 and summary.handed_off == 3 and not summary.ok
     ledger = read_ledger(open_byte_store(dest), "bad-lines")
     by_line = {line.line: line for line in ledger}
@@ -230,7 +232,9 @@ def test_retire_uploaded_retires_exactly_what_receipts_allow(tmp_path) -> None:
     assert [(line.handed_off, line.retired) for line in first] == [(True, False)] * 4
     assert all("retirement failed" in (line.error or "") for line in first[:3])
     counts = retire_uploaded(dest, "later", store_root)
-    assert counts == {"receipts": 2, "retired": 3, "retired_earlier": 0, "kept": 0}
+    assert counts == {"receipts": 2, "retired": 3, "retired_earlier": 0, "kept": 1}, (
+        "masked 7-3 is kept as evidence"
+    )
     store = TokenCaptureStore(store_root)
     assert [bool(store.read_entries(f"7-{i}")) for i in range(4)] == [False, False, False, True]
     ledger = read_ledger(open_byte_store(dest), "later")

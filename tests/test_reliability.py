@@ -159,7 +159,9 @@ def test_non_utf8_and_huge_inputs(tmp_path) -> None:
     rollouts = write_rollouts(
         str(tmp_path / "in.jsonl"), records, extra_lines=[b'{"_ng_rollout_id": "\xff\xfe"}\n']
     )
-    summary = finalize_run(rollouts, store_root, dest, "odd")
+    with pytest.raises(RunFailedError, match="1 malformed input lines") as failed:
+        finalize_run(rollouts, store_root, dest, "odd")
+    summary = failed.value.summary
     assert summary.handed_off == 1 and summary.malformed_lines == 1 and summary.retired == 1
     out = dest_records(dest, "odd")
     assert len(out[0]["response"]["output"][0]["prompt_token_ids"]) == 2_000_000

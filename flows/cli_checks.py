@@ -1,0 +1,130 @@
+"""Checks of `tokcap` arguments, done before any Prefect server or flow starts.
+
+Local paths are resolved against the working directory, so flows, manifests and later
+commands run from other directories all see absolute paths. Each problem is a `UsageError`
+naming the option and what to do (exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from capture_core.config import public_storage_options
+from capture_core.handoff import is_class_spec
+from capture_core.run_manifest import RunManifest, read_ledger, read_manifest, validate_run_id
+from capture_core.run_report import RunSummary, locate, summarize
+from capture_core.store import open_byte_store
+
+
+class UsageError(ValueError):
+    """Bad command-line input."""
+
+
+def is_local(location: str) -> bool:
+    return "://" not in location
+
+
+def absolute(location: str) -> str:
+    """A local path made absolute against the working directory; URLs unchanged."""
+    return os.path.abspath(os.path.expanduser(location)) if is_local(location) else location
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 1")
+    return value
+
+
+def check_rollouts(args: argparse.Namespace) -> None:
+    args.rollouts = absolute(args.rollouts)
+    if is_local(args.rollouts) and not os.path.isfile(args.rollouts):
+        raise UsageError(f"--rollouts {args.rollouts} is not a file; give the rollout JSONL file")
+
+
+def check_store(args: argparse.Namespace, must_exist: bool = True) -> None:
+    if is_class_spec(args.store):
+        return
+    args.store = absolute(args.store)
+    if must_exist and is_local(args.store) and not os.path.isdir(args.store):
+        raise UsageError(
+            f"--store {args.store} is not a directory; give the capture store the model "
+            "servers write to (an absolute or relative path, or an s3:// URL)"
+        )
+
+
+def check_dest(args: argparse.Namespace, must_exist: bool = False) -> None:
+    args.dest = absolute(args.dest)
+    if not is_local(args.dest):
+        return
+    if must_exist and not os.path.isdir(args.dest):
+        raise UsageError(f"--dest {args.dest} is not a directory; give the run's destination")
+    if os.path.exists(args.dest) and not os.path.isdir(args.dest):
+        raise UsageError(
+            f"--dest {args.dest} is a file; give a directory for the finalized records"
+        )
+
+
+def check_run_id(args: argparse.Namespace) -> None:
+    try:
+        validate_run_id(args.run_id)
+    except ValueError as exc:
+        raise UsageError(f"--run-id: {exc}") from None
+
+
+def check_storage_options(options: dict[str, Any]) -> None:
+    try:
+        public_storage_options(options)
+    except ValueError as exc:
+        raise UsageError(f"--storage-option: {exc}") from None
+
+
+def check_cron(expression: str) -> None:
+    from prefect.client.schemas.schedules import CronSchedule
+
+    try:
+        CronSchedule(cron=expression)
+    except ValueError:
+        raise UsageError(
+            f"--cron {expression!r} is not a cron expression; use five fields such as "
+            "'*/10 * * * *'"
+        ) from None
+
+
+def known_run(
+    dest: str, run_id: str, options: dict[str, Any], need_ledger: bool = False
+) -> tuple[RunManifest, RunSummary | None]:
+    """The run's manifest and ledger summary; `UsageError` when `dest` has no such run."""
+    byte_store = open_byte_store(dest, options)
+    manifest = read_manifest(byte_store, run_id)
+    ledger = read_ledger(byte_store, run_id)
+    if manifest is None or (need_ledger and ledger is None):
+        raise UsageError(
+            f"unknown run id {run_id} at {dest}: no manifest or ledger; check --dest and --run-id"
+        )
+    return manifest, None if ledger is None else locate(summarize(run_id, ledger), dest)
+
+
+def run_summary(dest: str, run_id: str, options: dict[str, Any]) -> RunSummary | None:
+    """The summary of a run's ledger, or `None` when the run wrote none (or it is unreadable)."""
+    try:
+        return known_run(dest, run_id, options, need_ledger=True)[1]
+    except Exception:  # the caller is already reporting the run's own failure
+        return None

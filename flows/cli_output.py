@@ -1,0 +1,72 @@
+"""What `tokcap` prints: run summaries, and one line per failure of a failed run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+MAX_FAILURE_LINES = 20
+
+
+def print_retired(run_id: str, counts: dict[str, int]) -> None:
+    total = counts["retired"] + counts["retired_earlier"]
+    print(
+        f"run {run_id}: {total} captures retired from {counts['receipts']} receipts "
+        f"({counts['retired']} now, {counts['retired_earlier']} by an earlier run against this "
+        f"store; {counts['kept']} kept as evidence)"
+    )
+
+
+def print_retriggered(report: Any) -> None:
+    print(
+        f"run {report.run_id}: {len(report.newly_handed_off)} newly handed off, "
+        f"{len(report.newly_retired)} newly retired, {len(report.still_failing)} still failing"
+    )
+
+
+def print_summary(summary: Any) -> None:
+    rows = [
+        ("rollouts", summary.rollouts),
+        ("handed off", summary.handed_off),
+        ("already handed off (earlier run)", summary.already_handed_off),
+        ("masked", summary.masked),
+        *((f"  masked: {reason}", count) for reason, count in summary.mask_reasons.items()),
+        ("retired", summary.retired),
+        ("failed", summary.failed),
+        ("malformed input lines", summary.malformed_lines),
+        ("duplicate rollout id lines", summary.duplicate_lines),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    if summary.records_prefix:
+        print(f"records: {summary.records_prefix}\nledger:  {summary.ledger}")
+
+
+def report_failure(args: argparse.Namespace, failed: Any, partial: Any = None) -> None:
+    """The run's summary when it wrote one, then one line per failure and where the traces are."""
+    error = failed.error
+    partial = getattr(error, "summary", None) or partial
+    if partial is not None:
+        PRINTERS.get(args.command, lambda _result: None)(partial)
+    failures = list(getattr(error, "failures", None) or [f"{type(error).__name__}: {error}"])
+    out = sys.stderr
+    print(f"tokcap {args.command} failed:", file=out)
+    for line in failures[:MAX_FAILURE_LINES]:
+        print(f"  {one_line(line)}", file=out)
+    if len(failures) > MAX_FAILURE_LINES:
+        print(f"  ... and {len(failures) - MAX_FAILURE_LINES} more (see the ledger)", file=out)
+    print(f"Full logs and tracebacks: prefect flow-run logs {failed.flow_run_id}", file=out)
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+PRINTERS: dict[str, Callable[[Any], None]] = {
+    "finalize": print_summary,
+    "demo": print_summary,
+    "retrigger": print_retriggered,
+}

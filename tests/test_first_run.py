@@ -1,0 +1,334 @@
+"""A new user's first commands: usage errors, paths, failures and what the runs show.
+
+Every command runs as a real `tokcap` subprocess; run states, task runs, artifacts and logs
+are read back from the session's Prefect server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from capture_core.run_manifest import read_ledger, read_manifest
+from capture_core.store import TokenCaptureStore, open_byte_store
+from flows.inbox import InboxFailedError, finalize_inbox
+from tests.pipeline_helpers import REPO, finalize_args, make_batch, write_rollouts
+from tests.prefect_api_reads import (
+    artifacts_of,
+    eventually,
+    flow_run,
+    flow_runs_named,
+    logs_of,
+    task_runs_of,
+)
+from tests.servers import free_port
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+
+def tokcap(
+    args: list[str], api_url: str, cwd: str = REPO, timeout: float = 300, **env_extra: str
+) -> subprocess.CompletedProcess:
+    """`tokcap ARGS` as a subprocess in `cwd`, against the session's Prefect server."""
+    env = {**os.environ, "PREFECT_API_URL": api_url, "PYTHONPATH": REPO, **env_extra}
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def flow_run_id_from(stderr: str) -> str:
+    line = next(line for line in stderr.splitlines() if "prefect flow-run logs" in line)
+    return line.rsplit(None, 1)[-1]
+
+
+@pytest.fixture()
+def inputs(tmp_path) -> dict[str, str]:
+    store = str(tmp_path / "store")
+    rollouts = write_rollouts(
+        str(tmp_path / "in.jsonl"), make_batch(TokenCaptureStore(store), 4, masked={1})
+    )
+    return {"store": store, "dest": str(tmp_path / "dest"), "rollouts": rollouts}
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--batch-size", "0"], "--batch-size: 0 is not at least 1"),
+        (["--batch-size", "-1"], "--batch-size: -1 is not at least 1"),
+        (["--builder", "nonsense"], "invalid choice: 'nonsense'"),
+        (["--max-mask-fraction", "1.5"], "1.5 is not between 0 and 1"),
+        (["--task-runner", "ray"], "unknown task runner 'ray'"),
+    ],
+)
+def test_bad_parameters_exit_2_in_two_lines_before_any_flow_run(
+    inputs, prefect_api: str, extra: list[str], expected: str
+) -> None:
+    run_id = f"usage-{abs(hash(tuple(extra))) % 10**8}"
+    args = finalize_args(inputs["rollouts"], inputs["store"], inputs["dest"], run_id, *extra)
+    result = tokcap(args, prefect_api)
+    assert result.returncode == 2, result.stderr[-1500:]
+    assert expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 2 and result.stdout == ""
+    assert flow_runs_named(f"finalize {run_id} from {inputs['rollouts']}") == []
+    assert not os.path.exists(inputs["dest"]), "nothing was written"
+
+
+def test_help_lists_the_builders(prefect_api: str) -> None:
+    result = tokcap(["finalize", "--help"], prefect_api)
+    assert result.returncode == 0
+    assert "prefix_merging" in result.stdout and "per_request" in result.stdout
+
+
+def test_relative_paths_are_resolved_and_stored_absolute(tmp_path, prefect_api: str) -> None:
+    work = tmp_path / "work"
+    store = TokenCaptureStore(str(work / "store"))
+    write_rollouts(str(work / "in.jsonl"), make_batch(store, 2))
+    args = finalize_args("in.jsonl", "store", "dest", "rel", "--batch-size", "1")
+    done = tokcap(args, prefect_api, cwd=str(work))
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = read_manifest(open_byte_store(str(work / "dest")), "rel")
+    assert manifest is not None and manifest.rollouts == str(work / "in.jsonl")
+    assert manifest.store == str(work / "store")
+    elsewhere = tokcap(
+        ["retrigger", "--dest", str(work / "dest"), "--run-id", "rel", "--store", "store"],
+        prefect_api,
+        cwd=str(work),
+    )
+    assert elsewhere.returncode == 0, elsewhere.stderr[-2000:]
+    assert "0 still failing" in elsewhere.stdout
+
+
+def test_a_file_as_dest_is_named_as_the_destination(inputs, tmp_path, prefect_api: str) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    args = finalize_args(inputs["rollouts"], inputs["store"], str(blocker), "file-dest")
+    result = tokcap(args, prefect_api)
+    assert result.returncode == 2
+    assert f"--dest {blocker} is a file" in result.stderr
+    assert "store location" not in result.stderr and "store root" not in result.stderr
+
+
+def test_malformed_lines_fail_finalize_status_and_the_inbox_alike(tmp_path, prefect_api) -> None:
+    inbox, dest, store = (str(tmp_path / name) for name in ("inbox", "dest", "store"))
+    records = make_batch(TokenCaptureStore(store), 2)
+    bad = write_rollouts(f"{inbox}/bad.jsonl", records, extra_lines=[b"{oops\n"])
+    result = tokcap(finalize_args(bad, store, dest, "bad-line"), prefect_api)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"{bad} line 3: malformed JSON" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert re.search(r"^malformed input lines\s+1$", result.stdout, re.MULTILINE)
+    status = tokcap(["status", "--dest", dest, "--run-id", "bad-line"], prefect_api)
+    assert status.returncode == 1
+    state = flow_run(flow_run_id_from(result.stderr)).state
+    assert state.is_failed(), state
+    report = eventually(
+        lambda: artifacts_of(flow_run_id=flow_run_id_from(result.stderr)),
+        lambda found: any(a.type == "markdown" for a in found),
+        "the run's markdown report",
+    )
+    markdown = next(a.data for a in report if a.type == "markdown")
+    assert "1 malformed input lines" in markdown and "| - | 3 |" in markdown
+
+    with pytest.raises(InboxFailedError) as failed:
+        finalize_inbox(inbox, store, str(tmp_path / "dest2"))
+    assert failed.value.failures[0].startswith(f"{bad}: ")
+    assert "line 3: malformed JSON" in failed.value.failures[0]
+
+
+def test_finalizing_a_retired_capture_says_so_and_names_tokcap_clear(
+    inputs, prefect_api: str
+) -> None:
+    first = tokcap(
+        finalize_args(inputs["rollouts"], inputs["store"], inputs["dest"], "r1"), prefect_api
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = tokcap(
+        finalize_args(inputs["rollouts"], inputs["store"], inputs["dest"], "r2"), prefect_api
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    ledger = read_ledger(open_byte_store(inputs["dest"]), "r2") or []
+    reasons = [line.mask_reason or "" for line in ledger if line.rollout_id == "7-0"]
+    assert "already retired after an earlier handoff" in reasons[0]
+    assert "tokcap clear" in reasons[0] and "retired tombstone" in reasons[0]
+    assert "delete()" not in reasons[0]
+    assert re.search(
+        r"masked: was already retired after an earlier handoff\s+3$", again.stdout, re.M
+    )
+
+
+def test_retire_of_an_unknown_run_id_is_a_usage_error(inputs, prefect_api: str) -> None:
+    args = ["retire", "--dest", inputs["dest"], "--run-id", "never-ran", "--store", inputs["store"]]
+    os.makedirs(inputs["dest"])
+    result = tokcap(args, prefect_api)
+    assert result.returncode == 2
+    assert "unknown run id never-ran" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_run_id_reuse_names_the_changed_setting(inputs, prefect_api: str) -> None:
+    args = finalize_args(inputs["rollouts"], inputs["store"], inputs["dest"], "reuse")
+    assert tokcap([*args, "--batch-size", "2"], prefect_api).returncode == 0
+    other = tokcap([*args, "--batch-size", "3", "--builder", "per_request"], prefect_api)
+    assert other.returncode == 1
+    assert (
+        "batch size 2 is now 3" in other.stderr
+        and "builder prefix_merging is now per_request" in other.stderr
+    )
+
+
+def test_unreachable_s3_fails_with_one_line_and_traces_in_the_run_logs(
+    tmp_path, prefect_api: str
+) -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    rollouts = write_rollouts(str(tmp_path / "in.jsonl"), [{"_ng_rollout_id": "a-1"}])
+    args = finalize_args(
+        rollouts,
+        "s3://b/store",
+        "s3://b/dest",
+        "s3-down",
+        "--storage-option",
+        f"endpoint_url={endpoint}",
+    )
+    result = tokcap(args, prefect_api, PREFECT_LOGGING_LEVEL="INFO")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    mentions = [line for line in result.stderr.splitlines() if "is unreachable" in line]
+    retries = [line for line in mentions if re.search(r"Retry [123]/3 will start", line)]
+    failures = [line for line in mentions if line not in retries]
+    assert len(retries) == 3, "each retry is one progress line"
+    assert len(failures) == 1 and "check the endpoint and network" in failures[0], result.stderr
+    logs = eventually(
+        lambda: logs_of(flow_run_id_from(result.stderr)),
+        lambda found: any("Traceback" in log.message for log in found),
+        "the traceback in the flow-run logs",
+    )
+    assert any("EndpointConnectionError" in log.message for log in logs)
+
+
+def test_runs_name_batches_show_receipts_and_list_masked_rollouts(inputs, prefect_api) -> None:
+    args = finalize_args(
+        inputs["rollouts"], inputs["store"], inputs["dest"], "named", "--batch-size", "2"
+    )
+    done = tokcap(args, prefect_api)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = flow_runs_named(f"finalize named from {inputs['rollouts']}")[0]
+    tasks = eventually(
+        lambda: {t.name: t for t in task_runs_of(run.id)},
+        lambda names: {"upload batch 0 (lines 1-2)", "upload batch 1 (lines 3-4)"} <= set(names),
+        "named upload task runs",
+    )
+    assert "finalize batch 1 (2 lines from line 3)" in tasks
+    assert "retire batch 0 (lines 1-2)" in tasks
+    upload = tasks["upload batch 0 (lines 1-2)"]
+    receipt = upload.state.result()
+    assert receipt.part_key.startswith("named/records/part-00000-") and receipt.records == 2
+    table = eventually(
+        lambda: artifacts_of(task_run_id=upload.id),
+        lambda found: any(a.type == "table" for a in found),
+        "the receipt artifact of the upload task run",
+    )
+    text = str(next(a.data for a in table if a.type == "table"))
+    assert receipt.sha256 in text and receipt.part_key in text
+    report = eventually(
+        lambda: artifacts_of(flow_run_id=run.id),
+        lambda found: any(a.type == "markdown" for a in found),
+        "the run report",
+    )
+    markdown = next(a.data for a in report if a.type == "markdown")
+    assert "## Masked rollouts (1)" in markdown and "| 7-1 | 2 | 2 roots" in markdown
+    retire = tokcap(
+        ["retire", "--dest", inputs["dest"], "--run-id", "named", "--store", inputs["store"]],
+        prefect_api,
+    )
+    assert retire.returncode == 0 and "(1 kept as evidence)" in retire.stdout
+
+
+def test_status_json_says_where_the_records_are(inputs, prefect_api: str) -> None:
+    args = finalize_args(inputs["rollouts"], inputs["store"], inputs["dest"], "where")
+    assert tokcap(args, prefect_api).returncode == 0
+    status = tokcap(
+        ["status", "--dest", inputs["dest"], "--run-id", "where", "--json"], prefect_api
+    )
+    summary = orjson.loads(status.stdout)["summary"]
+    assert summary["records_prefix"] == f"{inputs['dest']}/where/records/"
+    assert summary["ledger"] == f"{inputs['dest']}/where/ledger.jsonl"
+
+
+BURN_SECONDS = 300
+
+
+def cpu_burner() -> subprocess.Popen:
+    """A CPU-bound process that stops by itself after `BURN_SECONDS`."""
+    code = (
+        f"import time\nend = time.monotonic() + {BURN_SECONDS}\n"
+        "while time.monotonic() < end:\n    pass\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def fresh_prefect_env(home: str, **extra: str) -> dict[str, str]:
+    """The environment of a new user: no Prefect settings at all, an empty `PREFECT_HOME`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    return {**env, "PREFECT_HOME": home, "PYTHONPATH": REPO, **extra}
+
+
+def test_first_demo_succeeds_on_a_busy_machine_with_a_fresh_prefect_home(tmp_path) -> None:
+    burners = [cpu_burner(), cpu_burner()]
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "demo", "--workdir", "demo"],
+            cwd=str(tmp_path),
+            env=fresh_prefect_env(str(tmp_path / "prefect-home")),
+            capture_output=True,
+            text=True,
+            timeout=BURN_SECONDS - 30,
+        )
+        competed = [burner.poll() is None for burner in burners]
+    finally:
+        for burner in burners:
+            burner.terminate()
+            burner.wait(timeout=30)
+    assert competed == [True, True], "both CPU burners ran for the whole demo"
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "database is locked" not in result.stderr
+    assert re.search(r"^handed off\s+7$", result.stdout, re.MULTILINE), result.stdout
+    assert "prefect server start` and open http://127.0.0.1:4200" in result.stdout
+    assert os.path.isdir(tmp_path / "demo" / "dest"), "the relative workdir is under the cwd"
+
+
+def test_a_server_that_cannot_start_says_what_to_do_in_one_line(tmp_path) -> None:
+    env = fresh_prefect_env(
+        str(tmp_path / "prefect-home"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "demo", "--workdir", str(tmp_path / "demo")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 1
+    ours = [line for line in result.stderr.splitlines() if line.startswith("tokcap demo:")]
+    assert len(ours) == 1, result.stderr
+    assert "did not start within 1 s" in ours[0] and "`prefect server start`" in ours[0]
+    assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in ours[0]
+    assert "Traceback" not in result.stderr
+    assert not os.path.exists(tmp_path / "demo"), "nothing ran"
+
+
+def test_the_demo_points_at_the_configured_server(tmp_path, prefect_api: str) -> None:
+    result = tokcap(["demo", "--workdir", str(tmp_path)], prefect_api)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"open {prefect_api.removesuffix('/api')} " in result.stdout
+    assert ":4200" not in result.stdout
