@@ -6,7 +6,10 @@ finalizes its own copy of the same inbox (N files of R rollouts, local store and
 - one worker: `prefect worker start --limit 1`, two inbox runs of the shipped deployment;
 - two workers: the same two runs on two workers, which split the files through claims;
 - dask: one process finalizing each file with `finalize_run` on a two-process Dask cluster.
-Prints figures and ratios against the one-worker run measured here; asserts nothing.
+- plain: the same steps as direct capture_core calls in one process, no Prefect at all.
+Server CPU is reported net of its idle rate (services, worker polls) measured just before.
+Prints figures and ratios against the one-worker run measured here, and the load average
+(the machine may be shared); asserts nothing.
 Usage: .venv/bin/python -m bench.scaling_bench [--files N] [--rollouts R] [--batch-size B]
 """
 
@@ -236,9 +239,9 @@ def deploy(env: dict[str, str]) -> object:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--files", type=int, default=6)
-    parser.add_argument("--rollouts", type=int, default=200, help="rollouts per file")
-    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--rollouts", type=int, default=150, help="rollouts per file")
+    parser.add_argument("--batch-size", type=int, default=50)
     args = parser.parse_args()
     logging.getLogger("capture_core").setLevel(logging.ERROR)
     work = tempfile.mkdtemp(prefix="tokcap-scaling-bench-")
@@ -254,18 +257,39 @@ def main() -> None:
     )
     try:
         template = make_inbox(os.path.join(work, "template"), args.files, args.rollouts)
-        for side in ("one", "two", "dask"):
+        for side in ("one", "two", "dask", "plain"):
             shutil.copytree(template, os.path.join(work, side))
         total = args.files * args.rollouts
         print(
             f"inbox: {args.files} files x {args.rollouts} rollouts x {SHAPE.turns} calls, "
-            f"batch size {args.batch_size}, {os.cpu_count()} cores"
+            f"batch size {args.batch_size}, {os.cpu_count()} cores, load average "
+            f"{os.getloadavg()[0]:.1f}"
         )
         with prefect_server(os.environ["PREFECT_HOME"]) as (api, server):
             os.environ["PREFECT_API_URL"] = api
             measure(server, dict(os.environ), work, total, args.batch_size)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def idle_cpu_rate(server: psutil.Process, seconds: float = 5.0) -> float:
+    """Server CPU seconds per second while nothing runs (its services and the worker polls)."""
+    before = cpu_seconds(server)
+    time.sleep(seconds)
+    return (cpu_seconds(server) - before) / seconds
+
+
+def run_plain(work: str, batch_size: int) -> float:
+    """Every inbox file through direct capture_core calls, one after the other."""
+    from bench.pipeline_bench import plain_run
+
+    inbox = os.path.join(work, "inbox")
+    started = time.perf_counter()
+    for name in sorted(os.listdir(inbox)):
+        url = os.path.join(inbox, name)
+        locations = (os.path.join(work, "store"), os.path.join(work, "dest"))
+        plain_run(url, *locations, run_id_for_file(url), batch_size)
+    return time.perf_counter() - started
 
 
 def measure(server: psutil.Process, env: dict[str, str], work: str, total: int, batch: int):
@@ -276,24 +300,33 @@ def measure(server: psutil.Process, env: dict[str, str], work: str, total: int, 
     for side, workers in (("one", 1), ("two", 2)):
         with Workers(workers, env):
             wait_for_workers(workers)
+            idle = idle_cpu_rate(server)
             if side == "one":
-                before = cpu_seconds(server)
+                before, started = cpu_seconds(server), time.perf_counter()
                 empty = [empty_run_seconds(deployment_id, f"{work}/empty{i}") for i in range(2)]
-                flow_run_cpu = (cpu_seconds(server) - before) / 2
+                net = cpu_seconds(server) - before - idle * (time.perf_counter() - started)
                 print(
                     f"per flow run on a worker (empty inbox): {sum(empty) / 2:.1f} s wall, "
-                    f"{1000 * flow_run_cpu:.0f} ms server CPU"
+                    f"{500 * net:.0f} ms server CPU; idle server {1000 * idle:.0f} ms/s"
                 )
             before = cpu_seconds(server)
             seconds = run_inbox(deployment_id, f"{work}/{side}", 2, batch)
-            results[side] = (seconds, cpu_seconds(server) - before)
+            results[side] = (seconds, cpu_seconds(server) - before - idle * seconds)
+    idle = idle_cpu_rate(server)
     before = cpu_seconds(server)
-    results["dask"] = (run_dask(f"{work}/dask", batch), cpu_seconds(server) - before)
+    seconds = run_dask(f"{work}/dask", batch)
+    results["dask"] = (seconds, cpu_seconds(server) - before - idle * seconds)
+    results["plain"] = (run_plain(f"{work}/plain", batch), 0.0)
+    report(results, total)
+
+
+def report(results: dict[str, tuple[float, float]], total: int) -> None:
     base = total / results["one"][0]
     labels = {
         "one": "one process worker",
         "two": "two process workers",
         "dask": "one process, Dask (2 procs)",
+        "plain": "plain calls, no Prefect",
     }
     for side, (seconds, cpu) in results.items():
         rate = total / seconds
@@ -301,6 +334,7 @@ def measure(server: psutil.Process, env: dict[str, str], work: str, total: int, 
             f"{labels[side]:<28} {seconds:6.1f} s  {rate:7.1f} rollouts/s  "
             f"{rate / base:.2f}x one worker  server CPU {1000 * cpu / total:.2f} ms/rollout"
         )
+    print("load average (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
 
 
 if __name__ == "__main__":
