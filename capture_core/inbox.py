@@ -1,20 +1,35 @@
-"""Inbox bookkeeping: which rollout files are finalized, judged from the destination alone.
+"""Inbox bookkeeping: which rollout files are finalized, and which inbox pass holds each one.
 
 A file's run id is derived from its name and full URL, so each file maps to one run.
 A run is complete when its ledger shows every rollout handed off and no unreadable line.
-Each attempt leaves a create-only marker, so a file that keeps failing is given up on.
+Each attempt is a numbered create-only claim, so of two passes racing for a file one wins.
+A claim lives while its holder renews it; a holder that died loses it after its lease.
+Claim times are wall-clock seconds, so leases must exceed the clock skew between machines.
 This module does not import Prefect.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
-import uuid
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel
 
 from capture_core._bytestore import ByteStore
 from capture_core.run_manifest import read_ledger
 from capture_core.run_report import summarize
+from capture_core.store import open_byte_store
+
+logger = logging.getLogger(__name__)
+
+ATTEMPTS = "attempts"
 
 
 def run_id_for_file(url: str) -> str:
@@ -29,9 +44,148 @@ def run_completed(dest: ByteStore, run_id: str) -> bool:
     return ledger is not None and summarize(run_id, ledger).ok and dest.exists(f"{run_id}/run.json")
 
 
+class Claim(BaseModel):
+    """One inbox pass's hold on one file: attempt `number` of run `run_id`."""
+
+    run_id: str
+    number: int
+    owner: str
+    token: str
+    lease_seconds: float
+    claimed_at: float
+
+
+class ClaimDecision(BaseModel):
+    """What `take_claim` decided for a file.
+
+    `claimed`: this pass holds `claim` and must finalize the file, then `release_claim`.
+    `held`: another live pass (`held_by`) holds it; leave the file to that pass.
+    `done`: the run completed meanwhile. `given_up`: `attempts` reached the limit.
+    """
+
+    status: Literal["claimed", "held", "done", "given_up"]
+    attempts: int
+    claim: Claim | None = None
+    held_by: str | None = None
+
+
+def _key(run_id: str, number: int, kind: str) -> str:
+    return f"{run_id}/{ATTEMPTS}/{number:04d}.{kind}"
+
+
+def claim_numbers(dest: ByteStore, run_id: str) -> list[int]:
+    """The numbers of every claim (attempt) made on a run, ascending."""
+    numbers = []
+    for key in dest.list_prefix(f"{run_id}/{ATTEMPTS}"):
+        stem, _, kind = key.rsplit("/", 1)[-1].partition(".")
+        if kind == "claim" and stem.isdigit():
+            numbers.append(int(stem))
+    return sorted(numbers)
+
+
 def attempts(dest: ByteStore, run_id: str) -> int:
-    return len(dest.list_prefix(f"{run_id}/attempts"))
+    """How many passes have claimed this run's file so far."""
+    return len(claim_numbers(dest, run_id))
 
 
-def record_attempt(dest: ByteStore, run_id: str) -> None:
-    dest.create(f"{run_id}/attempts/{uuid.uuid4().hex}", b'{"attempt": true}')
+def read_claim(dest: ByteStore, run_id: str, number: int) -> Claim | None:
+    data = dest.get(_key(run_id, number, "claim"))
+    return None if data is None else Claim.model_validate(orjson.loads(data))
+
+
+def claim_is_live(dest: ByteStore, claim: Claim, now: float) -> bool:
+    """Whether the claim is unreleased and renewed within its lease."""
+    if dest.exists(_key(claim.run_id, claim.number, "end")):
+        return False
+    beat = dest.get(_key(claim.run_id, claim.number, "beat"))
+    last = max(claim.claimed_at, orjson.loads(beat)["at"] if beat else 0.0)
+    return now - last < claim.lease_seconds
+
+
+def take_claim(
+    dest: ByteStore,
+    run_id: str,
+    owner: str,
+    token: str,
+    lease_seconds: float,
+    max_attempts: int,
+    now: float | None = None,
+) -> ClaimDecision:
+    """Claim the next attempt on a run unless a live claim holds it or attempts ran out.
+
+    The claim is created create-only, so of passes racing for one number exactly one wins.
+    Repeating the call with the same `token` (a retry after a lost reply) finds its own claim.
+    """
+    now = time.time() if now is None else now
+    numbers = claim_numbers(dest, run_id)
+    if numbers:
+        last = read_claim(dest, run_id, numbers[-1])
+        if last is not None and last.token == token:
+            return ClaimDecision(status="claimed", attempts=len(numbers), claim=last)
+        if last is not None and claim_is_live(dest, last, now):
+            return ClaimDecision(status="held", attempts=len(numbers), held_by=last.owner)
+    if len(numbers) >= max_attempts:
+        return ClaimDecision(status="given_up", attempts=len(numbers))
+    claim = Claim(
+        run_id=run_id,
+        number=numbers[-1] + 1 if numbers else 0,
+        owner=owner,
+        token=token,
+        lease_seconds=lease_seconds,
+        claimed_at=now,
+    )
+    body = orjson.dumps(claim.model_dump(), option=orjson.OPT_SORT_KEYS)
+    if not dest.create(_key(run_id, claim.number, "claim"), body):
+        winner = read_claim(dest, run_id, claim.number)
+        if winner is None or winner.token != token:
+            return ClaimDecision(
+                status="held",
+                attempts=claim.number + 1,
+                held_by=winner.owner if winner else "an unreadable claim",
+            )
+    if run_completed(dest, run_id):
+        release_claim(dest, claim, ok=True)
+        return ClaimDecision(status="done", attempts=claim.number + 1)
+    return ClaimDecision(status="claimed", attempts=claim.number + 1, claim=claim)
+
+
+def renew_claim(dest: ByteStore, claim: Claim, now: float | None = None) -> None:
+    """Extend the claim's lease from now."""
+    at = time.time() if now is None else now
+    dest.replace(_key(claim.run_id, claim.number, "beat"), orjson.dumps({"at": at}))
+
+
+def release_claim(dest: ByteStore, claim: Claim, ok: bool) -> None:
+    """End the claim, so the next pass need not wait for its lease to lapse."""
+    body = orjson.dumps({"owner": claim.owner, "ok": ok, "at": time.time()})
+    dest.create(_key(claim.run_id, claim.number, "end"), body)
+
+
+@contextmanager
+def keep_claim(
+    dest: str, claim: Claim, storage_options: Mapping[str, Any] | None = None
+) -> Iterator[None]:
+    """Renew the claim from a background thread, four times per lease, while the body runs.
+
+    A renewal that fails is logged and retried at the next beat; a holder whose renewals
+    keep failing for a whole lease may lose the file to another pass.
+    """
+    store = open_byte_store(dest, storage_options)
+    stop = threading.Event()
+    interval = claim.lease_seconds / 4
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            try:
+                renew_claim(store, claim)
+            except Exception as exc:
+                logger.warning("could not renew the claim on run %s: %s", claim.run_id, exc)
+
+    thread = threading.Thread(target=beat, name=f"claim-{claim.run_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=max(5.0, interval))
+        store.close()

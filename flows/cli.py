@@ -181,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--store", required=True, help=STORE_HELP)
     serve.add_argument("--dest", required=True, help=DEST_HELP)
     serve.add_argument("--cron", default="*/10 * * * *")
+
+    deployments = commands.add_parser(
+        "deployments", help="print the path of the shipped prefect.yaml, for prefect deploy"
+    )
+    deployments.add_argument("--show", action="store_true", help="print its contents instead")
     return parser
 
 
@@ -312,6 +317,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deployments(args: argparse.Namespace) -> int:
+    from flows.serve import prefect_file
+
+    path = prefect_file()
+    print(path.read_text() if args.show else path, end="" if args.show else "\n")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from flows.demo import run_demo
 
@@ -326,6 +339,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "status": cmd_status,
     "demo": cmd_demo,
     "serve": cmd_serve,
+    "deployments": cmd_deployments,
 }
 NO_SERVER = {"status"}
 

@@ -3,20 +3,34 @@
 Completion is judged from the destination (each file's run ledger), never from memory, so a
 scheduled deployment can run it every few minutes. Files that appear while it runs are picked
 up next time; a file that keeps failing is reported and given up after `max_attempts`.
+Each file is claimed before it is finalized, so overlapping passes (several workers on one
+schedule) finalize it once; a pass that died loses its claim after `claim_lease_seconds`.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import uuid
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from capture_core._fsspec import filesystem_for
 from capture_core.config import public_storage_options
-from capture_core.inbox import attempts, record_attempt, run_completed, run_id_for_file
+from capture_core.inbox import (
+    Claim,
+    ClaimDecision,
+    attempts,
+    keep_claim,
+    release_claim,
+    run_completed,
+    run_id_for_file,
+    take_claim,
+)
 from capture_core.store import open_byte_store
 from flows.finalize import finalize_run
 from tasks.common import TRANSIENT_RETRIES
@@ -29,6 +43,7 @@ class InboxReport(BaseModel):
     already_done: list[str] = Field(default_factory=list)
     failed: dict[str, str] = Field(default_factory=dict)
     given_up: list[str] = Field(default_factory=list)
+    busy: list[str] = Field(default_factory=list)
 
 
 class InboxFile(BaseModel):
@@ -62,9 +77,31 @@ def scan_inbox(
     return files
 
 
-@task(name="record-attempt", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
-def note_attempt(dest: str, run_id: str, storage_options: dict[str, Any] | None = None) -> None:
-    record_attempt(open_byte_store(dest, storage_options), run_id)
+@task(name="claim-file", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+def claim_file(
+    dest: str,
+    run_id: str,
+    owner: str,
+    token: str,
+    lease_seconds: float,
+    max_attempts: int,
+    storage_options: dict[str, Any] | None = None,
+) -> ClaimDecision:
+    """Claim the file's next attempt, unless a live pass holds it or attempts ran out."""
+    byte_store = open_byte_store(dest, storage_options)
+    return take_claim(byte_store, run_id, owner, token, lease_seconds, max_attempts)
+
+
+@task(name="release-claim", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+def end_claim(
+    dest: str, claim: Claim, ok: bool, storage_options: dict[str, Any] | None = None
+) -> None:
+    release_claim(open_byte_store(dest, storage_options), claim, ok)
+
+
+def _owner() -> str:
+    """Who holds a claim: this flow run, host and process, for logs and reports."""
+    return f"flow run {runtime.flow_run.id} on {socket.gethostname()} pid {os.getpid()}"
 
 
 def inbox_markdown(inbox: str, report: InboxReport, failures: list[str]) -> str:
@@ -73,7 +110,8 @@ def inbox_markdown(inbox: str, report: InboxReport, failures: list[str]) -> str:
         f"# tokcap inbox `{inbox}`",
         "",
         f"{len(report.finalized)} finalized, {len(report.already_done)} already done, "
-        f"{len(report.failed)} failed, {len(report.given_up)} given up.",
+        f"{len(report.failed)} failed, {len(report.given_up)} given up, "
+        f"{len(report.busy)} left to another pass that holds them.",
     ]
     if failures:
         lines += ["", "## Not finalized", ""] + [f"- {failure}" for failure in failures]
@@ -91,43 +129,41 @@ def finalize_inbox(
     max_attempts: int = 3,
     storage_options: dict[str, Any] | None = None,
     source_kwargs: dict[str, Any] | None = None,
+    claim_lease_seconds: float = 300.0,
 ) -> InboxReport:
-    """Run `finalize_run` for each inbox file whose run has not completed."""
+    """Run `finalize_run` for each inbox file whose run has not completed and no pass holds."""
     options = public_storage_options(storage_options)
     logger = get_run_logger()
     report = InboxReport()
+    owner = _owner()
     for item in scan_inbox(inbox, pattern, dest, options):
         if item.done:
             report.already_done.append(item.url)
             continue
-        if item.attempts >= max_attempts:
+        decision = claim_file(
+            dest, item.run_id, owner, uuid.uuid4().hex, claim_lease_seconds, max_attempts, options
+        )
+        if decision.status == "done":
+            report.already_done.append(item.url)
+        elif decision.status == "held":
+            report.busy.append(item.url)
+            logger.info("leaving %s to %s, which holds it", item.url, decision.held_by)
+        elif decision.claim is None:
             report.given_up.append(item.url)
             logger.error(
                 "giving up on %s after %d failed attempts (run %s); see its ledger",
                 item.url,
-                item.attempts,
+                decision.attempts,
                 item.run_id,
             )
-            continue
-        note_attempt(dest, item.run_id, options)
-        try:
-            finalize_run(
-                item.url,
-                store,
-                dest,
-                item.run_id,
-                batch_size=batch_size,
-                max_mask_fraction=max_mask_fraction,
-                storage_options=options,
-                source_kwargs=source_kwargs,
-            )
-        except Exception as exc:
-            report.failed[item.url] = _reason(exc)
-            logger.warning(
-                "finalizing %s failed (attempt %d): %s", item.url, item.attempts + 1, exc
-            )
-            continue
-        report.finalized.append(item.url)
+        else:
+            settings = {
+                "batch_size": batch_size,
+                "max_mask_fraction": max_mask_fraction,
+                "storage_options": options,
+                "source_kwargs": source_kwargs,
+            }
+            _finalize_claimed(item, decision.claim, store, dest, settings, report)
     return _conclude(inbox, report)
 
 
@@ -163,3 +199,32 @@ def _conclude(inbox: str, report: InboxReport) -> InboxReport:
     if failures:
         raise InboxFailedError(failures, report)
     return report
+
+
+def _finalize_claimed(
+    item: InboxFile,
+    claim: Claim,
+    store: str,
+    dest: str,
+    settings: dict[str, Any],
+    report: InboxReport,
+) -> None:
+    """Finalize one claimed file while renewing its claim; release the claim afterwards."""
+    options = settings["storage_options"]
+    try:
+        with keep_claim(dest, claim, options):
+            summary = finalize_run(item.url, store, dest, item.run_id, **settings)
+    except Exception as exc:
+        end_claim(dest, claim, False, options)
+        report.failed[item.url] = _reason(exc)
+        get_run_logger().warning(
+            "finalizing %s failed (attempt %d): %s", item.url, claim.number + 1, exc
+        )
+        return
+    end_claim(dest, claim, summary.ok, options)
+    if summary.ok:
+        report.finalized.append(item.url)
+    else:
+        report.failed[item.url] = (
+            f"{summary.malformed_lines} unreadable lines; see {summary.ledger}"
+        )

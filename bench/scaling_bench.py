@@ -1,0 +1,341 @@
+"""Scale-out: inbox rollouts/s with one process worker, with two, and with a Dask cluster.
+
+A real `prefect server start` runs in a subprocess; its CPU time is read with psutil, so the
+server's cost per task run and per flow run is measured, not guessed. Each configuration
+finalizes its own copy of the same inbox (N files of R rollouts, local store and destination):
+- one worker: `prefect worker start --limit 1`, two inbox runs of the shipped deployment;
+- two workers: the same two runs on two workers, which split the files through claims;
+- dask: one process finalizing each file with `finalize_run` on a two-process Dask cluster.
+- plain: the same steps as direct capture_core calls in one process, no Prefect at all.
+Server CPU is reported net of its idle rate (services, worker polls) measured just before.
+Prints figures and ratios against the one-worker run measured here, and the load average
+(the machine may be shared); asserts nothing.
+Usage: .venv/bin/python -m bench.scaling_bench [--files N] [--rollouts R] [--batch-size B]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import orjson
+import psutil
+
+from capture_core.inbox import run_completed, run_id_for_file
+from capture_core.store import TokenCaptureStore, open_byte_store
+from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+
+SHAPE = RolloutShape(turns=4, prompt_tokens=128, generated_tokens=32, tool_tokens=16)
+POOL = "tokcap-scaling-bench"
+INBOX_ON_POOL = ["--name", "inbox", "--pool", POOL]
+WORKER = [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--limit", "1"]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def make_inbox(work: str, files: int, rollouts: int) -> str:
+    """Capture `files` x `rollouts` rollouts into `<work>/store` and write `<work>/inbox`."""
+    store = TokenCaptureStore(os.path.join(work, "store"))
+    os.makedirs(os.path.join(work, "inbox"))
+    for f in range(files):
+        ids = range(f * rollouts, (f + 1) * rollouts)
+        entries = [e for i in ids for e in synthetic_rollout(f"{i}-0", SHAPE)]
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(store.put_now, entries))
+        with open(os.path.join(work, "inbox", f"batch-{f:03d}.jsonl"), "wb") as out:
+            out.write(b"".join(orjson.dumps(rollout_record(i, 0)) + b"\n" for i in ids))
+    return work
+
+
+@contextlib.contextmanager
+def prefect_server(home: str) -> Iterator[tuple[str, psutil.Process]]:
+    """`prefect server start` on a free loopback port; yields its API URL and process."""
+    from tests.servers import free_port
+
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": home, "PREFECT_UI_ENABLED": "false"}
+    command = ["server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", *command],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    api = f"http://127.0.0.1:{port}/api"
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{api}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(healthy, 180, "the Prefect server")
+        yield api, psutil.Process(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    """CPU time of a process and all its children (the server runs uvicorn workers)."""
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = p.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def task_overhead(server: psutil.Process, tasks: int) -> tuple[float, float]:
+    """Client and server milliseconds per task run, from `tasks` no-op tasks in one flow."""
+    from prefect import flow, task
+
+    @task
+    def nothing(i: int) -> int:
+        return i
+
+    @flow
+    def many(n: int) -> None:
+        for i in range(n):
+            nothing(i)
+
+    many(1)
+    before, start = cpu_seconds(server), time.perf_counter()
+    many(tasks)
+    client = time.perf_counter() - start
+    return 1000 * client / tasks, 1000 * (cpu_seconds(server) - before) / tasks
+
+
+class Workers:
+    """Process workers on the bench pool, stopped (with everything they started) on exit."""
+
+    def __init__(self, count: int, env: dict[str, str]) -> None:
+        self.procs = [
+            subprocess.Popen(
+                [*WORKER, "--name", f"bench-{n}"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            for n in range(count)
+        ]
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(True)]
+                for member in family:
+                    member.kill()
+                psutil.wait_procs(family, timeout=30)
+
+
+def run_inbox(deployment_id: object, work: str, runs: int, batch_size: int) -> float:
+    """Start `runs` inbox runs on `work`'s inbox; return seconds until every file completed."""
+    from prefect.client.orchestration import get_client
+
+    dest = open_byte_store(os.path.join(work, "dest"))
+    inbox = os.path.join(work, "inbox")
+    urls = [os.path.join(inbox, name) for name in sorted(os.listdir(inbox))]
+    params = {"inbox": inbox, "store": os.path.join(work, "store"), "dest": dest.url}
+    started = time.perf_counter()
+    with get_client(sync_client=True) as client:
+        for _ in range(runs):
+            client.create_flow_run_from_deployment(
+                deployment_id, parameters={**params, "batch_size": batch_size}
+            )
+    wait_for(lambda: all(run_completed(dest, run_id_for_file(u)) for u in urls), 3600, "the inbox")
+    return time.perf_counter() - started
+
+
+def run_dask(work: str, batch_size: int) -> float:
+    """Finalize each inbox file in this process, its batches on a two-process Dask cluster."""
+    from distributed import LocalCluster
+    from prefect_dask import DaskTaskRunner
+
+    from flows.finalize import finalize_run
+
+    inbox = os.path.join(work, "inbox")
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
+        flow = finalize_run.with_options(
+            task_runner=DaskTaskRunner(address=cluster.scheduler_address)
+        )
+        started = time.perf_counter()
+        for name in sorted(os.listdir(inbox)):
+            url = os.path.join(inbox, name)
+            locations = (os.path.join(work, "store"), os.path.join(work, "dest"))
+            flow(url, *locations, run_id_for_file(url), batch_size=batch_size)
+        return time.perf_counter() - started
+
+
+def empty_run_seconds(deployment_id: object, work: str) -> float:
+    """Seconds from creating an inbox run on an empty inbox to its Completed state."""
+    from prefect.client.orchestration import get_client
+
+    os.makedirs(os.path.join(work, "inbox"), exist_ok=True)
+    params = {"inbox": os.path.join(work, "inbox"), "store": work, "dest": work}
+    with get_client(sync_client=True) as client:
+        started = time.perf_counter()
+        run = client.create_flow_run_from_deployment(deployment_id, parameters=params)
+
+        def finished() -> bool:
+            state = client.read_flow_run(run.id).state
+            return state is not None and state.is_final()
+
+        wait_for(finished, 600, "an empty inbox run")
+        return time.perf_counter() - started
+
+
+def wait_for_workers(count: int) -> None:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        wait_for(
+            lambda: (
+                sum(w.status.value == "ONLINE" for w in client.read_workers_for_work_pool(POOL))
+                >= count
+            ),
+            180,
+            f"{count} workers to come online",
+        )
+
+
+def deploy(env: dict[str, str]) -> object:
+    """Deploy the shipped inbox deployment onto the bench pool; return its id."""
+    from prefect.client.orchestration import get_client
+
+    from flows.serve import prefect_file
+
+    prefect = [sys.executable, "-m", "prefect"]
+    for args in (
+        ["work-pool", "create", POOL, "--type", "process", "--overwrite"],
+        ["--no-prompt", "deploy", "--prefect-file", str(prefect_file()), *INBOX_ON_POOL],
+    ):
+        subprocess.run([*prefect, *args], env=env, check=True, capture_output=True, timeout=300)
+    with get_client(sync_client=True) as client:
+        return client.read_deployment_by_name("finalize-inbox/inbox").id
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--rollouts", type=int, default=150, help="rollouts per file")
+    parser.add_argument("--batch-size", type=int, default=50)
+    args = parser.parse_args()
+    logging.getLogger("capture_core").setLevel(logging.ERROR)
+    work = tempfile.mkdtemp(prefix="tokcap-scaling-bench-")
+    os.environ.update(
+        DASK_LOGGING__DISTRIBUTED="error",
+        PREFECT_HOME=os.path.join(work, "prefect"),
+        PREFECT_LOGGING_LEVEL="ERROR",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_WORKER_QUERY_SECONDS="1",
+        TOKCAP_INBOX=work,
+        TOKCAP_STORE=work,
+        TOKCAP_DEST=work,
+    )
+    try:
+        template = make_inbox(os.path.join(work, "template"), args.files, args.rollouts)
+        for side in ("one", "two", "dask", "plain"):
+            shutil.copytree(template, os.path.join(work, side))
+        total = args.files * args.rollouts
+        print(
+            f"inbox: {args.files} files x {args.rollouts} rollouts x {SHAPE.turns} calls, "
+            f"batch size {args.batch_size}, {os.cpu_count()} cores, load average "
+            f"{os.getloadavg()[0]:.1f}"
+        )
+        with prefect_server(os.environ["PREFECT_HOME"]) as (api, server):
+            os.environ["PREFECT_API_URL"] = api
+            measure(server, dict(os.environ), work, total, args.batch_size)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def idle_cpu_rate(server: psutil.Process, seconds: float = 5.0) -> float:
+    """Server CPU seconds per second while nothing runs (its services and the worker polls)."""
+    before = cpu_seconds(server)
+    time.sleep(seconds)
+    return (cpu_seconds(server) - before) / seconds
+
+
+def run_plain(work: str, batch_size: int) -> float:
+    """Every inbox file through direct capture_core calls, one after the other."""
+    from bench.pipeline_bench import plain_run
+
+    inbox = os.path.join(work, "inbox")
+    started = time.perf_counter()
+    for name in sorted(os.listdir(inbox)):
+        url = os.path.join(inbox, name)
+        locations = (os.path.join(work, "store"), os.path.join(work, "dest"))
+        plain_run(url, *locations, run_id_for_file(url), batch_size)
+    return time.perf_counter() - started
+
+
+def measure(server: psutil.Process, env: dict[str, str], work: str, total: int, batch: int):
+    client_ms, server_ms = task_overhead(server, 200)
+    print(f"per task run: {client_ms:.1f} ms in the flow process, {server_ms:.1f} ms server CPU")
+    deployment_id = deploy(env)
+    results: dict[str, tuple[float, float]] = {}
+    for side, workers in (("one", 1), ("two", 2)):
+        with Workers(workers, env):
+            wait_for_workers(workers)
+            idle = idle_cpu_rate(server)
+            if side == "one":
+                before, started = cpu_seconds(server), time.perf_counter()
+                empty = [empty_run_seconds(deployment_id, f"{work}/empty{i}") for i in range(2)]
+                net = cpu_seconds(server) - before - idle * (time.perf_counter() - started)
+                print(
+                    f"per flow run on a worker (empty inbox): {sum(empty) / 2:.1f} s wall, "
+                    f"{500 * net:.0f} ms server CPU; idle server {1000 * idle:.0f} ms/s"
+                )
+            before = cpu_seconds(server)
+            seconds = run_inbox(deployment_id, f"{work}/{side}", 2, batch)
+            results[side] = (seconds, cpu_seconds(server) - before - idle * seconds)
+    idle = idle_cpu_rate(server)
+    before = cpu_seconds(server)
+    seconds = run_dask(f"{work}/dask", batch)
+    results["dask"] = (seconds, cpu_seconds(server) - before - idle * seconds)
+    results["plain"] = (run_plain(f"{work}/plain", batch), 0.0)
+    report(results, total)
+
+
+def report(results: dict[str, tuple[float, float]], total: int) -> None:
+    base = total / results["one"][0]
+    labels = {
+        "one": "one process worker",
+        "two": "two process workers",
+        "dask": "one process, Dask (2 procs)",
+        "plain": "plain calls, no Prefect",
+    }
+    for side, (seconds, cpu) in results.items():
+        rate = total / seconds
+        print(
+            f"{labels[side]:<28} {seconds:6.1f} s  {rate:7.1f} rollouts/s  "
+            f"{rate / base:.2f}x one worker  server CPU {1000 * cpu / total:.2f} ms/rollout"
+        )
+    print("load average (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The deployment definitions (`prefect.yaml`), installed as `flows.deployments` package data."""
