@@ -13,57 +13,74 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from capture_core.records import TOKEN_FIELDS, TokenEntry
 
 BUILDERS = ("prefix_merging", "per_request")
-TOKEN_ONLY_ITEM = {"type": "message", "role": "assistant", "content": []}
+TOKEN_ONLY_ITEM = {"type": "message"}
 
 
-@dataclass(frozen=True)
+@dataclass
 class ChainLink:
-    """One call in a chain and the prompt tokens added since the previous link (loss mask 0)."""
+    """One call in a chain and the prompt tokens added since the previous link (loss mask 0).
+
+    The first link's `interstitial` is empty: its prompt is the chain's `root_prompt`.
+    """
 
     entry: TokenEntry
-    interstitial_token_ids: Sequence[int]
+    interstitial: list[int]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Chain:
-    """A path of calls from a root to a leaf; `name` is `main`, `branch-<n>` or `request-<n>`."""
+    """A path of calls from a root to a leaf; `chain_id` is `main`, `branch-<n>` or `req-<n>`."""
 
-    name: str
-    links: tuple[ChainLink, ...]
+    chain_id: str
+    links: list[ChainLink] = field(default_factory=list)
+    root_prompt: list[int] = field(default_factory=list)
 
     @property
     def generated_tokens(self) -> int:
         return sum(len(link.entry.generation_token_ids) for link in self.links)
 
+    def validate(self) -> None:
+        """Raise `ValueError` unless every call has one log prob per generated token."""
+        for link in self.links:
+            entry = link.entry
+            if len(entry.generation_token_ids) != len(entry.generation_log_probs):
+                raise ValueError(
+                    f"call {entry.model_call_id!r} has {len(entry.generation_token_ids)} tokens "
+                    f"but {len(entry.generation_log_probs)} log probs; the chain is invalid"
+                )
 
-@dataclass(frozen=True)
+
+@dataclass
 class BuildNotes:
-    """What the builder saw; typed so a renamed metric fails loudly instead of reading as zero."""
+    """What the builder saw; typed so a renamed metric fails loudly instead of reading as zero.
 
-    roots: int
-    chains: int
-    generated_tokens_captured: int
-    generated_tokens_delivered: int
-    delivered_fraction: float
-    unresolved_retries: tuple[str, ...] = ()
-    empty_generation_calls: int = 0
-    quarantined_call_ids: tuple[str, ...] = ()
+    `unresolved_retries` and `empty_generation_calls` are call ids.
+    """
+
+    builder: str
+    roots: int = 0
+    chains: int = 0
+    generated_tokens_captured: int = 0
+    generated_tokens_delivered: int = 0
+    delivered_fraction: float = 0.0
+    unresolved_retries: list[str] = field(default_factory=list)
+    empty_generation_calls: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass
 class BuildOutput:
-    """Chains (main first) and notes of one build, and the builder that made them."""
+    """Chains of one build (main first), the quarantined call ids, and the notes."""
 
-    chains: tuple[Chain, ...]
-    notes: BuildNotes
-    builder: str = "prefix_merging"
+    chains: list[Chain]
+    quarantined: list[str] = field(default_factory=list)
+    notes: BuildNotes = field(default_factory=lambda: BuildNotes(builder=""))
 
 
 def _order_key(entry: TokenEntry) -> tuple[int, str]:
@@ -75,22 +92,24 @@ def _fraction(delivered: int, captured: int) -> float:
 
 
 def per_request(entries: Iterable[TokenEntry]) -> BuildOutput:
-    """One chain per call, ordered by (prompt length, call id)."""
+    """One chain per call (`req-<n>`), ordered by (prompt length, call id)."""
     ordered = sorted(entries, key=_order_key)
-    chains = tuple(
-        Chain(f"request-{i}", (ChainLink(e, e.prompt_token_ids),)) for i, e in enumerate(ordered)
-    )
+    chains = [
+        Chain(f"req-{i}", [ChainLink(e, [])], list(e.prompt_token_ids))
+        for i, e in enumerate(ordered)
+    ]
     captured = sum(len(e.generation_token_ids) for e in ordered)
     delivered = chains[0].generated_tokens if chains else 0
     notes = BuildNotes(
+        builder="per_request",
         roots=len(chains),
         chains=len(chains),
         generated_tokens_captured=captured,
         generated_tokens_delivered=delivered,
         delivered_fraction=_fraction(delivered, captured),
-        empty_generation_calls=sum(1 for e in ordered if not e.generation_token_ids),
+        empty_generation_calls=[e.model_call_id for e in ordered if not e.generation_token_ids],
     )
-    return BuildOutput(chains, notes, builder="per_request")
+    return BuildOutput(chains, [], notes)
 
 
 def _fingerprint(tokens: Sequence[int], length: int) -> tuple[int, int, int, int]:
@@ -203,49 +222,72 @@ def _split_identical(calls: list[TokenEntry], members: list[int]) -> list[list[i
     return groups
 
 
-def _link_chain(calls: list[TokenEntry], path: list[int], name: str) -> Chain:
-    links = []
-    covered = 0
-    for i in path:
+def _link_chain(calls: list[TokenEntry], path: list[int], chain_id: str) -> Chain:
+    root = calls[path[0]]
+    links = [ChainLink(root, [])]
+    covered = len(root.prompt_token_ids) + len(root.generation_token_ids)
+    for i in path[1:]:
         prompt = calls[i].prompt_token_ids
         links.append(ChainLink(calls[i], prompt[covered:]))
         covered = len(prompt) + len(calls[i].generation_token_ids)
-    return Chain(name, tuple(links))
+    return Chain(chain_id, links, list(root.prompt_token_ids))
+
+
+def _main_first(calls: list[TokenEntry], paths: list[list[int]]) -> list[list[int]]:
+    """Order paths by leaf (prompt length, call id), then move the main one to the front.
+
+    The main path starts at the root with the smallest (`created_at`, call id); among that
+    root's leaves it is the first in leaf order. The others keep leaf order as branches.
+    """
+    if not paths:
+        return []
+    by_leaf = sorted(paths, key=lambda path: path[-1])
+    main = min(by_leaf, key=lambda p: (calls[p[0]].created_at, calls[p[0]].model_call_id))
+    return [main, *(path for path in by_leaf if path is not main)]
 
 
 def prefix_merging(entries: Iterable[TokenEntry]) -> BuildOutput:
-    """Merge calls into prefix-contiguous chains (SPEC section 4); the main chain comes first."""
+    """Merge calls into prefix-contiguous chains; the main chain comes first."""
     all_calls = list(entries)
     calls = sorted((e for e in all_calls if e.generation_token_ids), key=_order_key)
-    empty = len(all_calls) - len(calls)
+    empty = [e.model_call_id for e in all_calls if not e.generation_token_ids]
     forest = _Forest(calls)
     unresolved = forest.resolve_retries()
-    paths = forest.chains()
-    paths.sort(key=lambda p: (calls[p[0]].created_at, calls[p[0]].model_call_id))
-    chains = tuple(
+    paths = _main_first(calls, forest.chains())
+    chains = [
         _link_chain(calls, path, "main" if n == 0 else f"branch-{n - 1}")
         for n, path in enumerate(paths)
-    )
+    ]
     captured = sum(len(c.generation_token_ids) for c in calls)
     delivered = chains[0].generated_tokens if chains else 0
     live_roots = {path[0] for path in paths} | {
         r for r in forest.children[None] if r not in forest.quarantined
     }
     notes = BuildNotes(
+        builder="prefix_merging",
         roots=len(live_roots),
         chains=len(chains),
         generated_tokens_captured=captured,
         generated_tokens_delivered=delivered,
         delivered_fraction=_fraction(delivered, captured),
-        unresolved_retries=tuple(unresolved),
-        empty_generation_calls=empty,
-        quarantined_call_ids=tuple(sorted(calls[i].model_call_id for i in forest.quarantined)),
+        unresolved_retries=unresolved,
+        empty_generation_calls=sorted(empty),
     )
-    return BuildOutput(chains, notes)
+    quarantined = sorted(calls[i].model_call_id for i in forest.quarantined)
+    return BuildOutput(chains, quarantined, notes)
 
 
-def run_builder(builder: str, entries: Iterable[TokenEntry]) -> BuildOutput:
-    """Run the named builder; an unknown name is a `ValueError` listing the known ones."""
+def run_builder(entries: Iterable[TokenEntry], builder: str = "prefix_merging") -> BuildOutput:
+    """Run the named builder over a frozen snapshot's entries.
+
+    An unknown name is a `ValueError` listing the known ones; the arguments in the wrong
+    order (the name first) are a `TypeError` saying so.
+    """
+    if isinstance(entries, str) and not isinstance(builder, str):
+        raise TypeError(
+            f"run_builder(entries, builder) takes the entries first; got the builder name "
+            f"{entries!r} as the first argument. Call run_builder(entries, builder={entries!r})"
+        )
     if builder == "prefix_merging":
         return prefix_merging(entries)
     if builder == "per_request":
@@ -267,16 +309,12 @@ def project_chain_to_output_items(chain: Chain) -> list[dict[str, Any]]:
     """Emit each call's content items; the carrier item gets the cumulative prompt and tokens.
 
     A link's prompt is the cumulative prefix so far (the builder verified it), so the
-    entry's own list is reused rather than copied.
+    entry's own list is reused rather than copied. An invalid chain raises `ValueError`.
     """
+    chain.validate()
     output: list[dict[str, Any]] = []
     for link in chain.links:
         entry = link.entry
-        if len(entry.generation_token_ids) != len(entry.generation_log_probs):
-            raise ValueError(
-                f"call {entry.model_call_id!r} has {len(entry.generation_token_ids)} tokens but "
-                f"{len(entry.generation_log_probs)} log probs; the chain is invalid"
-            )
         items = [dict(item) for item in entry.output_items] or [dict(TOKEN_ONLY_ITEM)]
         carrier = items[_carrier_index(entry) if entry.output_items else 0]
         carrier["prompt_token_ids"] = entry.prompt_token_ids
@@ -290,26 +328,30 @@ def project_chain_to_output_items(chain: Chain) -> list[dict[str, Any]]:
     return output
 
 
-def project_main_chain_response(rollout_id: str, built: BuildOutput, model: str = "") -> dict:
+def _main_chain(out: BuildOutput) -> Chain:
+    return next((c for c in out.chains if c.chain_id == "main"), out.chains[0])
+
+
+def project_main_chain_response(rollout_id: str, out: BuildOutput, model: str = "") -> dict:
     """The main chain as a Responses payload `{id, model, object, output, usage}`.
 
-    Raises `ValueError` when there is no chain, when `per_request` produced several, or
-    when no token was generated.
+    `model` is used as given, also when empty. Raises `ValueError` when there is no chain,
+    when `per_request` produced several, or when no token was generated.
     """
-    if not built.chains:
+    if not out.chains:
         raise ValueError("no safe trainable chain")
-    if built.builder == "per_request" and len(built.chains) > 1:
+    if out.notes.builder == "per_request" and len(out.chains) > 1:
         raise ValueError(
-            f"per_request built {len(built.chains)} chains; a single response needs exactly one"
+            f"per_request built {len(out.chains)} chains; a single response needs exactly one"
         )
-    main = built.chains[0]
+    main = _main_chain(out)
     if main.generated_tokens == 0:
         raise ValueError("the main chain generated no tokens")
     output = project_chain_to_output_items(main)
     generated = [item for item in output if item.get("generation_token_ids")]
     return {
         "id": f"proj-{rollout_id}",
-        "model": model or main.links[0].entry.model,
+        "model": model,
         "object": "response",
         "output": output,
         "usage": {
@@ -319,14 +361,22 @@ def project_main_chain_response(rollout_id: str, built: BuildOutput, model: str 
     }
 
 
-def assert_prefix_contiguity(output: Sequence[dict[str, Any]]) -> None:
-    """Raise `AssertionError` unless every generated item's prompt extends all tokens before it."""
+def assert_prefix_contiguity(response: Mapping[str, Any]) -> None:
+    """Raise `AssertionError` unless every generated item's prompt extends all tokens before it.
+
+    Takes the whole response; every output item with `generation_token_ids` is checked.
+    """
+    if not isinstance(response, Mapping):
+        raise TypeError(
+            "assert_prefix_contiguity takes the whole response dict (with its `output` list), "
+            f"not {type(response).__name__}"
+        )
     seen_prompt: list[int] = []
     seen_generation: list[int] = []
-    for position, item in enumerate(output):
-        generation = item.get("generation_token_ids")
-        if not generation:
+    for position, item in enumerate(response.get("output") or []):
+        if not isinstance(item, Mapping) or item.get("generation_token_ids") is None:
             continue
+        generation = item["generation_token_ids"]
         prompt = item.get("prompt_token_ids") or []
         prompt = prompt if isinstance(prompt, list) else list(prompt)
         cut = len(seen_prompt)

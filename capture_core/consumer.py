@@ -47,7 +47,7 @@ def _failed_build(rollout_id: str, builder: str, error: str, n_calls: int = 0) -
 
 def _metrics(n_calls: int, built: BuildOutput) -> dict[str, Any]:
     notes = built.notes
-    quarantined = len(notes.quarantined_call_ids)
+    quarantined = len(built.quarantined)
     return {
         "n_calls": n_calls,
         "chains": notes.chains,
@@ -57,7 +57,7 @@ def _metrics(n_calls: int, built: BuildOutput) -> dict[str, Any]:
         "delivered_fraction": notes.delivered_fraction,
         "generated_tokens_captured": notes.generated_tokens_captured,
         "generated_tokens_delivered": notes.generated_tokens_delivered,
-        "empty_generation_calls": notes.empty_generation_calls,
+        "empty_generation_calls": len(notes.empty_generation_calls),
     }
 
 
@@ -73,9 +73,11 @@ def _assemble(rollout_id: str, entries: list, builder: str, model: str) -> dict:
         )
     try:
         records = [coerce_token_entry(entry) for entry in entries]
-        built = run_builder(builder, records)
+        built = run_builder(records, builder)
+        for chain in built.chains:
+            chain.validate()
         response = project_main_chain_response(rollout_id, built, model=model)
-        assert_prefix_contiguity(response["output"])
+        assert_prefix_contiguity(response)
     except Exception as exc:
         logger.warning("rollout %s: build failed: %s", rollout_id, exc)
         return _failed_build(rollout_id, builder, f"{type(exc).__name__}: {exc}", len(entries))

@@ -69,7 +69,7 @@ def test_unmasked_records_are_contiguous_and_carry_exactly_the_main_chain(shape)
     if built["mask_sample"]:
         return
     output = built["rebuilt_response"]["output"]
-    assert_prefix_contiguity(output)
+    assert_prefix_contiguity(built["rebuilt_response"])
     generated = [item for item in output if item.get("generation_token_ids")]
     assert [item["generation_token_ids"] for item in generated] == [
         e.generation_token_ids for e in main
