@@ -123,9 +123,11 @@ def attribute_terminal(
         return _attribute(list(entries), inputs)
     except Exception as exc:  # attribution must never fail a build
         logger.warning("terminal attribution failed, abstaining: %s", exc)
+        declared = inputs.declared_response_id is not None
+        witness = "declared" if declared else "attribution"
         return TerminalAttribution(
-            reason=f"attribution:attribution_error[{type(exc).__name__}]",
-            must_mask=inputs.declared_response_id is not None,
+            reason=f"{witness}:attribution_error[{type(exc).__name__}]",
+            must_mask=declared,
         )
 
 
@@ -215,6 +217,20 @@ def _verdict(testimonies: list[_Testimony], by_id: Mapping[str, TokenEntry]) -> 
 
 def _trail(abstained: Iterable[_Testimony]) -> str:
     return "; ".join(f"{t.witness}:{t.reason}" for t in abstained)
+
+
+def blocking_reason(metric: Mapping[str, Any] | None) -> str | None:
+    """Why an unattributed verdict masks (a failed declaration, disagreeing witnesses), or `None`.
+
+    It reads the `terminal_attribution` metric, so ledgers and reports agree with the mask.
+    """
+    if not metric or metric.get("method"):
+        return None
+    reason = str(metric.get("reason") or "")
+    parts = [part.strip() for part in reason.split(";")]
+    if any(p.startswith((DISAGREEMENT, "declared:")) for p in parts):
+        return f"terminal not attributable: {reason}"
+    return None
 
 
 def abstention_reasons(reason: str) -> list[str]:
