@@ -25,7 +25,7 @@ from capture_core.builder import (
 )
 from capture_core.config import TokenIdCaptureConfig
 from capture_core.ids import maybe_rollout_id_from_run_body, validate_rollout_id
-from capture_core.protocols import TokenCaptureSnapshot, TokenSource
+from capture_core.protocols import TokenSource
 from capture_core.records import coerce_token_entry
 from capture_core.store import TokenCaptureStore
 from capture_core.terminal import (
@@ -77,7 +77,6 @@ def _metrics(n_calls: int, built: BuildOutput) -> dict[str, Any]:
         "generated_tokens_captured": notes.generated_tokens_captured,
         "generated_tokens_delivered": notes.generated_tokens_delivered,
         "empty_generation_calls": len(notes.empty_generation_calls),
-        "excluded_calls": len(notes.excluded_calls),
     }
 
 
@@ -154,26 +153,36 @@ def _undeliverable(attribution: TerminalAttribution, chain: str) -> str:
 
 
 def build_from_snapshot(
-    snapshot: TokenCaptureSnapshot,
-    builder: str,
-    model: str,
-    terminal: TerminalInputs | None = None,
+    snapshot: Any, builder: str, model: str, terminal: TerminalInputs | None = None
 ) -> dict:
     """The one build path: empty snapshots fail, incomplete ones mask, the snapshot is attached.
 
-    `terminal` (from the finished record) anchors the build to the scored call.
+    `snapshot` is a `TokenCaptureSnapshot` or another library's snapshot type with the same
+    fields (`rollout_id`, `entries`, `incomplete`, `snapshot_id`, `version`); one that cannot
+    be read is a failed build, never an exception. An incomplete snapshot masks the build
+    without inventing an `error`; its reasons are logged. `terminal` (from the finished
+    record) anchors the build to the scored call.
     """
-    if not snapshot.entries:
-        built = _failed_build(snapshot.rollout_id, builder, EMPTY_CAPTURE_ERROR)
-    else:
+    rollout_id = str(getattr(snapshot, "rollout_id", ""))
+    try:
         entries = list(snapshot.entries)
-        built = _assemble(snapshot.rollout_id, entries, builder, model, terminal)
-    if snapshot.incomplete:
+        incomplete = bool(snapshot.incomplete)
+        identity = {"snapshot_id": snapshot.snapshot_id, "version": snapshot.version}
+    except Exception as exc:
+        logger.warning("rollout %s: unreadable snapshot: %s", rollout_id, exc)
+        return _failed_build(
+            rollout_id, builder, f"unreadable snapshot: {type(exc).__name__}: {exc}"
+        )
+    if not entries:
+        built = _failed_build(rollout_id, builder, EMPTY_CAPTURE_ERROR)
+    else:
+        built = _assemble(rollout_id, entries, builder, model, terminal)
+    if incomplete:
         built["mask_sample"] = True
         built["metrics"]["capture_incomplete"] = True
-        reasons = "; ".join(snapshot.incomplete_reasons) or "a call was lost"
-        built["error"] = built.get("error") or f"capture incomplete: {reasons}"
-    built[SNAPSHOT_KEY] = {"snapshot_id": snapshot.snapshot_id, "version": snapshot.version}
+        reasons = "; ".join(getattr(snapshot, "incomplete_reasons", ())) or "a call was lost"
+        logger.warning("rollout %s masked: capture incomplete: %s", rollout_id, reasons)
+    built[SNAPSHOT_KEY] = identity
     return built
 
 

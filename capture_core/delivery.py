@@ -11,6 +11,7 @@ The record's terminal fields and scored `response` attribute the call that earne
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from capture_core.consumer import SNAPSHOT_KEY, build_from_snapshot
@@ -37,25 +38,29 @@ def _unusable(result: dict, error: str, message: str) -> dict:
     logger.warning(message)
     return {
         "rebuilt_response": None,
-        "mask_sample": True,
+        MASK_SAMPLE_KEY: True,
         "error": error,
-        "metrics": {"n_calls": 0},
+        "metrics": {"n_calls": 0, "error": error},
     }
+
+
+def _carries_generated_ids(item: Any) -> bool:
+    ids = item.get("generation_token_ids") if isinstance(item, Mapping) else None
+    return isinstance(ids, Sequence) and not isinstance(ids, str | bytes) and len(ids) > 0
 
 
 def rollout_carries_token_ids(result: dict) -> bool:
     """Whether this rollout already holds what training needs.
 
-    True when any output item carries generated token ids: what the policy sampled takes
-    precedence over a reconstruction, and partial coverage stays visible.
+    True when any Responses output item or Chat `choices[].message` carries a non-empty
+    `generation_token_ids`: what the policy sampled takes precedence over a reconstruction,
+    and partial coverage stays visible. An empty list carries nothing, so such a record is
+    finalized from its capture like any other.
     """
     response = result.get("response")
-    if not isinstance(response, dict):
+    if not isinstance(response, Mapping):
         return False
-    return any(
-        isinstance(item, dict) and item.get("generation_token_ids") is not None
-        for item in response_items(response)
-    )
+    return any(_carries_generated_ids(item) for item in response_items(response))
 
 
 def capture_build_can_retire(built: dict | None) -> bool:
@@ -118,18 +123,17 @@ async def _redundant_capture(rollout_id: str | None, source: TokenSource) -> dic
         return None
     try:
         snapshot = await source.freeze(rollout_id)
+        identity = {"snapshot_id": snapshot.snapshot_id, "version": snapshot.version}
     except Exception as exc:
         logger.warning(
             "rollout %s carries token ids; its capture could not be frozen: %s", rollout_id, exc
         )
         return None
     return {
-        "rollout_id": rollout_id,
         "rebuilt_response": None,
-        "mask_sample": False,
+        MASK_SAMPLE_KEY: False,
         _REDUNDANT_CAPTURE_KEY: True,
-        SNAPSHOT_KEY: {"snapshot_id": snapshot.snapshot_id, "version": snapshot.version},
-        "metrics": {"n_calls": len(snapshot.entries)},
+        SNAPSHOT_KEY: identity,
     }
 
 
@@ -141,7 +145,10 @@ def _apply(result: dict, built: dict) -> None:
             result["response"]["output"] = rebuilt["output"]
         else:
             result["response"] = rebuilt
-    result[TOKEN_CAPTURE_KEY] = {**built["metrics"], "error": built.get("error")}
+    metrics = dict(built["metrics"])
+    if built.get("error"):
+        metrics["error"] = built["error"]
+    result[TOKEN_CAPTURE_KEY] = metrics
     if built["mask_sample"]:
         result[MASK_SAMPLE_KEY] = True
         logger.warning(
@@ -153,6 +160,8 @@ def _apply(result: dict, built: dict) -> None:
 
 def _mask_reason(built: dict) -> str:
     metrics = built.get("metrics", {})
+    if metrics.get("capture_incomplete"):
+        return "capture incomplete: a call was lost, never finished, or captured twice differently"
     blocked = blocking_reason(metrics.get("terminal_attribution"))
     if blocked:
         return blocked

@@ -52,31 +52,59 @@ def _field(body: Any, name: str) -> Any:
     return None
 
 
-def _index(value: Any, name: str) -> int | None:
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _index(value: Any, name: str) -> str | None:
+    """A task or rollout index as it appears in the id: an integer or a string of digits.
+
+    A digit string is used verbatim (`"03"` stays `03`), exactly as NeMo Gym formats it.
+    """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if isinstance(value, str) and _DIGITS.fullmatch(value):
+        return value
+    raise ValueError(f"{name} must be a non-negative integer or a string of digits, got {value!r}")
+
+
+def _attempt(value: Any) -> int:
+    """The attempt number: an integer, an integer-valued float, or a string of digits."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if isinstance(value, str) and _DIGITS.fullmatch(value):
+        return int(value)
+    raise ValueError(
+        "_ng_attempt_index must be a non-negative whole number (an integer, a float such as "
+        f"1.0, or a string of digits), got {value!r}"
+    )
 
 
 def maybe_rollout_id_from_run_body(body: Any) -> str | None:
     """Return the rollout id of a run body (a dict or a pydantic model), or `None` if it has none.
 
-    An explicit `_ng_rollout_id` wins and is used verbatim.
-    Otherwise the id is `{task}-{rollout}`, plus `-a{n}` for an attempt index above 0.
-    A malformed explicit or derived id raises `ValueError`.
+    The base id is an explicit `_ng_rollout_id`, else `{task}-{rollout}` from the indices
+    (either missing: `None`). Then, for either kind, an `_ng_attempt_index` above 0 appends
+    `-a{n}`: NeMo Gym's writers key a re-dispatched attempt's capture that way, so reading
+    the base id would finalize it from an earlier attempt's calls.
+    A malformed explicit id, index, attempt or resulting id raises `ValueError`.
     """
     explicit = _field(body, "_ng_rollout_id")
     if explicit is not None:
-        return validate_rollout_id(explicit)
-    task = _index(_field(body, "_ng_task_index"), "_ng_task_index")
-    rollout = _index(_field(body, "_ng_rollout_index"), "_ng_rollout_index")
-    if task is None or rollout is None:
-        return None
-    attempt = _index(_field(body, "_ng_attempt_index"), "_ng_attempt_index") or 0
-    derived = f"{task}-{rollout}" + (f"-a{attempt}" if attempt > 0 else "")
-    return validate_rollout_id(derived)
+        base = validate_rollout_id(explicit)
+    else:
+        task = _index(_field(body, "_ng_task_index"), "_ng_task_index")
+        rollout = _index(_field(body, "_ng_rollout_index"), "_ng_rollout_index")
+        if task is None or rollout is None:
+            return None
+        base = f"{task}-{rollout}"
+    attempt = _attempt(_field(body, "_ng_attempt_index"))
+    return validate_rollout_id(f"{base}-a{attempt}" if attempt > 0 else base)
 
 
 def rollout_capture_prefix(rollout_id: str) -> str:

@@ -16,7 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-# Schema changelog:
+# Schema changelog (older versions are read; newer ones are refused):
+#   0: NeMo Gym's pre-release records, same fields and meaning.
 #   1: first version (prompt, generation, log probs, optional routed experts, content items).
 TOKEN_ENTRY_RECORD_SCHEMA_VERSION = 1
 
@@ -75,8 +76,10 @@ def check_schema_version(version: Any) -> None:
 def check_entry_consistency(entry: TokenEntry) -> None:
     """The cross-field rules: schema version, paired log probs, a valid carrier index."""
     check_schema_version(entry.schema_version)
-    if entry.schema_version < 1:
-        raise ValueError(f"token record schema_version {entry.schema_version} is invalid")
+    if entry.schema_version < 0:
+        raise ValueError(
+            f"token record schema_version {entry.schema_version} is invalid; versions start at 0"
+        )
     n_ids, n_lps = len(entry.generation_token_ids), len(entry.generation_log_probs)
     if n_ids != n_lps:
         raise ValueError(

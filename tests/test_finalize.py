@@ -79,12 +79,14 @@ def test_empty_capture_is_a_failed_build_with_snapshot(store) -> None:
     assert built["rebuilt_response"] is None and "_capture_snapshot" in built
 
 
-def test_incomplete_capture_masks_with_capture_incomplete(store) -> None:
+def test_incomplete_capture_masks_with_capture_incomplete(store, caplog) -> None:
     capture(store, "3-4")
     store.mark_incomplete_now("3-4", "call-9", reason="model server timed out")
     built = asyncio.run(trajectories_from_source("3-4", store))
     assert built["mask_sample"] and built["metrics"]["capture_incomplete"] is True
-    assert "model server timed out" in built["error"]
+    assert "error" not in built, "a masked build without an error has no error key"
+    assert "model server timed out" in caplog.text
+    assert delivery.mask_reason(built).startswith("capture incomplete")
 
 
 def test_malformed_capture_masks_instead_of_raising(store) -> None:
@@ -126,7 +128,7 @@ def test_finalize_replaces_only_response_output(store) -> None:
         k: v for k, v in before["response"].items() if k != "output"
     }
     assert result[TOKEN_CAPTURE_KEY]["delivered_fraction"] == 1.0
-    assert result[TOKEN_CAPTURE_KEY]["error"] is None
+    assert "error" not in result[TOKEN_CAPTURE_KEY]
 
 
 def test_record_without_response_gets_the_rebuilt_one(store) -> None:
@@ -265,3 +267,19 @@ def test_direct_assemble_of_invalid_entries_is_a_failed_build() -> None:
     built = consumer._assemble("r", [broken], "prefix_merging", "")
     assert built["mask_sample"] and "generation_log_probs" in built["error"]
     assert delivery.mask_reason(built) == built["error"]
+
+
+def test_attempt_one_is_finalized_from_its_own_capture_never_a_stale_attempt(store) -> None:
+    capture(store, "job-9", RolloutShape(turns=2, generated_tokens=3))
+    record = {"_ng_rollout_id": "job-9", "_ng_attempt_index": 1, "reward": 1.0}
+    built = finalize(record, store)
+    assert built["mask_sample"] and built["error"] == "capture contains no token records"
+    assert not store.byte_store.exists("job-9/FROZEN"), "the stale attempt is not fenced"
+    assert store.byte_store.exists("job-9-a1/FROZEN")
+    store.delete("job-9-a1")
+    capture(store, "job-9-a1", RolloutShape(turns=2, generated_tokens=5))
+    record = {"_ng_rollout_id": "job-9", "_ng_attempt_index": 1, "reward": 1.0}
+    built = finalize(record, store)
+    assert built["mask_sample"] is False
+    generated = [i["generation_token_ids"] for i in record["response"]["output"]]
+    assert [len(ids) for ids in generated if ids] == [5, 5], "attempt 1's own tokens"

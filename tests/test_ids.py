@@ -35,11 +35,57 @@ def test_derived_id_with_attempt_suffix() -> None:
     assert maybe_rollout_id_from_run_body({**body, "_ng_attempt_index": 0}) == "3-4"
 
 
-def test_missing_index_means_no_id() -> None:
-    assert maybe_rollout_id_from_run_body({"_ng_task_index": 3}) is None
-    assert maybe_rollout_id_from_run_body({}) is None
-    with pytest.raises(ValueError, match="non-negative integer"):
-        maybe_rollout_id_from_run_body({"_ng_task_index": -1, "_ng_rollout_index": 0})
+# (body, id NeMo Gym's writers key the capture by)
+IDENTITY_GRID = [
+    ({"_ng_rollout_id": "job-9"}, "job-9"),
+    ({"_ng_rollout_id": "job-9", "_ng_attempt_index": 0}, "job-9"),
+    ({"_ng_rollout_id": "job-9", "_ng_attempt_index": 1}, "job-9-a1"),
+    ({"_ng_rollout_id": "job-9", "_ng_attempt_index": "2"}, "job-9-a2"),
+    ({"_ng_rollout_id": "job-9", "_ng_attempt_index": 3.0}, "job-9-a3"),
+    ({"_ng_rollout_id": "job-9", "_ng_task_index": 1, "_ng_rollout_index": 2}, "job-9"),
+    ({"_ng_task_index": 3, "_ng_rollout_index": 4}, "3-4"),
+    ({"_ng_task_index": "3", "_ng_rollout_index": "4"}, "3-4"),
+    ({"_ng_task_index": "3", "_ng_rollout_index": 4}, "3-4"),
+    ({"_ng_task_index": "03", "_ng_rollout_index": "4"}, "03-4"),
+    ({"_ng_task_index": 3, "_ng_rollout_index": 4, "_ng_attempt_index": 1}, "3-4-a1"),
+    ({"_ng_task_index": 3, "_ng_rollout_index": 4, "_ng_attempt_index": "1"}, "3-4-a1"),
+    ({"_ng_task_index": 3, "_ng_rollout_index": 4, "_ng_attempt_index": 1.0}, "3-4-a1"),
+    ({"_ng_task_index": 3, "_ng_rollout_index": 4, "_ng_attempt_index": "01"}, "3-4-a1"),
+    ({"_ng_task_index": 3, "_ng_rollout_index": 4, "_ng_attempt_index": 0.0}, "3-4"),
+    ({"_ng_task_index": 3, "_ng_rollout_index": 4, "_ng_attempt_index": "0"}, "3-4"),
+    ({"_ng_task_index": 3, "_ng_rollout_index": 4, "_ng_attempt_index": None}, "3-4"),
+    ({"_ng_task_index": 3, "_ng_attempt_index": 1}, None),
+    ({"_ng_attempt_index": 1}, None),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), IDENTITY_GRID)
+def test_identity_matches_nemo_gym_writers(body: dict, expected: str | None) -> None:
+    assert maybe_rollout_id_from_run_body(body) == expected
+
+
+MALFORMED_BODIES = [
+    {"_ng_rollout_id": "job-9", "_ng_attempt_index": -1},
+    {"_ng_rollout_id": "job-9", "_ng_attempt_index": 1.5},
+    {"_ng_rollout_id": "job-9", "_ng_attempt_index": "1.0"},
+    {"_ng_rollout_id": "job-9", "_ng_attempt_index": "one"},
+    {"_ng_rollout_id": "job-9", "_ng_attempt_index": True},
+    {"_ng_rollout_id": "job-9", "_ng_attempt_index": float("nan")},
+    {"_ng_rollout_id": "job-9", "_ng_attempt_index": [1]},
+    {"_ng_rollout_id": 9},
+    {"_ng_rollout_id": "a" * 198, "_ng_attempt_index": 1},
+    {"_ng_task_index": -1, "_ng_rollout_index": 0},
+    {"_ng_task_index": "3a", "_ng_rollout_index": 0},
+    {"_ng_task_index": 3.0, "_ng_rollout_index": 0},
+    {"_ng_task_index": True, "_ng_rollout_index": 0},
+    {"_ng_task_index": " 3", "_ng_rollout_index": 0},
+]
+
+
+@pytest.mark.parametrize("body", MALFORMED_BODIES)
+def test_malformed_identity_is_a_value_error(body: dict) -> None:
+    with pytest.raises(ValueError):
+        maybe_rollout_id_from_run_body(body)
 
 
 def test_pydantic_run_bodies() -> None:

@@ -41,6 +41,15 @@ def test_newer_schema_is_refused_with_what_to_do() -> None:
         TokenEntry(**entry(schema_version=2))
 
 
+def test_older_schema_zero_is_read_and_round_trips() -> None:
+    record = TokenEntry.model_validate(entry(schema_version=0))
+    assert record.schema_version == 0
+    assert TokenEntry.model_validate_json(record.model_dump_json()) == record
+    assert coerce_token_entry(record.model_dump()).schema_version == 0
+    with pytest.raises(ValidationError, match="versions start at 0"):
+        TokenEntry(**entry(schema_version=-1))
+
+
 def test_mismatched_token_and_log_prob_lengths_are_refused() -> None:
     with pytest.raises(ValidationError, match="2 ids but generation_log_probs has 1"):
         TokenEntry(**entry(generation_token_ids=[3, 4]))

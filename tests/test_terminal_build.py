@@ -175,6 +175,6 @@ def test_delivery_attributes_from_the_record_and_delivers_the_scored_chain(store
     assert (
         attribution["chain"] == "delivered" and "corroborated_by=content" in attribution["reason"]
     )
-    assert result["_ng_token_capture"]["excluded_calls"] == 6
+    assert result["_ng_token_capture"]["delivered_fraction"] == round(3 / 9, 4)
     by_record = asyncio.run(trajectories_from_source("3-4", store, record=before))
     assert by_record["rebuilt_response"]["output"] == result["response"]["output"]

@@ -1,0 +1,176 @@
+"""Same output for the same capture: the dict shapes NeMo Gym's seed functions return."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from capture_core.consumer import trajectories_for_rollout, trajectories_from_source
+from capture_core.delivery import (
+    TOKEN_CAPTURE_KEY,
+    finalize_rollout_token_capture,
+    rollout_carries_token_ids,
+)
+from capture_core.store import TokenCaptureStore
+from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+
+BUILD_KEYS = {
+    "rollout_id",
+    "builder",
+    "rebuilt_response",
+    "mask_sample",
+    "unresolved_retries",
+    "metrics",
+    "_capture_snapshot",
+}
+METRIC_KEYS = {
+    "n_calls",
+    "chains",
+    "roots",
+    "quarantined_calls",
+    "quarantined_fraction",
+    "delivered_fraction",
+    "generated_tokens_captured",
+    "generated_tokens_delivered",
+    "empty_generation_calls",
+    "terminal_attribution",  # NeMo Gym 0.7.0: on every build, failed ones included
+}
+NOT_ATTRIBUTED = {"method": "", "call_id": None, "reason": "", "chain": ""}
+FAILED_KEYS = {"rollout_id", "builder", "rebuilt_response", "mask_sample", "error", "metrics"}
+
+
+@dataclass(frozen=True)
+class ForeignSnapshot:
+    """Another library's snapshot type: the five protocol fields and nothing else."""
+
+    rollout_id: str
+    entries: tuple[Any, ...]
+    incomplete: bool
+    snapshot_id: str
+    version: int
+
+
+class ForeignEntry:
+    """Another library's entry type: anything with `model_dump()`."""
+
+    def __init__(self, payload: dict) -> None:
+        self.payload = payload
+
+    def model_dump(self, **_: Any) -> dict:
+        return dict(self.payload)
+
+
+class ForeignSource:
+    def __init__(self, snapshot: Any) -> None:
+        self.snapshot = snapshot
+
+    async def freeze(self, rollout_id: str) -> Any:
+        return self.snapshot
+
+    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
+
+
+def foreign_snapshot(incomplete: bool, turns: int = 3) -> ForeignSnapshot:
+    entries = tuple(
+        ForeignEntry(orjson.loads(e.model_dump_json()))
+        for e in synthetic_rollout("3-4", RolloutShape(turns=turns))
+    )
+    return ForeignSnapshot("3-4", entries, incomplete, "s1", len(entries))
+
+
+def test_successful_build_has_nemo_gym_keys(tmp_path) -> None:
+    store = TokenCaptureStore(tmp_path / "store")
+    for entry in synthetic_rollout("3-4", RolloutShape(turns=3)):
+        store.put_now(entry)
+    built = trajectories_for_rollout("3-4", [tmp_path / "store"])
+    assert set(built) == BUILD_KEYS and set(built["metrics"]) == METRIC_KEYS
+    assert built["rebuilt_response"]["model"] == "", "the model is used as given"
+    assert set(built["rebuilt_response"]) == {"id", "model", "object", "output", "usage"}
+
+
+def test_failed_build_has_nemo_gym_keys(tmp_path) -> None:
+    built = trajectories_for_rollout("9-9", [tmp_path / "store"])
+    assert set(built) == FAILED_KEYS | {"_capture_snapshot"}
+    assert built["metrics"] == {"n_calls": 0, "terminal_attribution": NOT_ATTRIBUTED}
+
+
+def test_record_metrics_have_an_error_key_only_with_an_error(tmp_path) -> None:
+    store = TokenCaptureStore(tmp_path / "store")
+    for entry in synthetic_rollout("3-4", RolloutShape(turns=3)):
+        store.put_now(entry)
+    clean = rollout_record(3, 4)
+    asyncio.run(finalize_rollout_token_capture(clean, store))
+    assert set(clean[TOKEN_CAPTURE_KEY]) == METRIC_KEYS
+    for entry in synthetic_rollout("5-5", RolloutShape(turns=3, auxiliary_call=True)):
+        store.put_now(entry)
+    masked = rollout_record(5, 5)
+    built = asyncio.run(finalize_rollout_token_capture(masked, store))
+    assert masked["mask_sample"] is True and "error" not in masked[TOKEN_CAPTURE_KEY]
+    assert set(built) == BUILD_KEYS
+    empty = rollout_record(7, 7)
+    asyncio.run(finalize_rollout_token_capture(empty, store))
+    assert empty[TOKEN_CAPTURE_KEY]["error"] == "capture contains no token records"
+
+
+def test_redundant_and_unusable_results_have_nemo_gym_keys(tmp_path) -> None:
+    store = TokenCaptureStore(tmp_path / "store")
+    carrying = rollout_record(3, 4)
+    carrying["response"]["output"][0]["generation_token_ids"] = [1]
+    built = asyncio.run(finalize_rollout_token_capture(carrying, store))
+    assert set(built) == {
+        "rebuilt_response",
+        "mask_sample",
+        "_redundant_capture",
+        "_capture_snapshot",
+    }
+    unusable = {"reward": 1.0}
+    built = asyncio.run(finalize_rollout_token_capture(unusable, store))
+    assert set(built) == {"rebuilt_response", "mask_sample", "error", "metrics"}
+    assert (
+        built["metrics"] == unusable[TOKEN_CAPTURE_KEY] == {"n_calls": 0, "error": "no capture key"}
+    )
+
+
+def test_chat_messages_carry_token_ids_only_when_non_empty() -> None:
+    def chat(ids: list[int] | None) -> dict:
+        message: dict = {"role": "assistant", "content": "x"}
+        if ids is not None:
+            message["generation_token_ids"] = ids
+        return {"response": {"choices": [{"message": message}]}}
+
+    assert rollout_carries_token_ids(chat([5]))
+    assert not rollout_carries_token_ids(chat([]))
+    assert not rollout_carries_token_ids(chat(None))
+    assert not rollout_carries_token_ids({"response": {"output": [{"generation_token_ids": []}]}})
+
+
+def test_foreign_snapshot_types_build_like_our_own() -> None:
+    clean = asyncio.run(trajectories_from_source("3-4", ForeignSource(foreign_snapshot(False))))
+    assert clean["mask_sample"] is False and set(clean) == BUILD_KEYS
+    incomplete = asyncio.run(trajectories_from_source("3-4", ForeignSource(foreign_snapshot(True))))
+    assert incomplete["mask_sample"] is True
+    assert incomplete["metrics"]["capture_incomplete"] is True
+    assert incomplete["_capture_snapshot"] == {"snapshot_id": "s1", "version": 3}
+    record = rollout_record(3, 4)
+    built = asyncio.run(
+        finalize_rollout_token_capture(record, ForeignSource(foreign_snapshot(True)))
+    )
+    assert built["mask_sample"] and record["mask_sample"] is True
+
+
+def test_an_unreadable_foreign_snapshot_is_a_failed_build() -> None:
+    class Broken:
+        rollout_id = "3-4"
+        entries = None
+        incomplete = True
+
+    built = asyncio.run(trajectories_from_source("3-4", ForeignSource(Broken())))
+    assert built["mask_sample"] and built["rebuilt_response"] is None
+    assert built["error"].startswith("unreadable snapshot")
