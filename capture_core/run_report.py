@@ -31,6 +31,8 @@ class RunSummary(BaseModel):
     errors: list[str] = Field(default_factory=list)
     records_prefix: str = ""
     ledger: str = ""
+    terminal_methods: dict[str, int] = Field(default_factory=dict)
+    terminal_abstentions: dict[str, int] = Field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -46,9 +48,23 @@ def reason_category(reason: str | None) -> str:
     return head[:80] or "masked"
 
 
+def _by_count(counts: Counter) -> dict[str, int]:
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+TOP_ABSTENTIONS = 5
+
+
 def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
-    """Counts and mask reasons of a run, from its ledger."""
+    """Counts and mask reasons of a run, from its ledger.
+
+    Terminal attribution: rollouts per method (`none` when unattributed) and the most
+    frequent abstention reasons of the witnesses.
+    """
     reasons = Counter(reason_category(line.mask_reason) for line in ledger if line.masked)
+    built = [line for line in ledger if line.terminal_method is not None]
+    methods = Counter(line.terminal_method or "none" for line in built)
+    abstentions = Counter(code for line in built for code in line.terminal_abstentions)
     return RunSummary(
         run_id=run_id,
         rollouts=len(ledger),
@@ -59,6 +75,8 @@ def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
         retired=sum(1 for line in ledger if line.retired),
         failed=sum(1 for line in ledger if line.finalized and not line.handed_off),
         malformed_lines=sum(1 for line in ledger if not line.finalized and line.rollout_id is None),
+        terminal_methods=_by_count(methods),
+        terminal_abstentions=dict(list(_by_count(abstentions).items())[:TOP_ABSTENTIONS]),
     )
 
 
@@ -72,6 +90,14 @@ def summary_table(summary: RunSummary) -> list[dict[str, object]]:
         {"metric": "retired", "value": summary.retired},
         {"metric": "failed", "value": summary.failed},
         {"metric": "malformed input lines", "value": summary.malformed_lines},
+        *(
+            {"metric": f"terminal attributed by: {k}", "value": v}
+            for k, v in summary.terminal_methods.items()
+        ),
+        *(
+            {"metric": f"terminal abstention: {k}", "value": v}
+            for k, v in summary.terminal_abstentions.items()
+        ),
     ]
 
 
@@ -93,6 +119,7 @@ def markdown_report(
         lines += [f"| {reason} | {count} |" for reason, count in summary.mask_reasons.items()]
     else:
         lines.append("No rollout was masked.")
+    lines += ["", "## Terminal attribution", "", *_terminal_lines(summary)]
     lines += ["", "## Delivered fraction (unmasked rollouts)", ""]
     if delivered:
         quantiles = statistics.quantiles(delivered, n=10) if len(delivered) > 1 else delivered * 9
@@ -110,3 +137,15 @@ def markdown_report(
     if summary.errors:
         lines += ["", "## Errors", ""] + [f"- {error}" for error in summary.errors]
     return "\n".join(lines) + "\n"
+
+
+def _terminal_lines(summary: RunSummary) -> list[str]:
+    """Rollouts per attribution method and the top abstention reasons, as markdown."""
+    if not summary.terminal_methods:
+        return ["No build reported terminal attribution."]
+    lines = ["| attributed by | rollouts |", "|---|---|"]
+    lines += [f"| {method} | {count} |" for method, count in summary.terminal_methods.items()]
+    if summary.terminal_abstentions:
+        lines += ["", "| top abstention reasons | rollouts |", "|---|---|"]
+        lines += [f"| {code} | {n} |" for code, n in summary.terminal_abstentions.items()]
+    return lines

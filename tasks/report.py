@@ -57,6 +57,13 @@ def write_run_report(
         summary.retired,
         summary.failed,
     )
+    if summary.terminal_methods:
+        get_run_logger().info(
+            "run %s: terminal attributed by %s; top abstentions %s",
+            run_id,
+            summary.terminal_methods,
+            summary.terminal_abstentions,
+        )
     return summary
 
 
