@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import sys
 from typing import Any
 
 from capture_core.builder import prefix_merging
@@ -11,6 +12,7 @@ from capture_core.consumer import _assemble, trajectories_from_source
 from capture_core.delivery import finalize_rollout_token_capture, mask_reason
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore
+from capture_core.synthetic import RolloutShape, synthetic_rollout
 from capture_core.terminal import TerminalInputs
 from tests.test_terminal import message
 
@@ -178,3 +180,18 @@ def test_delivery_attributes_from_the_record_and_delivers_the_scored_chain(store
     assert result["_ng_token_capture"]["delivered_fraction"] == round(3 / 9, 4)
     by_record = asyncio.run(trajectories_from_source("3-4", store, record=before))
     assert by_record["rebuilt_response"]["output"] == result["response"]["output"]
+
+
+def test_a_terminal_deep_in_fifteen_hundred_turns_builds_without_recursion() -> None:
+    entries = synthetic_rollout(
+        "r", RolloutShape(turns=1500, prompt_tokens=16, generated_tokens=2, tool_tokens=1)
+    )
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(150)
+    try:
+        built = prefix_merging(entries, terminal_call_id="call-01200")
+        attributed = _assemble("r", entries, "prefix_merging", "", TerminalInputs("call-01200"))
+    finally:
+        sys.setrecursionlimit(limit)
+    assert len(built.chains[0].links) == 1201 and len(built.notes.excluded_calls) == 299
+    assert attributed["mask_sample"] is False
