@@ -111,7 +111,11 @@ def _assemble(
             built = run_builder(records, builder, terminal_call_id=attribution.call_id)
         chain = built.notes.terminal_chain
         if attribution.call_id is not None and chain != CHAIN_DELIVERED:
-            raise ValueError(_undeliverable(attribution, chain))
+            error = _undeliverable(attribution, chain)
+            logger.warning("rollout %s: %s", rollout_id, error)
+            return _failed_build(
+                rollout_id, builder, error, len(entries), attribution.metrics(chain)
+            )
         for chain_built in built.chains:
             chain_built.validate()
         response = project_main_chain_response(rollout_id, built, model=model)
@@ -142,13 +146,15 @@ def _mask(attribution: TerminalAttribution, built: BuildOutput) -> bool:
 
 
 def _undeliverable(attribution: TerminalAttribution, chain: str) -> str:
+    """The error of an attributed terminal whose chain cannot be delivered (it masks)."""
     if chain == CHAIN_BROKEN:
-        what = "has a broken chain: its path crosses an ambiguous or contradicted call"
+        why = "its path crosses an ambiguous or contradicted call"
     else:
-        what = "is not among the calls with generated tokens"
+        why = "it is not among the calls with generated tokens"
     return (
-        f"terminal call {attribution.call_id!r} (attributed by {attribution.method}) {what}; "
-        "the scored trajectory cannot be delivered, so the rollout is masked"
+        f"terminal chain {chain}: call {attribution.call_id!r} (attributed by "
+        f"{attribution.method}) cannot be delivered, {why}; the rollout is masked and its "
+        "capture kept as evidence"
     )
 
 

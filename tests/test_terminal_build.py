@@ -11,6 +11,7 @@ from capture_core.builder import prefix_merging
 from capture_core.consumer import _assemble, trajectories_from_source
 from capture_core.delivery import finalize_rollout_token_capture, mask_reason
 from capture_core.records import TokenEntry
+from capture_core.run_report import reason_category
 from capture_core.store import TokenCaptureStore
 from capture_core.synthetic import RolloutShape, synthetic_rollout
 from capture_core.terminal import TerminalInputs
@@ -89,7 +90,8 @@ def test_a_path_through_a_quarantined_call_is_broken_and_masks() -> None:
     assert built.notes.terminal_chain == "broken" and built.chains == []
     result = _assemble("3-4", entries, "prefix_merging", "", TerminalInputs("c"))
     assert result["mask_sample"] is True and result["rebuilt_response"] is None
-    assert "broken chain" in result["error"]
+    assert result["error"].startswith("terminal chain broken: call 'c'")
+    assert reason_category(mask_reason(result)) == "terminal chain broken", "grouped in reports"
     assert result["metrics"]["terminal_attribution"]["chain"] == "broken"
 
 
@@ -112,6 +114,7 @@ def test_a_declared_id_that_cannot_be_attributed_masks_a_clean_chain() -> None:
     result = _assemble("3-4", entries, "prefix_merging", "", TerminalInputs(None, "resp_nope"))
     assert result["mask_sample"] is True
     assert "declared_terminal_not_captured" in mask_reason(result)
+    assert reason_category(mask_reason(result)) == "terminal not attributable"
 
 
 def test_disagreeing_witnesses_mask_a_clean_chain() -> None:
