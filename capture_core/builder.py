@@ -20,7 +20,12 @@ from typing import Any
 
 from capture_core.lineage import AMBIGUOUS, decide_parent, inconsistent_records
 from capture_core.records import TOKEN_FIELDS, TokenEntry
-from capture_core.terminal import CHAIN_BROKEN, CHAIN_DELIVERED, CHAIN_NOT_CAPTURED
+from capture_core.terminal import (
+    CHAIN_BROKEN,
+    CHAIN_DELIVERED,
+    CHAIN_NOT_CAPTURED,
+    collapse_identical,
+)
 
 BUILDERS = ("prefix_merging", "per_request")
 TOKEN_ONLY_ITEM = {"type": "message"}
@@ -183,7 +188,8 @@ class _Forest:
         elif parent is None:
             self.children[None].append(i)
         else:
-            j = self._position[parent.model_call_id]  # type: ignore[union-attr]
+            # By identity: call ids need not be unique, and an id lookup could link a cycle.
+            j = next(j for j in matches if self.calls[j] is parent)
             self.parent[i] = j
             self.children[j].append(i)
 
@@ -330,13 +336,16 @@ def _anchored(
     """The root-to-terminal path as the only chain; retries on it are resolved by the path.
 
     A path through a quarantined call is broken and yields no chain, as does a terminal
-    that is not among the calls with generated tokens.
+    that is not among the calls with generated tokens. Several different calls carrying
+    the terminal's id are ambiguous: broken too.
     """
-    position = next((i for i, c in enumerate(calls) if c.model_call_id == terminal), None)
+    named = [c for c in calls if c.model_call_id == terminal]
+    chosen = collapse_identical(named)
+    position = next((i for i, c in enumerate(calls) if c is chosen), None)
     path = forest.path_to(position) if position is not None else []
-    if position is None:
+    if not named:
         status = CHAIN_NOT_CAPTURED
-    elif any(i in forest.quarantined for i in path):
+    elif position is None or any(i in forest.quarantined for i in path):
         status = CHAIN_BROKEN
     else:
         status = CHAIN_DELIVERED

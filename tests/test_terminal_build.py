@@ -198,3 +198,26 @@ def test_a_terminal_deep_in_fifteen_hundred_turns_builds_without_recursion() -> 
         sys.setrecursionlimit(limit)
     assert len(built.chains[0].links) == 1201 and len(built.notes.excluded_calls) == 299
     assert attributed["mask_sample"] is False
+
+
+def test_calls_sharing_one_id_link_by_position_not_by_id() -> None:
+    """Two calls with one id: a child links to the call whose tokens it extends.
+
+    Looking parents up by id linked `mid` under the later `dup`, which extends `mid` itself:
+    a cycle, so the strict build lost two calls and the anchored build never returned.
+    """
+    calls = [call("dup", [1], [2]), call("mid", [1, 2, 3], [4]), call("dup", [1, 2, 3, 4, 5], [6])]
+    strict = prefix_merging(calls)
+    assert [[link.entry.prompt_token_ids for link in c.links] for c in strict.chains] == [
+        [[1], [1, 2, 3], [1, 2, 3, 4, 5]]
+    ]
+    anchored = prefix_merging(calls, terminal_call_id="mid")
+    assert anchored.notes.terminal_chain == "delivered"
+    assert [link.entry.prompt_token_ids for link in anchored.chains[0].links] == [[1], [1, 2, 3]]
+
+
+def test_a_terminal_id_carried_by_different_calls_is_broken() -> None:
+    """Which of two different calls with the terminal's id was scored cannot be known: mask."""
+    calls = [call("root", [1], [2]), call("end", [1, 2, 3], [4]), call("end", [1, 2, 3], [5])]
+    built = prefix_merging(calls, terminal_call_id="end")
+    assert built.notes.terminal_chain == "broken" and built.chains == []
