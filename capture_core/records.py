@@ -14,7 +14,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # Schema changelog (older versions are read; newer ones are refused):
 #   0: NeMo Gym's pre-release records, same fields and meaning.
@@ -32,7 +39,9 @@ class TokenEntry(BaseModel):
     `token_item_index` names the output item that originally carried the arrays.
     `created_at` is diagnostic and breaks ties when choosing the main chain.
     `response_id` is the id of the response the model server served for this call (as in
-    NeMo Gym 0.7.0 records); terminal attribution joins the scored response to it.
+    NeMo Gym 0.7.0 records); terminal attribution joins the scored response to it. It is
+    optional evidence: a value that is not a non-empty string reads as `None`, so it never
+    fails the record.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -56,6 +65,11 @@ class TokenEntry(BaseModel):
         if isinstance(data, Mapping):
             check_schema_version(data.get("schema_version"))
         return data
+
+    @field_validator("response_id", mode="before")
+    @classmethod
+    def _served_id_or_none(cls, value: Any) -> str | None:
+        return value if isinstance(value, str) and value else None
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TokenEntry:

@@ -214,3 +214,17 @@ def test_capture_helper_records_the_served_response_id() -> None:
     assert TokenEntry.model_validate_json(entry.model_dump_json()).response_id == "chatcmpl-42"
     served["id"] = ""
     assert token_entry_from_response("r", "c1", served).response_id is None
+
+
+def test_a_served_id_of_another_type_testifies_to_nothing_and_never_fails_a_record() -> None:
+    """A writer that stored a number (or an empty id) still yields a buildable record."""
+    fields = {
+        "rollout_id": "r",
+        "model_call_id": "c1",
+        "prompt_token_ids": [1],
+        "generation_token_ids": [2],
+        "generation_log_probs": [-0.2],
+    }
+    for served in (12345, "", {"id": "x"}, ["x"]):
+        assert TokenEntry.model_validate({**fields, "response_id": served}).response_id is None
+    assert TokenEntry.model_validate({**fields, "response_id": "resp_1"}).response_id == "resp_1"
