@@ -35,6 +35,7 @@ from capture_core.terminal import (
     TerminalAttribution,
     TerminalInputs,
     attribute_terminal,
+    check_strict_chain,
 )
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,9 @@ def _assemble(
             )
         for chain_built in built.chains:
             chain_built.validate()
+        if built.chains and not _mask(attribution, built):
+            main = [link.entry for link in built.chains[0].links]
+            attribution = check_strict_chain(attribution, terminal, main)
         response = project_main_chain_response(rollout_id, built, model=model)
         assert_prefix_contiguity(response)
     except Exception as exc:

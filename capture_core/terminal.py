@@ -32,6 +32,7 @@ CHAIN_NONE, CHAIN_DELIVERED, CHAIN_BROKEN, CHAIN_NOT_CAPTURED = (
     "not_captured",
 )
 DISAGREEMENT = "witness_disagreement"
+STRICT_CONTRADICTED = "content:contradicts_strict_chain"
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,38 @@ def _verdict(testimonies: list[_Testimony], by_id: Mapping[str, TokenEntry]) -> 
     )
 
 
+def check_strict_chain(
+    attribution: TerminalAttribution, inputs: TerminalInputs | None, chain: Sequence[TokenEntry]
+) -> TerminalAttribution:
+    """The verdict, made to mask when the scored response's content contradicts `chain`.
+
+    `chain` is the strict policy's main chain, built because nothing was attributed. The
+    response agrees when its model-authored items are the chain's in order, or its whole
+    or trailing reading is the leaf's own. Anything else (a later call continuing the scored
+    conversation, say) means the chain is not what was scored. No readable content, or a
+    call without content items, testifies to nothing. Never raises.
+    """
+    if attribution.call_id is not None or inputs is None or inputs.response is None:
+        return attribution
+    try:
+        agrees = _content_agrees(inputs.response, chain)
+    except Exception as exc:  # attribution must never fail a build
+        logger.warning("checking the strict chain against the response failed: %s", exc)
+        return attribution
+    if agrees:
+        return attribution
+    reason = "; ".join(filter(None, [attribution.reason, STRICT_CONTRADICTED]))
+    return TerminalAttribution(reason=reason, must_mask=True)
+
+
+def _content_agrees(response: Mapping[str, Any], chain: Sequence[TokenEntry]) -> bool:
+    full, trailing = transcript_readings(response_items(response))
+    own = [entry_fingerprint(entry) for entry in chain]
+    if not full or not own or not all(own):
+        return True
+    return full == tuple(key for keys in own for key in keys) or own[-1] in (full, trailing)
+
+
 def _trail(abstained: Iterable[_Testimony]) -> str:
     return "; ".join(f"{t.witness}:{t.reason}" for t in abstained)
 
@@ -228,7 +261,7 @@ def blocking_reason(metric: Mapping[str, Any] | None) -> str | None:
         return None
     reason = str(metric.get("reason") or "")
     parts = [part.strip() for part in reason.split(";")]
-    if any(p.startswith((DISAGREEMENT, "declared:")) for p in parts):
+    if any(p.startswith((DISAGREEMENT, "declared:", STRICT_CONTRADICTED)) for p in parts):
         return f"terminal not attributable: {reason}"
     return None
 

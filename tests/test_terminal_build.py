@@ -15,7 +15,7 @@ from capture_core.run_report import reason_category
 from capture_core.store import TokenCaptureStore
 from capture_core.synthetic import RolloutShape, synthetic_rollout
 from capture_core.terminal import TerminalInputs
-from tests.test_terminal import message
+from tests.test_terminal import message, tool_result
 
 
 def call(cid: str, prompt: list[int], gen: list[int], **extra: Any) -> TokenEntry:
@@ -221,3 +221,33 @@ def test_a_terminal_id_carried_by_different_calls_is_broken() -> None:
     calls = [call("root", [1], [2]), call("end", [1, 2, 3], [4]), call("end", [1, 2, 3], [5])]
     built = prefix_merging(calls, terminal_call_id="end")
     assert built.notes.terminal_chain == "broken" and built.chains == []
+
+
+def test_a_scored_response_that_contradicts_the_strict_chain_masks_it() -> None:
+    """A later call continuing the scored conversation makes the strict chain too long.
+
+    Nothing attributes the terminal here (no served id; the transcript ends in the submit
+    tool's output, so it has no trailing block), and the one strict chain runs on past the
+    scored call into the summary. The response's content says which calls it holds: the
+    strict chain is not them, so it masks instead of delivering the summary as scored.
+    """
+    submit = {"type": "function_call", "name": "submit", "arguments": "{}"}
+    entries = [
+        call("root", [1, 2], [3]),
+        call("end", [1, 2, 3, 4], [5]).model_copy(update={"output_items": [submit]}),
+        call("summary", [1, 2, 3, 4, 5, 6], [7]),
+    ]
+    transcript = [message("text of root"), tool_result("ok"), submit, tool_result("done")]
+    inputs = TerminalInputs(response={"id": "", "output": transcript})
+    result = _assemble("3-4", entries, "prefix_merging", "", inputs)
+    assert result["metrics"]["terminal_attribution"]["call_id"] is None
+    assert result["mask_sample"] is True, "the summary call was never scored"
+    assert reason_category(mask_reason(result)) == "terminal not attributable"
+    entries.pop()
+    agreeing = _assemble("3-4", entries, "prefix_merging", "", inputs)
+    assert agreeing["mask_sample"] is False, "the same response agrees with the exact chain"
+    aux = _assemble("3-4", [*entries, call("title", [50], [51])], "prefix_merging", "", inputs)
+    assert aux["mask_sample"] is True
+    assert "contradicts" not in aux["metrics"]["terminal_attribution"]["reason"], (
+        "a strict mask keeps its own reason: only a chain about to be delivered is checked"
+    )
