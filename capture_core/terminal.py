@@ -219,33 +219,42 @@ def _verdict(testimonies: list[_Testimony], by_id: Mapping[str, TokenEntry]) -> 
 def check_strict_chain(
     attribution: TerminalAttribution, inputs: TerminalInputs | None, chain: Sequence[TokenEntry]
 ) -> TerminalAttribution:
-    """The verdict, made to mask when the scored response's content contradicts `chain`.
+    """The verdict, made to mask when the scored response ends inside `chain`, before its leaf.
 
-    `chain` is the strict policy's main chain, built because nothing was attributed. The
-    response agrees when its model-authored items are the chain's in order, or its whole
-    or trailing reading is the leaf's own. Anything else (a later call continuing the scored
-    conversation, say) means the chain is not what was scored. No readable content, or a
-    call without content items, testifies to nothing. Never raises.
+    `chain` is the strict policy's main chain, about to be delivered because nothing was
+    attributed. The response ends at a call when its model-authored items are the chain's up
+    to that call, or its whole or trailing reading is that call's own. Ending at an earlier
+    call and not at the leaf means the chain runs past what was scored (a later call that
+    continued the conversation, say). A response that matches no call of the chain testifies
+    to nothing, so the strict policy stands. Never raises.
     """
     if attribution.call_id is not None or inputs is None or inputs.response is None:
         return attribution
     try:
-        agrees = _content_agrees(inputs.response, chain)
+        ends_early = _ends_before_leaf(inputs.response, chain)
     except Exception as exc:  # attribution must never fail a build
         logger.warning("checking the strict chain against the response failed: %s", exc)
         return attribution
-    if agrees:
+    if not ends_early:
         return attribution
     reason = "; ".join(filter(None, [attribution.reason, STRICT_CONTRADICTED]))
     return TerminalAttribution(reason=reason, must_mask=True)
 
 
-def _content_agrees(response: Mapping[str, Any], chain: Sequence[TokenEntry]) -> bool:
+def _ends_before_leaf(response: Mapping[str, Any], chain: Sequence[TokenEntry]) -> bool:
+    """Whether the response ends at a call of `chain` before its leaf, and not at the leaf."""
     full, trailing = transcript_readings(response_items(response))
+    if not full:
+        return False
     own = [entry_fingerprint(entry) for entry in chain]
-    if not full or not own or not all(own):
-        return True
-    return full == tuple(key for keys in own for key in keys) or own[-1] in (full, trailing)
+    flat = [key for keys in own for key in keys]
+    ends: list[bool] = []
+    covered = 0
+    for keys in own:
+        covered += len(keys)
+        whole = bool(keys) and covered == len(full) and tuple(flat[:covered]) == full
+        ends.append(whole or (bool(keys) and keys in (full, trailing)))
+    return any(ends[:-1]) and not ends[-1]
 
 
 def _trail(abstained: Iterable[_Testimony]) -> str:

@@ -251,3 +251,8 @@ def test_a_scored_response_that_contradicts_the_strict_chain_masks_it() -> None:
     assert "contradicts" not in aux["metrics"]["terminal_attribution"]["reason"], (
         "a strict mask keeps its own reason: only a chain about to be delivered is checked"
     )
+    unrelated = TerminalInputs(response={"output": [message("a harness's own summary")]})
+    longer = [*entries, call("summary", [1, 2, 3, 4, 5, 6], [7])]
+    assert _assemble("3-4", longer, "prefix_merging", "", unrelated)["mask_sample"] is False, (
+        "a response matching no call of the chain testifies to nothing: the strict policy stands"
+    )
