@@ -106,10 +106,7 @@ def _assemble(
     try:
         records = [coerce_token_entry(entry) for entry in entries]
         attribution = attribute_terminal(records, terminal)
-        if attribution.call_id is None:
-            built = run_builder(records, builder)
-        else:
-            built = run_builder(records, builder, terminal_call_id=attribution.call_id)
+        built = run_builder(records, builder, terminal_call_id=attribution.call_id)
         chain = built.notes.terminal_chain
         if attribution.call_id is not None and chain != CHAIN_DELIVERED:
             error = _undeliverable(attribution, chain)
@@ -119,16 +116,13 @@ def _assemble(
             )
         for chain_built in built.chains:
             chain_built.validate()
-        if built.chains and not _mask(attribution, built):
-            main = [link.entry for link in built.chains[0].links]
-            attribution = check_strict_chain(attribution, terminal, main)
+        attribution = _check_strict(attribution, terminal, built)
         response = project_main_chain_response(rollout_id, built, model=model)
         assert_prefix_contiguity(response)
     except Exception as exc:
         logger.warning("rollout %s: build failed: %s", rollout_id, exc)
         error = f"{type(exc).__name__}: {exc}"
         return _failed_build(rollout_id, builder, error, len(entries), attribution.metrics(chain))
-    notes = built.notes
     metrics = _metrics(len(records), built)
     metrics[TERMINAL_METRIC] = attribution.metrics(chain)
     return {
@@ -136,7 +130,7 @@ def _assemble(
         "builder": builder,
         "rebuilt_response": response,
         "mask_sample": _mask(attribution, built),
-        "unresolved_retries": list(notes.unresolved_retries),
+        "unresolved_retries": list(built.notes.unresolved_retries),
         "metrics": metrics,
     }
 
@@ -147,6 +141,16 @@ def _mask(attribution: TerminalAttribution, built: BuildOutput) -> bool:
     notes = built.notes
     strict = bool(notes.unresolved_retries) or notes.roots != 1 or notes.chains != 1
     return strict or attribution.must_mask
+
+
+def _check_strict(
+    attribution: TerminalAttribution, terminal: TerminalInputs | None, built: BuildOutput
+) -> TerminalAttribution:
+    """Check a strict main chain about to be delivered against the scored response."""
+    if not built.chains or _mask(attribution, built):
+        return attribution
+    main = [link.entry for link in built.chains[0].links]
+    return check_strict_chain(attribution, terminal, main)
 
 
 def _undeliverable(attribution: TerminalAttribution, chain: str) -> str:
