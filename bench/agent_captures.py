@@ -1,7 +1,9 @@
 """Seeded synthetic captures of realistic agent rollouts, with the chain that was scored.
 
 A rollout is a multi-turn tool-using chain; options add auxiliary calls (their own roots),
-sub-agent forks, retries of middle calls and of the final call, and lost calls.
+sub-agent forks, retries of middle calls and of the final call (some giving the same answer
+from different tokens), a later call that continues the scored conversation (a summary or a
+memory update), and lost calls.
 The finished record carries a scored response whose `id` and model-authored items match
 the terminal call, shaped as different harnesses return it (merged transcript, final turn,
 chat dialect, with or without the served id), and sometimes an explicit or declared terminal.
@@ -33,6 +35,9 @@ class CaptureMix:
     identical_mid_retry: float = 0.06
     final_retry: float = 0.2
     identical_final_retry: float = 0.04
+    same_answer_final_retry: float = 0.05
+    continuation: float = 0.12
+    submit_output: float = 0.5
     lost_call: float = 0.06
     explicit: float = 0.15
     declared: float = 0.15
@@ -68,6 +73,7 @@ class _Session:
         self.rollout_id, self.rng, self.parent_fields = rollout_id, rng, parent_fields
         self.entries: list[TokenEntry] = []
         self.clock = 1_000.0
+        self.submit_output = 0.0
 
     def tokens(self, n: int) -> list[int]:
         return self.rng.choices(range(VOCAB), k=n)
@@ -151,10 +157,16 @@ def _turn_items(session: _Session, final: bool) -> list[dict[str, Any]]:
 def _serve_turn(
     session: _Session, prompt: list[int], parent: TokenEntry | None, final: bool, retry: str
 ) -> tuple[TokenEntry, list[TokenEntry]]:
-    """The kept call of a turn and its abandoned retries (`retry`: "", "diverse", "identical")."""
+    """The kept call of a turn and its abandoned retries.
+
+    `retry`: "" (none), "diverse", "identical" (same tokens), "same_answer" (same
+    model-authored items from other tokens, as when only the reasoning differed).
+    """
     attempts = [session.serve(prompt, parent, _turn_items(session, final))]
     if retry == "diverse":
         attempts += [session.serve(prompt, parent, _turn_items(session, final))]
+    elif retry == "same_answer":
+        attempts += [session.serve(prompt, parent, attempts[0].output_items)]
     elif retry == "identical":
         attempts += [session.serve(prompt, parent, [], like=attempts[0])]
     kept = session.rng.choice(attempts)
@@ -176,16 +188,34 @@ def _auxiliary(session: _Session, label: str) -> None:
     )
 
 
+def _final_retry_kind(rng: random.Random, mix: CaptureMix) -> str:
+    """ "" (no retry of the final call), "diverse", "identical" or "same_answer"."""
+    draw = rng.random()
+    for kind, weight in (
+        ("identical", mix.identical_final_retry),
+        ("same_answer", mix.same_answer_final_retry),
+        ("diverse", mix.final_retry),
+    ):
+        if draw < weight:
+            return kind
+        draw -= weight
+    return ""
+
+
+def _continuation(session: _Session, terminal: TokenEntry) -> None:
+    """A later call on the scored conversation's whole context: it extends the terminal."""
+    prompt = terminal.prompt_token_ids + terminal.generation_token_ids + session.tokens(15)
+    label = session.rng.choice(["summary", "memory"])
+    session.serve(prompt, terminal, [_message(session.words(label))])
+
+
 def _main_chain(session: _Session, mix: CaptureMix, shapes: list[str]) -> list[TokenEntry]:
     rng = session.rng
     turns = rng.randint(mix.min_turns, mix.max_turns)
     mid_retry = rng.randrange(turns - 1) if turns > 1 and rng.random() < mix.mid_retry else None
     identical_mid = mid_retry is not None and rng.random() < mix.identical_mid_retry / mix.mid_retry
     fork_at = rng.randrange(turns - 1) if turns > 1 and rng.random() < mix.subagent else None
-    final_retry = rng.random() < mix.final_retry + mix.identical_final_retry
-    identical_final = final_retry and rng.random() < mix.identical_final_retry / (
-        mix.final_retry + mix.identical_final_retry
-    )
+    final_retry = _final_retry_kind(rng, mix)
     prompt = session.tokens(rng.randint(60, 200))
     chain: list[TokenEntry] = []
     for turn in range(turns):
@@ -195,7 +225,7 @@ def _main_chain(session: _Session, mix: CaptureMix, shapes: list[str]) -> list[T
             retry = "identical" if identical_mid else "diverse"
             shapes.append(f"{retry}_mid_retry")
         if final and final_retry:
-            retry = "identical" if identical_final else "diverse"
+            retry = final_retry
             shapes.append(f"{retry}_final_retry")
         kept, _abandoned = _serve_turn(session, prompt, chain[-1] if chain else None, final, retry)
         chain.append(kept)
@@ -210,6 +240,7 @@ def _transcript(session: _Session, chain: list[TokenEntry]) -> list[dict[str, An
     """The merged conversation a harness returns: user turn, each call's items, tool results.
 
     Tool-call arguments are re-serialised with other spacing, as a harness log would.
+    A final tool call (a submit) is sometimes followed by its output: the harness ran it.
     """
     items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "task"}]
     for n, entry in enumerate(chain):
@@ -218,7 +249,8 @@ def _transcript(session: _Session, chain: list[TokenEntry]) -> list[dict[str, An
             if copied.get("type") == "function_call":
                 copied["arguments"] = json.dumps(json.loads(copied["arguments"]), indent=1)
             items.append(copied)
-            if copied.get("type") == "function_call" and n < len(chain) - 1:
+            ran = n < len(chain) - 1 or session.rng.random() < session.submit_output
+            if copied.get("type") == "function_call" and ran:
                 items.append(
                     {
                         "type": "function_call_output",
@@ -282,7 +314,11 @@ def agent_rollout(
     if rng.random() < mix.auxiliary:
         shapes.append("auxiliary")
         _auxiliary(session, "title")
+    session.submit_output = mix.submit_output
     chain = _main_chain(session, mix, shapes)
+    if rng.random() < mix.continuation:
+        shapes.append("continuation")
+        _continuation(session, chain[-1])
     if "auxiliary" in shapes and rng.random() < 0.5:
         _auxiliary(session, "summary")
     record: dict[str, Any] = {

