@@ -106,7 +106,10 @@ def _assemble(
     try:
         records = [coerce_token_entry(entry) for entry in entries]
         attribution = attribute_terminal(records, terminal)
-        built = run_builder(records, builder, terminal_call_id=attribution.call_id)
+        if attribution.call_id is None:
+            built = run_builder(records, builder)
+        else:
+            built = run_builder(records, builder, terminal_call_id=attribution.call_id)
         chain = built.notes.terminal_chain
         if attribution.call_id is not None and chain != CHAIN_DELIVERED:
             error = _undeliverable(attribution, chain)
