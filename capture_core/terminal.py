@@ -144,9 +144,23 @@ def _attribute(entries: list[TokenEntry], inputs: TerminalInputs) -> TerminalAtt
             return TerminalAttribution(reason=_trail(abstained), must_mask=True)
         testimonies.append(declared)
     if inputs.response is not None:
-        testimonies.append(_response_id(entries, inputs.response))
-        testimonies.append(_content(entries, inputs.response))
+        testimonies.append(_guarded("response_id", _response_id, entries, inputs.response))
+        testimonies.append(_guarded("content", _content, entries, inputs.response))
     return _verdict(testimonies, by_id)
+
+
+def _guarded(
+    witness: str,
+    read: Callable[[list[TokenEntry], Mapping[str, Any]], _Testimony],
+    entries: list[TokenEntry],
+    response: Mapping[str, Any],
+) -> _Testimony:
+    """A witness whose reading of the response fails abstains; the others still testify."""
+    try:
+        return read(entries, response)
+    except Exception as exc:  # a malformed response silences only its own witnesses
+        logger.warning("terminal witness %s abstains: %s", witness, exc)
+        return _Testimony(witness, reason=f"attribution_error[{type(exc).__name__}]")
 
 
 def _explicit(by_id: Mapping[str, TokenEntry], call_id: str) -> _Testimony:

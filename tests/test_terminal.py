@@ -177,9 +177,16 @@ def test_attribution_never_raises_an_internal_error_is_an_abstention() -> None:
     malformed = {"output": [{"type": "message", "role": "assistant", "tool_calls": 5}]}
     verdict = attribute(chain(), response=malformed)
     assert verdict.call_id is None and not verdict.must_mask
-    assert abstention_reasons(verdict.reason) == ["attribution_error[TypeError]"]
+    assert abstention_reasons(verdict.reason) == [
+        "response_has_no_id",
+        "attribution_error[TypeError]",
+    ], "only the witness that read the malformed item abstains for it"
     declared = attribute(chain(), declared_response_id="resp_b", response=malformed)
-    assert declared.must_mask, "a declared terminal that could not be checked masks"
+    assert (declared.method, declared.call_id) == ("declared", "b")
+    unreadable = [*chain(), object()]
+    broken = attribute_terminal(unreadable, TerminalInputs(None, "resp_b"))  # type: ignore[list-item]
+    assert broken.call_id is None and broken.must_mask, "a declaration never checked masks"
+    assert abstention_reasons(broken.reason) == ["attribution_error[AttributeError]"]
 
 
 def test_inputs_come_from_the_record_and_ignore_wrong_types() -> None:

@@ -256,3 +256,22 @@ def test_a_scored_response_that_contradicts_the_strict_chain_masks_it() -> None:
     assert _assemble("3-4", longer, "prefix_merging", "", unrelated)["mask_sample"] is False, (
         "a response matching no call of the chain testifies to nothing: the strict policy stands"
     )
+
+
+def test_a_malformed_scored_response_silences_only_its_own_witnesses() -> None:
+    """An unreadable response item must not discard the explicit terminal.
+
+    Discarding it left the strict policy to deliver the chain that runs on into `summary`.
+    """
+    entries = [
+        call("a", [1], [2]),
+        call("b", [1, 2, 3], [4]),
+        call("summary", [1, 2, 3, 4, 5], [6]),
+    ]
+    malformed = {"output": [{"type": "message", "role": "assistant", "tool_calls": 5}]}
+    result = _assemble("3-4", entries, "prefix_merging", "", TerminalInputs("b", None, malformed))
+    verdict = result["metrics"]["terminal_attribution"]
+    assert verdict["method"] == "explicit" and verdict["call_id"] == "b"
+    assert "content:attribution_error[TypeError]" in verdict["reason"]
+    generated = [i for i in result["rebuilt_response"]["output"] if "generation_token_ids" in i]
+    assert [i["generation_token_ids"] for i in generated] == [[2], [4]]
