@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from capture_core.lineage import AMBIGUOUS, decide_parent, inconsistent_records
+from capture_core.lineage import AMBIGUOUS, CONTRADICTED, decide_parent, inconsistent_records
 from capture_core.records import TOKEN_FIELDS, TokenEntry
 from capture_core.terminal import (
     CHAIN_BROKEN,
@@ -69,7 +69,9 @@ class Chain:
 class BuildNotes:
     """What the builder saw; typed so a renamed metric fails loudly instead of reading as zero.
 
-    `unresolved_retries` and `empty_generation_calls` are call ids.
+    `unresolved_retries` and `empty_generation_calls` are call ids. `contradicted_calls` are
+    the calls whose writer-recorded lineage the tokens contradict (quarantined: evidence of
+    a lost or misrecorded call, which the strict policy must not drop silently).
     """
 
     builder: str
@@ -82,6 +84,7 @@ class BuildNotes:
     empty_generation_calls: list[str] = field(default_factory=list)
     terminal_chain: str = ""
     excluded_calls: list[str] = field(default_factory=list)
+    contradicted_calls: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -156,7 +159,8 @@ class _Forest:
         """`known_ids`: every call id of the snapshot; `collapse`: identical parents may merge."""
         self.calls = calls
         self.parent: list[int | None] = [None] * len(calls)
-        self.quarantined: set[int] = inconsistent_records(calls)
+        self.contradicted: set[int] = inconsistent_records(calls)
+        self.quarantined: set[int] = set(self.contradicted)
         self.children: dict[int | None, list[int]] = defaultdict(list)
         self._position = {call.model_call_id: i for i, call in enumerate(calls)}
         self._known_ids = known_ids
@@ -183,7 +187,10 @@ class _Forest:
             self._known_ids,
             self._collapse,
         )
-        if parent is AMBIGUOUS:
+        if parent is CONTRADICTED:
+            self.contradicted.add(i)
+            self.quarantined.add(i)
+        elif parent is AMBIGUOUS:
             self.quarantined.add(i)
         elif parent is None:
             self.children[None].append(i)
@@ -310,6 +317,7 @@ def prefix_merging(
     }
     notes = _notes(calls, chains, len(live_roots), sorted(empty))
     notes.unresolved_retries = unresolved
+    notes.contradicted_calls = sorted(calls[i].model_call_id for i in forest.contradicted)
     quarantined = sorted(calls[i].model_call_id for i in forest.quarantined)
     return BuildOutput(chains, quarantined, notes)
 
@@ -354,6 +362,7 @@ def _anchored(
     roots = sum(1 for r in forest.children[None] if r not in forest.quarantined)
     notes = _notes(calls, chains, roots, empty)
     notes.terminal_chain = status
+    notes.contradicted_calls = sorted(calls[i].model_call_id for i in forest.contradicted)
     notes.excluded_calls = sorted(c.model_call_id for i, c in enumerate(calls) if i not in on_path)
     quarantined = sorted(calls[i].model_call_id for i in forest.quarantined)
     return BuildOutput(chains, quarantined, notes)

@@ -111,11 +111,11 @@ def _assemble(
         else:
             built = run_builder(records, builder, terminal_call_id=attribution.call_id)
         chain = built.notes.terminal_chain
-        if attribution.call_id is not None and chain != CHAIN_DELIVERED:
-            error = _undeliverable(attribution, chain)
-            logger.warning("rollout %s: %s", rollout_id, error)
+        refused = _refusal(attribution, built)
+        if refused is not None:
+            logger.warning("rollout %s: %s", rollout_id, refused)
             return _failed_build(
-                rollout_id, builder, error, len(entries), attribution.metrics(chain)
+                rollout_id, builder, refused, len(entries), attribution.metrics(chain)
             )
         for chain_built in built.chains:
             chain_built.validate()
@@ -154,6 +154,29 @@ def _check_strict(
         return attribution
     main = [link.entry for link in built.chains[0].links]
     return check_strict_chain(attribution, terminal, main)
+
+
+def _refusal(attribution: TerminalAttribution, built: BuildOutput) -> str | None:
+    """Why this build is never delivered, whatever the strict policy says; else `None`.
+
+    An attributed terminal whose chain is not delivered, or (unattributed) calls whose
+    writer-recorded lineage the tokens contradict: dropping those would hide a lost call.
+    """
+    chain = built.notes.terminal_chain
+    if attribution.call_id is not None and chain != CHAIN_DELIVERED:
+        return _undeliverable(attribution, chain)
+    if attribution.call_id is None and built.notes.contradicted_calls:
+        return _contradicted(built.notes.contradicted_calls)
+    return None
+
+
+def _contradicted(call_ids: list[str]) -> str:
+    """The error of a strict build holding calls whose recorded lineage the tokens deny."""
+    return (
+        f"writer lineage contradicted by the tokens for calls {call_ids}: a recorded parent "
+        "is missing from the snapshot or denied by the tokens, or a cum_len or digest does "
+        "not describe the call; the rollout is masked and its capture kept as evidence"
+    )
 
 
 def _undeliverable(attribution: TerminalAttribution, chain: str) -> str:

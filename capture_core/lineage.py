@@ -18,7 +18,9 @@ from capture_core.records import TokenEntry
 from capture_core.terminal import collapse_identical, same_sequence
 
 AMBIGUOUS = object()
-"""The decision for a call whose parent the evidence cannot settle: quarantine it."""
+"""The decision for a call whose parent the tokens cannot settle: quarantine it."""
+CONTRADICTED = object()
+"""The decision for a call whose recorded parent the tokens deny or the snapshot lacks."""
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,12 @@ def decide_parent(
 ) -> TokenEntry | object | None:
     """The parent of `child` among its token-verified longest-prefix `candidates`.
 
-    Returns the parent, `None` for a root, or `AMBIGUOUS`. A recorded parent must be one of
-    the candidates; one missing from the snapshot is a lost call. Without a record, one
-    candidate is the parent; several are ambiguous unless `collapse` is set and they share
-    one token sequence (interchangeable: the smallest call id).
+    Returns the parent, `None` for a root, `CONTRADICTED` or `AMBIGUOUS`. A recorded parent
+    must be one of the candidates; one the tokens deny, or one missing from the snapshot (a
+    lost call), contradicts the record. A recorded parent that is in the snapshot without
+    generated tokens leaves the decision to the tokens. Without a record, one candidate is
+    the parent; several are ambiguous unless `collapse` is set and they share one token
+    sequence (interchangeable: the smallest call id).
     """
     recorded = writer_parent(child)
     if recorded is not None and recorded.resolution == "resolved":
@@ -87,9 +91,9 @@ def decide_parent(
         if named:
             return named[0]
         if recorded.parent_call_id in buildable_ids or recorded.parent_call_id not in known_ids:
-            return AMBIGUOUS
+            return CONTRADICTED
     elif recorded is not None:
-        return AMBIGUOUS if candidates else None
+        return CONTRADICTED if candidates else None
     if len(candidates) <= 1:
         return candidates[0] if candidates else None
     if collapse:

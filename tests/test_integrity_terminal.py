@@ -16,7 +16,8 @@ from bench.agent_captures import (
     scored_tokens,
     write_capture,
 )
-from capture_core.delivery import finalize_rollout_token_capture
+from capture_core.consumer import trajectories_from_source
+from capture_core.delivery import finalize_rollout_token_capture, mask_reason
 from capture_core.store import TokenCaptureStore
 from tests.reliability_figures import record_case
 
@@ -125,3 +126,30 @@ def test_a_silently_lost_middle_call_is_caught_by_the_recorded_parent(tmp_path) 
     )
     assert not delivered
     assert record["_ng_token_capture"]["terminal_attribution"]["chain"] == "broken"
+
+
+def test_without_a_record_a_call_the_writer_evidence_quarantines_masks_the_rollout(
+    tmp_path,
+) -> None:
+    """The strict policy must not drop a contradicted call and deliver what is left.
+
+    A silently lost middle call leaves its child with a recorded parent that is not in the
+    snapshot; the child is quarantined. Dropping it delivered the chain up to the loss as
+    if it were the whole rollout. A recorded parent the tokens deny does the same.
+    """
+    rollout = next(
+        r
+        for i in range(100)
+        if len((r := agent_rollout(6, i, seed=2, parent_fields=True)).scored_chain) >= 3
+        and r.shapes == ["plain"]
+    )
+    lost = rollout.scored_chain[1]
+    rollout.entries = [e for e in rollout.entries if e is not lost]
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    for entry in rollout.entries:
+        store.put_now(entry)
+    built = asyncio.run(trajectories_from_source(rollout.rollout_id, store))
+    assert built is not None
+    delivered = built["rebuilt_response"] is not None and not built["mask_sample"]
+    record_case("silently lost middle call, no record", wrong_tokens_delivered=int(delivered))
+    assert not delivered and "contradicted" in mask_reason(built)
