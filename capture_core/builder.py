@@ -6,7 +6,8 @@ Both are independent of capture order, and nothing here recurses, so rollouts of
 of turns build in one pass.
 Parents are found through an index keyed by cumulative length and sampled tokens, then
 verified by comparing whole lists in C; no Python loop walks tokens one by one.
-This module imports only `records`.
+A terminal call anchors the build: the main chain is the path from its root to it.
+This module imports only `records`, `lineage` and `terminal`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from capture_core.lineage import AMBIGUOUS, CONTRADICTED, decide_parent, inconsistent_records
 from capture_core.records import TOKEN_FIELDS, TokenEntry
+from capture_core.terminal import (
+    CHAIN_BROKEN,
+    CHAIN_DELIVERED,
+    CHAIN_NOT_CAPTURED,
+    collapse_identical,
+)
 
 BUILDERS = ("prefix_merging", "per_request")
 TOKEN_ONLY_ITEM = {"type": "message"}
@@ -61,7 +69,9 @@ class Chain:
 class BuildNotes:
     """What the builder saw; typed so a renamed metric fails loudly instead of reading as zero.
 
-    `unresolved_retries` and `empty_generation_calls` are call ids.
+    `unresolved_retries` and `empty_generation_calls` are call ids. `contradicted_calls` are
+    the calls whose writer-recorded lineage the tokens contradict (quarantined: evidence of
+    a lost or misrecorded call, which the strict policy must not drop silently).
     """
 
     builder: str
@@ -72,6 +82,9 @@ class BuildNotes:
     delivered_fraction: float = 0.0
     unresolved_retries: list[str] = field(default_factory=list)
     empty_generation_calls: list[str] = field(default_factory=list)
+    terminal_chain: str = ""
+    excluded_calls: list[str] = field(default_factory=list)
+    contradicted_calls: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -137,11 +150,21 @@ def _extends(child_prompt: Sequence[int], parent: TokenEntry) -> bool:
 class _Forest:
     """Parent links between calls (indices into `calls`), found without recursion."""
 
-    def __init__(self, calls: list[TokenEntry]) -> None:
+    def __init__(
+        self,
+        calls: list[TokenEntry],
+        known_ids: frozenset[str] = frozenset(),
+        collapse: bool = False,
+    ) -> None:
+        """`known_ids`: every call id of the snapshot; `collapse`: identical parents may merge."""
         self.calls = calls
         self.parent: list[int | None] = [None] * len(calls)
-        self.quarantined: set[int] = set()
+        self.contradicted: set[int] = inconsistent_records(calls)
+        self.quarantined: set[int] = set(self.contradicted)
         self.children: dict[int | None, list[int]] = defaultdict(list)
+        self._position = {call.model_call_id: i for i, call in enumerate(calls)}
+        self._known_ids = known_ids
+        self._collapse = collapse
         index: dict[tuple[int, int, int, int], list[int]] = defaultdict(list)
         for i, call in enumerate(calls):
             index[_cumulative_fingerprint(call)].append(i)
@@ -150,18 +173,39 @@ class _Forest:
             self._link(i, call.prompt_token_ids, index, lengths)
 
     def _link(self, i: int, prompt: Sequence[int], index: dict, lengths: list[int]) -> None:
-        """Attach call `i` to its longest-prefix parent; several identical parents quarantine it."""
+        """Attach call `i` to its longest-prefix parent; unsettled evidence quarantines it."""
+        matches: list[int] = []
         for pos in range(bisect.bisect_right(lengths, len(prompt)) - 1, -1, -1):
             candidates = index.get(_fingerprint(prompt, lengths[pos]), ())
             matches = [j for j in candidates if j != i and _extends(prompt, self.calls[j])]
-            if len(matches) > 1:
-                self.quarantined.add(i)
-                return
             if matches:
-                self.parent[i] = matches[0]
-                self.children[matches[0]].append(i)
-                return
-        self.children[None].append(i)
+                break
+        parent = decide_parent(
+            self.calls[i],
+            [self.calls[j] for j in matches],
+            self._position,
+            self._known_ids,
+            self._collapse,
+        )
+        if parent is CONTRADICTED:
+            self.contradicted.add(i)
+            self.quarantined.add(i)
+        elif parent is AMBIGUOUS:
+            self.quarantined.add(i)
+        elif parent is None:
+            self.children[None].append(i)
+        else:
+            # By identity: call ids need not be unique, and an id lookup could link a cycle.
+            j = next(j for j in matches if self.calls[j] is parent)
+            self.parent[i] = j
+            self.children[j].append(i)
+
+    def path_to(self, i: int) -> list[int]:
+        """The calls from `i`'s root down to `i`, without recursion."""
+        path = [i]
+        while (up := self.parent[path[-1]]) is not None:
+            path.append(up)
+        return path[::-1]
 
     def resolve_retries(self) -> list[str]:
         """Quarantine redundant retries; return the call ids of unresolved retry groups.
@@ -246,42 +290,95 @@ def _main_first(calls: list[TokenEntry], paths: list[list[int]]) -> list[list[in
     return [main, *(path for path in by_leaf if path is not main)]
 
 
-def prefix_merging(entries: Iterable[TokenEntry]) -> BuildOutput:
-    """Merge calls into prefix-contiguous chains; the main chain comes first."""
+def prefix_merging(
+    entries: Iterable[TokenEntry], terminal_call_id: str | None = None
+) -> BuildOutput:
+    """Merge calls into prefix-contiguous chains; the main chain comes first.
+
+    With `terminal_call_id` the main chain is the path from its root to that call; calls
+    off the path are excluded (`notes.excluded_calls`) and `notes.terminal_chain` says
+    whether the path was delivered, is broken or was not captured.
+    """
     all_calls = list(entries)
     calls = sorted((e for e in all_calls if e.generation_token_ids), key=_order_key)
     empty = [e.model_call_id for e in all_calls if not e.generation_token_ids]
-    forest = _Forest(calls)
+    known = frozenset(e.model_call_id for e in all_calls)
+    forest = _Forest(calls, known, collapse=terminal_call_id is not None)
+    if terminal_call_id is not None:
+        return _anchored(calls, forest, terminal_call_id, sorted(empty))
     unresolved = forest.resolve_retries()
     paths = _main_first(calls, forest.chains())
     chains = [
         _link_chain(calls, path, "main" if n == 0 else f"branch-{n - 1}")
         for n, path in enumerate(paths)
     ]
-    captured = sum(len(c.generation_token_ids) for c in calls)
-    delivered = chains[0].generated_tokens if chains else 0
     live_roots = {path[0] for path in paths} | {
         r for r in forest.children[None] if r not in forest.quarantined
     }
-    notes = BuildNotes(
-        builder="prefix_merging",
-        roots=len(live_roots),
-        chains=len(chains),
-        generated_tokens_captured=captured,
-        generated_tokens_delivered=delivered,
-        delivered_fraction=_fraction(delivered, captured),
-        unresolved_retries=unresolved,
-        empty_generation_calls=sorted(empty),
-    )
+    notes = _notes(calls, chains, len(live_roots), sorted(empty))
+    notes.unresolved_retries = unresolved
+    notes.contradicted_calls = sorted(calls[i].model_call_id for i in forest.contradicted)
     quarantined = sorted(calls[i].model_call_id for i in forest.quarantined)
     return BuildOutput(chains, quarantined, notes)
 
 
-def run_builder(entries: Iterable[TokenEntry], builder: str = "prefix_merging") -> BuildOutput:
+def _notes(
+    calls: list[TokenEntry], chains: list[Chain], roots: int, empty: list[str]
+) -> BuildNotes:
+    captured = sum(len(c.generation_token_ids) for c in calls)
+    delivered = chains[0].generated_tokens if chains else 0
+    return BuildNotes(
+        builder="prefix_merging",
+        roots=roots,
+        chains=len(chains),
+        generated_tokens_captured=captured,
+        generated_tokens_delivered=delivered,
+        delivered_fraction=_fraction(delivered, captured),
+        empty_generation_calls=empty,
+    )
+
+
+def _anchored(
+    calls: list[TokenEntry], forest: _Forest, terminal: str, empty: list[str]
+) -> BuildOutput:
+    """The root-to-terminal path as the only chain; retries on it are resolved by the path.
+
+    A path through a quarantined call is broken and yields no chain, as does a terminal
+    that is not among the calls with generated tokens. Several different calls carrying
+    the terminal's id are ambiguous: broken too.
+    """
+    named = [c for c in calls if c.model_call_id == terminal]
+    chosen = collapse_identical(named)
+    position = next((i for i, c in enumerate(calls) if c is chosen), None)
+    path = forest.path_to(position) if position is not None else []
+    if not named:
+        status = CHAIN_NOT_CAPTURED
+    elif position is None or any(i in forest.quarantined for i in path):
+        status = CHAIN_BROKEN
+    else:
+        status = CHAIN_DELIVERED
+    chains = [_link_chain(calls, path, "main")] if status == CHAIN_DELIVERED else []
+    on_path = set(path) if chains else set()
+    roots = sum(1 for r in forest.children[None] if r not in forest.quarantined)
+    notes = _notes(calls, chains, roots, empty)
+    notes.terminal_chain = status
+    notes.contradicted_calls = sorted(calls[i].model_call_id for i in forest.contradicted)
+    notes.excluded_calls = sorted(c.model_call_id for i, c in enumerate(calls) if i not in on_path)
+    quarantined = sorted(calls[i].model_call_id for i in forest.quarantined)
+    return BuildOutput(chains, quarantined, notes)
+
+
+def run_builder(
+    entries: Iterable[TokenEntry],
+    builder: str = "prefix_merging",
+    *,
+    terminal_call_id: str | None = None,
+) -> BuildOutput:
     """Run the named builder over a frozen snapshot's entries.
 
-    An unknown name is a `ValueError` listing the known ones; the arguments in the wrong
-    order (the name first) are a `TypeError` saying so.
+    `terminal_call_id` anchors `prefix_merging` to an attributed terminal call (`per_request`
+    refuses it: it has no chain to anchor). An unknown name is a `ValueError` listing the
+    known ones; the arguments in the wrong order (the name first) are a `TypeError` saying so.
     """
     if isinstance(entries, str):
         raise TypeError(
@@ -289,9 +386,13 @@ def run_builder(entries: Iterable[TokenEntry], builder: str = "prefix_merging") 
             f"{entries!r} as the first argument. Call run_builder(entries, builder={entries!r})"
         )
     if builder == "prefix_merging":
-        return prefix_merging(entries)
-    if builder == "per_request":
+        return prefix_merging(entries, terminal_call_id)
+    if builder == "per_request" and terminal_call_id is None:
         return per_request(entries)
+    if builder == "per_request":
+        raise ValueError(
+            "per_request builds one chain per call; a terminal call needs prefix_merging"
+        )
     raise ValueError(f"unknown builder {builder!r}; use one of {', '.join(BUILDERS)}")
 
 

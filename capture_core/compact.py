@@ -44,6 +44,7 @@ _DEFAULTS: dict[str, Any] = {
     "output_items": [],
     "token_item_index": None,
     "created_at": 0.0,
+    "response_id": None,
 }
 
 

@@ -5,6 +5,7 @@ Every path freezes first, then passes the snapshot through `build_from_snapshot`
 Builder, validation, projection and contiguity errors become failed builds, never exceptions.
 Single-response delivery rejects `per_request` because it can return several trajectories.
 The caller supplies the rollout id; this module does not import rollout-record modules.
+A finished record, when given, names its terminal call; attribution anchors the build to it.
 Capture locations are local paths or fsspec URLs.
 """
 
@@ -27,21 +28,40 @@ from capture_core.ids import maybe_rollout_id_from_run_body, validate_rollout_id
 from capture_core.protocols import TokenSource
 from capture_core.records import coerce_token_entry
 from capture_core.store import TokenCaptureStore
+from capture_core.terminal import (
+    CHAIN_BROKEN,
+    CHAIN_DELIVERED,
+    NOT_ATTRIBUTED,
+    TerminalAttribution,
+    TerminalInputs,
+    attribute_terminal,
+    check_strict_chain,
+)
 
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_KEY = "_capture_snapshot"
+TERMINAL_METRIC = "terminal_attribution"
 EMPTY_CAPTURE_ERROR = "capture contains no token records"
 
 
-def _failed_build(rollout_id: str, builder: str, error: str, n_calls: int = 0) -> dict:
+def _failed_build(
+    rollout_id: str,
+    builder: str,
+    error: str,
+    n_calls: int = 0,
+    terminal: dict[str, Any] | None = None,
+) -> dict:
     return {
         "rollout_id": rollout_id,
         "builder": builder,
         "rebuilt_response": None,
         "mask_sample": True,
         "error": error,
-        "metrics": {"n_calls": n_calls},
+        "metrics": {
+            "n_calls": n_calls,
+            TERMINAL_METRIC: terminal or NOT_ATTRIBUTED.metrics(),
+        },
     }
 
 
@@ -61,8 +81,19 @@ def _metrics(n_calls: int, built: BuildOutput) -> dict[str, Any]:
     }
 
 
-def _assemble(rollout_id: str, entries: list, builder: str, model: str) -> dict:
-    """Build and project one rollout's entries; any failure is a failed (masked) build."""
+def _assemble(
+    rollout_id: str,
+    entries: list,
+    builder: str,
+    model: str,
+    terminal: TerminalInputs | None = None,
+) -> dict:
+    """Build and project one rollout's entries; any failure is a failed (masked) build.
+
+    An attributed terminal anchors the build and decides the mask: delivered or masked,
+    never the strict policy. Unattributed, the strict single-chain policy applies; a
+    declared terminal that could not be attributed, or contradicting witnesses, mask.
+    """
     if builder == "per_request":
         return _failed_build(
             rollout_id,
@@ -71,35 +102,107 @@ def _assemble(rollout_id: str, entries: list, builder: str, model: str) -> dict:
             "prefix_merging",
             len(entries),
         )
+    attribution, chain = NOT_ATTRIBUTED, ""
     try:
         records = [coerce_token_entry(entry) for entry in entries]
-        built = run_builder(records, builder)
-        for chain in built.chains:
-            chain.validate()
+        attribution = attribute_terminal(records, terminal)
+        if attribution.call_id is None:
+            built = run_builder(records, builder)
+        else:
+            built = run_builder(records, builder, terminal_call_id=attribution.call_id)
+        chain = built.notes.terminal_chain
+        refused = _refusal(attribution, built)
+        if refused is not None:
+            logger.warning("rollout %s: %s", rollout_id, refused)
+            return _failed_build(
+                rollout_id, builder, refused, len(entries), attribution.metrics(chain)
+            )
+        for chain_built in built.chains:
+            chain_built.validate()
+        attribution = _check_strict(attribution, terminal, built)
         response = project_main_chain_response(rollout_id, built, model=model)
         assert_prefix_contiguity(response)
     except Exception as exc:
         logger.warning("rollout %s: build failed: %s", rollout_id, exc)
-        return _failed_build(rollout_id, builder, f"{type(exc).__name__}: {exc}", len(entries))
-    notes = built.notes
+        error = f"{type(exc).__name__}: {exc}"
+        return _failed_build(rollout_id, builder, error, len(entries), attribution.metrics(chain))
+    metrics = _metrics(len(records), built)
+    metrics[TERMINAL_METRIC] = attribution.metrics(chain)
     return {
         "rollout_id": rollout_id,
         "builder": builder,
         "rebuilt_response": response,
-        "mask_sample": bool(notes.unresolved_retries) or notes.roots != 1 or notes.chains != 1,
-        "unresolved_retries": list(notes.unresolved_retries),
-        "metrics": _metrics(len(records), built),
+        "mask_sample": _mask(attribution, built),
+        "unresolved_retries": list(built.notes.unresolved_retries),
+        "metrics": metrics,
     }
 
 
-def build_from_snapshot(snapshot: Any, builder: str, model: str) -> dict:
+def _mask(attribution: TerminalAttribution, built: BuildOutput) -> bool:
+    if attribution.call_id is not None:
+        return False
+    notes = built.notes
+    strict = bool(notes.unresolved_retries) or notes.roots != 1 or notes.chains != 1
+    return strict or attribution.must_mask
+
+
+def _check_strict(
+    attribution: TerminalAttribution, terminal: TerminalInputs | None, built: BuildOutput
+) -> TerminalAttribution:
+    """Check a strict main chain about to be delivered against the scored response."""
+    if not built.chains or _mask(attribution, built):
+        return attribution
+    main = [link.entry for link in built.chains[0].links]
+    return check_strict_chain(attribution, terminal, main)
+
+
+def _refusal(attribution: TerminalAttribution, built: BuildOutput) -> str | None:
+    """Why this build is never delivered, whatever the strict policy says; else `None`.
+
+    An attributed terminal whose chain is not delivered, or (unattributed) calls whose
+    writer-recorded lineage the tokens contradict: dropping those would hide a lost call.
+    """
+    chain = built.notes.terminal_chain
+    if attribution.call_id is not None and chain != CHAIN_DELIVERED:
+        return _undeliverable(attribution, chain)
+    if attribution.call_id is None and built.notes.contradicted_calls:
+        return _contradicted(built.notes.contradicted_calls)
+    return None
+
+
+def _contradicted(call_ids: list[str]) -> str:
+    """The error of a strict build holding calls whose recorded lineage the tokens deny."""
+    return (
+        f"writer lineage contradicted by the tokens for calls {call_ids}: a recorded parent "
+        "is missing from the snapshot or denied by the tokens, or a cum_len or digest does "
+        "not describe the call; the rollout is masked and its capture kept as evidence"
+    )
+
+
+def _undeliverable(attribution: TerminalAttribution, chain: str) -> str:
+    """The error of an attributed terminal whose chain cannot be delivered (it masks)."""
+    if chain == CHAIN_BROKEN:
+        why = "its path crosses an ambiguous or contradicted call"
+    else:
+        why = "it is not among the calls with generated tokens"
+    return (
+        f"terminal chain {chain}: call {attribution.call_id!r} (attributed by "
+        f"{attribution.method}) cannot be delivered, {why}; the rollout is masked and its "
+        "capture kept as evidence"
+    )
+
+
+def build_from_snapshot(
+    snapshot: Any, builder: str, model: str, terminal: TerminalInputs | None = None
+) -> dict:
     """The one build path: empty snapshots fail, incomplete ones mask, the snapshot is attached.
 
     `snapshot` is a `TokenCaptureSnapshot` or another library's snapshot type with the same
     fields (`rollout_id`, `entries`, `incomplete`, `snapshot_id`, `version`); one that cannot
     be read is a failed build, never an exception. An incomplete snapshot masks the build
     without inventing an `error`; its reasons are logged. With no entry left its reasons are
-    the cause, so they become the failed build's error.
+    the cause, so they become the failed build's error. `terminal` (from the finished record)
+    anchors the build to the scored call.
     """
     rollout_id = str(getattr(snapshot, "rollout_id", ""))
     try:
@@ -116,7 +219,7 @@ def build_from_snapshot(snapshot: Any, builder: str, model: str) -> dict:
         error = f"capture incomplete: {reasons}" if incomplete else EMPTY_CAPTURE_ERROR
         built = _failed_build(rollout_id, builder, error)
     else:
-        built = _assemble(rollout_id, entries, builder, model)
+        built = _assemble(rollout_id, entries, builder, model, terminal)
     if incomplete:
         built["mask_sample"] = True
         built["metrics"]["capture_incomplete"] = True
@@ -130,8 +233,12 @@ async def trajectories_from_source(
     source: TokenSource,
     builder: str = "prefix_merging",
     model: str = "",
+    *,
+    record: Mapping[str, Any] | None = None,
 ) -> dict | None:
     """Build trajectories from a frozen `TokenSource` snapshot.
+
+    `record`, the finished rollout record, lets terminal attribution anchor the build.
 
     Missing records are unsafe and return a masked result.
     An incomplete snapshot is unsafe and returns a masked result.
@@ -143,7 +250,7 @@ async def trajectories_from_source(
         snapshot = await source.freeze(rollout_id)
     except Exception as exc:
         return _failed_build(rollout_id, builder, f"freeze failed: {type(exc).__name__}: {exc}")
-    return build_from_snapshot(snapshot, builder, model)
+    return build_from_snapshot(snapshot, builder, model, TerminalInputs.from_record(record))
 
 
 def trajectories_for_rollout(
@@ -151,8 +258,12 @@ def trajectories_for_rollout(
     token_capture_dirs: Sequence[str | os.PathLike[str]],
     builder: str = "prefix_merging",
     model: str = "",
+    *,
+    record: Mapping[str, Any] | None = None,
 ) -> dict | None:
     """Build trajectories from a frozen snapshot of the configured store location.
+
+    `record`, the finished rollout record, lets terminal attribution anchor the build.
 
     Return `None` only when no capture location is configured (the first one is used).
     Missing records are unsafe and return a masked result.
@@ -165,7 +276,7 @@ def trajectories_for_rollout(
         snapshot = TokenCaptureStore(token_capture_dirs[0]).freeze_now(rollout_id)
     except Exception as exc:
         return _failed_build(rollout_id, builder, f"freeze failed: {type(exc).__name__}: {exc}")
-    return build_from_snapshot(snapshot, builder, model)
+    return build_from_snapshot(snapshot, builder, model, TerminalInputs.from_record(record))
 
 
 def clear_token_captures_for_rollouts(

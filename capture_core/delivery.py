@@ -5,6 +5,7 @@ It never retires; the caller retires only after durable handoff, by snapshot id 
 Existing token ids are the policy's sampled data: such a rollout is left unchanged.
 Failed or masked builds keep their capture as evidence.
 Training correlation preserves `/ng-rollout/<id>/training-token-capture`.
+The record's terminal fields and scored `response` attribute the call that earned the reward.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from capture_core.consumer import SNAPSHOT_KEY, build_from_snapshot
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenSource
 from capture_core.records import response_items
+from capture_core.terminal import TerminalInputs, blocking_reason
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +115,7 @@ async def _finalize(result: dict, source: TokenSource, builder: str) -> dict | N
         return _unusable(result, error, f"rollout {rollout_id} masked: capture unreadable: {error}")
     response = result.get("response")
     model = str(response.get("model") or "") if isinstance(response, dict) else ""
-    built = build_from_snapshot(snapshot, builder, model)
+    built = build_from_snapshot(snapshot, builder, model, TerminalInputs.from_record(result))
     _apply(result, built)
     return built
 
@@ -163,6 +165,9 @@ def _mask_reason(built: dict) -> str:
     metrics = built.get("metrics", {})
     if metrics.get("capture_incomplete"):
         return "capture incomplete: a call was lost, never finished, or captured twice differently"
+    blocked = blocking_reason(metrics.get("terminal_attribution"))
+    if blocked:
+        return blocked
     if built.get("unresolved_retries"):
         return f"unresolved retries {built['unresolved_retries']}"
     return f"{metrics.get('roots')} roots and {metrics.get('chains')} chains (need one of each)"

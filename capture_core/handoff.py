@@ -37,6 +37,7 @@ from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenCaptureSnapshot, TokenSource
 from capture_core.rollout_io import BatchPlan, ParsedLine
 from capture_core.store import TokenCaptureStore
+from capture_core.terminal import abstention_reasons
 
 
 class RolloutOutcome(BaseModel):
@@ -51,6 +52,8 @@ class RolloutOutcome(BaseModel):
     version: int | None = None
     delivered_fraction: float | None = None
     error: str | None = None
+    terminal_method: str | None = None
+    terminal_abstentions: list[str] = Field(default_factory=list)
 
     @property
     def emitted(self) -> bool:
@@ -139,6 +142,8 @@ def _outcome(line: int, result: dict, built: dict | None) -> RolloutOutcome:
     masked = bool(result.get("mask_sample"))
     reason = mask_reason(built) if built else None
     capture = result.get("_ng_token_capture") or {}
+    terminal = capture.get("terminal_attribution")
+    terminal = terminal if isinstance(terminal, dict) else {}
     return RolloutOutcome(
         line=line,
         rollout_id=(built or {}).get("rollout_id") or plain_rollout_id(result),
@@ -148,6 +153,8 @@ def _outcome(line: int, result: dict, built: dict | None) -> RolloutOutcome:
         snapshot_id=snapshot.get("snapshot_id"),
         version=snapshot.get("version"),
         delivered_fraction=capture.get("delivered_fraction"),
+        terminal_method=terminal.get("method") if terminal else None,
+        terminal_abstentions=abstention_reasons(str(terminal.get("reason") or "")),
     )
 
 
@@ -317,6 +324,8 @@ class LedgerLine(BaseModel):
     retired: bool = False
     error: str | None = None
     delivered_fraction: float | None = None
+    terminal_method: str | None = None
+    terminal_abstentions: list[str] = Field(default_factory=list)
 
 
 def ledger_lines(
@@ -342,6 +351,8 @@ def ledger_lines(
                     retired=rid in retire.retired,
                     error=error,
                     delivered_fraction=rollout.delivered_fraction,
+                    terminal_method=rollout.terminal_method,
+                    terminal_abstentions=rollout.terminal_abstentions,
                 )
             )
     for outcomes, error in failed_batches.values():

@@ -14,7 +14,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # Schema changelog (older versions are read; newer ones are refused):
 #   0: NeMo Gym's pre-release records, same fields and meaning.
@@ -31,6 +38,10 @@ class TokenEntry(BaseModel):
     `output_items` is the call's assistant content with token arrays stripped.
     `token_item_index` names the output item that originally carried the arrays.
     `created_at` is diagnostic and breaks ties when choosing the main chain.
+    `response_id` is the id of the response the model server served for this call (as in
+    NeMo Gym 0.7.0 records); terminal attribution joins the scored response to it. It is
+    optional evidence: a value that is not a non-empty string reads as `None`, so it never
+    fails the record.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -46,6 +57,7 @@ class TokenEntry(BaseModel):
     output_items: list[dict[str, Any]] = Field(default_factory=list)
     token_item_index: int | None = None
     created_at: float = 0.0
+    response_id: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -53,6 +65,11 @@ class TokenEntry(BaseModel):
         if isinstance(data, Mapping):
             check_schema_version(data.get("schema_version"))
         return data
+
+    @field_validator("response_id", mode="before")
+    @classmethod
+    def _served_id_or_none(cls, value: Any) -> str | None:
+        return value if isinstance(value, str) and value else None
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TokenEntry:
@@ -192,15 +209,20 @@ def token_entry_from_response(
     model: str = "",
     created_at: float = 0.0,
 ) -> TokenEntry | None:
-    """Build the capture record of one served call, or `None` when it carries no tokens."""
+    """Build the capture record of one served call, or `None` when it carries no tokens.
+
+    The response's `id` is recorded as `response_id`: it is what the harness keeps.
+    """
     fields = extract_token_fields(response)
     if fields is None:
         return None
+    served_id = response.get("id")
     return TokenEntry(
         rollout_id=rollout_id,
         model_call_id=model_call_id,
         model=model or str(response.get("model") or ""),
         output_items=response_to_output_items(response),
         created_at=created_at,
+        response_id=served_id if isinstance(served_id, str) and served_id else None,
         **fields,
     )

@@ -34,6 +34,8 @@ class RunSummary(BaseModel):
     malformed_line_errors: list[str] = Field(default_factory=list)
     records_prefix: str = ""
     ledger: str = ""
+    terminal_methods: dict[str, int] = Field(default_factory=dict)
+    terminal_abstentions: dict[str, int] = Field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -64,6 +66,7 @@ def reason_category(reason: str | None) -> str:
 
 
 MAX_LISTED = 50
+TOP_ABSTENTIONS = 5
 
 
 def is_malformed(line: LedgerLine) -> bool:
@@ -71,17 +74,28 @@ def is_malformed(line: LedgerLine) -> bool:
     return not line.finalized and line.rollout_id is None
 
 
+def _by_count(counts: Counter) -> dict[str, int]:
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
-    """Counts and mask reasons of a run, from its ledger; the first malformed lines' errors."""
+    """Counts and mask reasons of a run, from its ledger; the first malformed lines' errors.
+
+    Terminal attribution: rollouts per method (`none` when unattributed) and the most
+    frequent abstention reasons of the witnesses.
+    """
     masked = [line for line in ledger if line.masked and line.finalized]
     reasons = Counter(reason_category(line.mask_reason) for line in masked)
     malformed = [line for line in ledger if is_malformed(line)]
+    built = [line for line in ledger if line.terminal_method is not None]
+    methods = Counter(line.terminal_method or "none" for line in built)
+    abstentions = Counter(code for line in built for code in line.terminal_abstentions)
     return RunSummary(
         run_id=run_id,
         rollouts=len(ledger),
         finalized=sum(1 for line in ledger if line.finalized),
         masked=len(masked),
-        mask_reasons=dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+        mask_reasons=_by_count(reasons),
         handed_off=sum(1 for line in ledger if line.handed_off),
         retired=sum(1 for line in ledger if line.retired),
         failed=sum(1 for line in ledger if line.finalized and not line.handed_off),
@@ -90,6 +104,8 @@ def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
             line.error or f"line {line.line}: unreadable" for line in malformed[:MAX_LISTED]
         ],
         duplicate_lines=sum(1 for line in ledger if not line.finalized and line.rollout_id),
+        terminal_methods=_by_count(methods),
+        terminal_abstentions=dict(list(_by_count(abstentions).items())[:TOP_ABSTENTIONS]),
     )
 
 
@@ -111,6 +127,14 @@ def summary_table(summary: RunSummary) -> list[dict[str, object]]:
         {"metric": "failed", "value": summary.failed},
         {"metric": "malformed input lines", "value": summary.malformed_lines},
         {"metric": "duplicate rollout id lines", "value": summary.duplicate_lines},
+        *(
+            {"metric": f"terminal attributed by: {k}", "value": v}
+            for k, v in summary.terminal_methods.items()
+        ),
+        *(
+            {"metric": f"terminal abstention: {k}", "value": v}
+            for k, v in summary.terminal_abstentions.items()
+        ),
     ]
 
 
@@ -141,6 +165,7 @@ def markdown_report(
     failed = [(line, line.error or "failed") for line in ledger if not line.handed_off]
     lines += _rollout_table("Masked rollouts", masked)
     lines += _rollout_table("Failed rollouts and malformed lines", failed)
+    lines += ["", "## Terminal attribution", "", *_terminal_lines(summary)]
     lines += _delivered(delivered)
     lines += ["", "## Slowest batches", "", "| batch | seconds |", "|---|---|"]
     for index, seconds in sorted(batch_seconds.items(), key=lambda kv: -kv[1])[:5]:
@@ -178,3 +203,15 @@ def _delivered(delivered: list[float]) -> list[str]:
         f"| {min(delivered):.4f} | {quantiles[0]:.4f} | {statistics.median(delivered):.4f}"
         f" | {quantiles[-1]:.4f} | {max(delivered):.4f} |",
     ]
+
+
+def _terminal_lines(summary: RunSummary) -> list[str]:
+    """Rollouts per attribution method and the top abstention reasons, as markdown."""
+    if not summary.terminal_methods:
+        return ["No build reported terminal attribution."]
+    lines = ["| attributed by | rollouts |", "|---|---|"]
+    lines += [f"| {method} | {count} |" for method, count in summary.terminal_methods.items()]
+    if summary.terminal_abstentions:
+        lines += ["", "| top abstention reasons | rollouts |", "|---|---|"]
+        lines += [f"| {code} | {n} |" for code, n in summary.terminal_abstentions.items()]
+    return lines

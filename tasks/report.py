@@ -63,6 +63,13 @@ def write_run_report(
         summary.failed,
         summary.malformed_lines,
     )
+    if summary.terminal_methods:
+        get_run_logger().info(
+            "run %s: terminal attributed by %s; top abstentions %s",
+            run_id,
+            summary.terminal_methods,
+            summary.terminal_abstentions,
+        )
     return summary
 
 

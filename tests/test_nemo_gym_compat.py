@@ -36,7 +36,9 @@ METRIC_KEYS = {
     "generated_tokens_captured",
     "generated_tokens_delivered",
     "empty_generation_calls",
+    "terminal_attribution",  # NeMo Gym 0.7.0: on every build, failed ones included
 }
+NOT_ATTRIBUTED = {"method": "", "call_id": None, "reason": "", "chain": ""}
 FAILED_KEYS = {"rollout_id", "builder", "rebuilt_response", "mask_sample", "error", "metrics"}
 
 
@@ -96,7 +98,7 @@ def test_successful_build_has_nemo_gym_keys(tmp_path) -> None:
 def test_failed_build_has_nemo_gym_keys(tmp_path) -> None:
     built = trajectories_for_rollout("9-9", [tmp_path / "store"])
     assert set(built) == FAILED_KEYS | {"_capture_snapshot"}
-    assert built["metrics"] == {"n_calls": 0}
+    assert built["metrics"] == {"n_calls": 0, "terminal_attribution": NOT_ATTRIBUTED}
 
 
 def test_record_metrics_have_an_error_key_only_with_an_error(tmp_path) -> None:

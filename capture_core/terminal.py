@@ -1,0 +1,388 @@
+"""Terminal attribution: which captured call produced the response the verifier scored.
+
+Four witnesses testify (explicit call id, declared response id, the response's id, its
+model-authored content); each abstains with a reason rather than guess.
+Calls with identical token sequences are interchangeable and collapse to the smallest call id.
+Witnesses naming different calls attribute nothing: a contradiction is a defect, never outranked.
+Attribution never raises; an internal error is an abstention with a reason.
+This module imports only `records`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from capture_core.records import TokenEntry, response_items
+
+logger = logging.getLogger(__name__)
+
+TERMINAL_CALL_KEY = "_ng_terminal_model_call_id"
+DECLARED_RESPONSE_KEY = "terminal_response_id"
+WITNESSES = ("explicit", "declared", "response_id", "content")
+# Chain status of a build: no terminal given, the root-to-terminal path was delivered, the
+# path crosses an ambiguous call, or the terminal is not among the buildable calls.
+CHAIN_NONE, CHAIN_DELIVERED, CHAIN_BROKEN, CHAIN_NOT_CAPTURED = (
+    "",
+    "delivered",
+    "broken",
+    "not_captured",
+)
+DISAGREEMENT = "witness_disagreement"
+STRICT_CONTRADICTED = "content:contradicts_strict_chain"
+
+
+@dataclass(frozen=True)
+class TerminalInputs:
+    """What a finished rollout record says about its terminal call; every part is optional."""
+
+    explicit_call_id: str | None = None
+    declared_response_id: str | None = None
+    response: Mapping[str, Any] | None = None
+
+    @classmethod
+    def from_record(cls, record: Any) -> TerminalInputs:
+        """Read `_ng_terminal_model_call_id`, `terminal_response_id` and `response`.
+
+        Values of the wrong type are ignored (they testify to nothing), so this never raises.
+        """
+        if not isinstance(record, Mapping):
+            return cls()
+        response = record.get("response")
+        return cls(
+            explicit_call_id=_nonempty_str(record.get(TERMINAL_CALL_KEY)),
+            declared_response_id=_nonempty_str(record.get(DECLARED_RESPONSE_KEY)),
+            response=response if isinstance(response, Mapping) else None,
+        )
+
+
+@dataclass(frozen=True)
+class TerminalAttribution:
+    """The verdict: the attributed call (or none), the witness that named it, and the trail.
+
+    `must_mask` is set when the record declared its terminal and the declaration could not
+    be attributed, or when witnesses contradict each other: the strict policy must not
+    deliver something the evidence disputes.
+    """
+
+    method: str = ""
+    call_id: str | None = None
+    reason: str = ""
+    must_mask: bool = False
+
+    def metrics(self, chain: str = CHAIN_NONE) -> dict[str, Any]:
+        """The `terminal_attribution` block of a build's metrics."""
+        return {
+            "method": self.method,
+            "call_id": self.call_id,
+            "reason": self.reason,
+            "chain": chain,
+        }
+
+
+@dataclass(frozen=True)
+class _Testimony:
+    witness: str
+    call_id: str | None = None
+    reason: str = ""
+
+
+NOT_ATTRIBUTED = TerminalAttribution()
+
+
+def _nonempty_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def same_sequence(a: TokenEntry, b: TokenEntry) -> bool:
+    """Whether two calls have identical prompt and generation tokens (interchangeable)."""
+    return a.generation_token_ids == b.generation_token_ids and (
+        a.prompt_token_ids == b.prompt_token_ids
+    )
+
+
+def collapse_identical(candidates: Sequence[TokenEntry]) -> TokenEntry | None:
+    """The smallest-id call when all candidates share one token sequence; else `None`."""
+    if not candidates:
+        return None
+    first = candidates[0]
+    if any(not same_sequence(first, other) for other in candidates[1:]):
+        return None
+    return min(candidates, key=lambda e: e.model_call_id)
+
+
+def attribute_terminal(
+    entries: Iterable[TokenEntry], inputs: TerminalInputs | None
+) -> TerminalAttribution:
+    """Join the scored response to the captured call that produced it; never raises."""
+    if inputs is None:
+        return NOT_ATTRIBUTED
+    try:
+        return _attribute(list(entries), inputs)
+    except Exception as exc:  # attribution must never fail a build
+        logger.warning("terminal attribution failed, abstaining: %s", exc)
+        declared = inputs.declared_response_id is not None
+        witness = "declared" if declared else "attribution"
+        return TerminalAttribution(
+            reason=f"{witness}:attribution_error[{type(exc).__name__}]",
+            must_mask=declared,
+        )
+
+
+def _attribute(entries: list[TokenEntry], inputs: TerminalInputs) -> TerminalAttribution:
+    by_id = {entry.model_call_id: entry for entry in entries}
+    testimonies: list[_Testimony] = []
+    if inputs.explicit_call_id is not None:
+        testimonies.append(_explicit(by_id, inputs.explicit_call_id))
+    if inputs.declared_response_id is not None:
+        declared = _by_response_id("declared", entries, inputs.declared_response_id)
+        if declared.call_id is None:
+            abstained = [t for t in (*testimonies, declared) if t.call_id is None]
+            return TerminalAttribution(reason=_trail(abstained), must_mask=True)
+        testimonies.append(declared)
+    if inputs.response is not None:
+        testimonies.append(_guarded("response_id", _response_id, entries, inputs.response))
+        testimonies.append(_guarded("content", _content, entries, inputs.response))
+    return _verdict(testimonies, by_id)
+
+
+def _guarded(
+    witness: str,
+    read: Callable[[list[TokenEntry], Mapping[str, Any]], _Testimony],
+    entries: list[TokenEntry],
+    response: Mapping[str, Any],
+) -> _Testimony:
+    """A witness whose reading of the response fails abstains; the others still testify."""
+    try:
+        return read(entries, response)
+    except Exception as exc:  # a malformed response silences only its own witnesses
+        logger.warning("terminal witness %s abstains: %s", witness, exc)
+        return _Testimony(witness, reason=f"attribution_error[{type(exc).__name__}]")
+
+
+def _explicit(by_id: Mapping[str, TokenEntry], call_id: str) -> _Testimony:
+    if call_id in by_id:
+        return _Testimony("explicit", call_id)
+    return _Testimony("explicit", reason="explicit_terminal_not_captured")
+
+
+_ID_REASONS = {
+    "declared": ("declared_terminal_not_captured", "declared_ambiguous"),
+    "response_id": ("response_id_no_match", "response_id_ambiguous"),
+}
+
+
+def _by_response_id(witness: str, entries: list[TokenEntry], response_id: str) -> _Testimony:
+    """The one call served under `response_id`, after collapsing identical sequences."""
+    not_found, ambiguous = _ID_REASONS[witness]
+    named = [e for e in entries if getattr(e, "response_id", None) == response_id]
+    if not named:
+        return _Testimony(witness, reason=not_found)
+    chosen = collapse_identical(named)
+    if chosen is None:
+        return _Testimony(witness, reason=ambiguous)
+    return _Testimony(witness, chosen.model_call_id)
+
+
+def _response_id(entries: list[TokenEntry], response: Mapping[str, Any]) -> _Testimony:
+    response_id = _nonempty_str(response.get("id"))
+    if response_id is None:
+        return _Testimony("response_id", reason="response_has_no_id")
+    return _by_response_id("response_id", entries, response_id)
+
+
+def _content(entries: list[TokenEntry], response: Mapping[str, Any]) -> _Testimony:
+    """Entries whose own model-authored items equal the response's, whole or trailing block."""
+    full, trailing = transcript_readings(response_items(response))
+    readings = {reading for reading in (full, trailing) if reading}
+    if not readings:
+        return _Testimony("content", reason="no_content_match")
+    matches = [e for e in entries if (own := entry_fingerprint(e)) and own in readings]
+    if not matches:
+        return _Testimony("content", reason="no_content_match")
+    chosen = collapse_identical(matches)
+    if chosen is None:
+        return _Testimony("content", reason="content_ambiguous")
+    return _Testimony("content", chosen.model_call_id)
+
+
+def _verdict(testimonies: list[_Testimony], by_id: Mapping[str, TokenEntry]) -> TerminalAttribution:
+    named = [t for t in testimonies if t.call_id is not None]
+    abstained = [t for t in testimonies if t.call_id is None]
+    if not named:
+        return TerminalAttribution(reason=_trail(abstained))
+    chosen = collapse_identical([by_id[t.call_id] for t in named])  # type: ignore[index]
+    if chosen is None:
+        names = ";".join(f"{t.witness}={t.call_id}" for t in named)
+        return TerminalAttribution(
+            reason="; ".join(filter(None, [f"{DISAGREEMENT}[{names}]", _trail(abstained)])),
+            must_mask=True,
+        )
+    corroboration = [t.witness for t in named[1:]]
+    parts = [f"corroborated_by={','.join(corroboration)}"] if corroboration else []
+    return TerminalAttribution(
+        method=named[0].witness,
+        call_id=chosen.model_call_id,
+        reason="; ".join(filter(None, [*parts, _trail(abstained)])),
+    )
+
+
+def check_strict_chain(
+    attribution: TerminalAttribution, inputs: TerminalInputs | None, chain: Sequence[TokenEntry]
+) -> TerminalAttribution:
+    """The verdict, made to mask when the scored response ends inside `chain`, before its leaf.
+
+    `chain` is the strict policy's main chain, about to be delivered because nothing was
+    attributed. The response ends at a call when its model-authored items are the chain's up
+    to that call, or its whole or trailing reading is that call's own. Ending at an earlier
+    call and not at the leaf means the chain runs past what was scored (a later call that
+    continued the conversation, say). A response that matches no call of the chain testifies
+    to nothing, so the strict policy stands. Never raises.
+    """
+    if attribution.call_id is not None or inputs is None or inputs.response is None:
+        return attribution
+    try:
+        ends_early = _ends_before_leaf(inputs.response, chain)
+    except Exception as exc:  # attribution must never fail a build
+        logger.warning("checking the strict chain against the response failed: %s", exc)
+        return attribution
+    if not ends_early:
+        return attribution
+    reason = "; ".join(filter(None, [attribution.reason, STRICT_CONTRADICTED]))
+    return TerminalAttribution(reason=reason, must_mask=True)
+
+
+def _ends_before_leaf(response: Mapping[str, Any], chain: Sequence[TokenEntry]) -> bool:
+    """Whether the response ends at a call of `chain` before its leaf, and not at the leaf."""
+    full, trailing = transcript_readings(response_items(response))
+    if not full:
+        return False
+    own = [entry_fingerprint(entry) for entry in chain]
+    flat = [key for keys in own for key in keys]
+    ends: list[bool] = []
+    covered = 0
+    for keys in own:
+        covered += len(keys)
+        whole = bool(keys) and covered == len(full) and tuple(flat[:covered]) == full
+        ends.append(whole or (bool(keys) and keys in (full, trailing)))
+    return any(ends[:-1]) and not ends[-1]
+
+
+def _trail(abstained: Iterable[_Testimony]) -> str:
+    return "; ".join(f"{t.witness}:{t.reason}" for t in abstained)
+
+
+def blocking_reason(metric: Mapping[str, Any] | None) -> str | None:
+    """Why an unattributed verdict masks (a failed declaration, disagreeing witnesses), or `None`.
+
+    It reads the `terminal_attribution` metric, so ledgers and reports agree with the mask.
+    """
+    if not metric or metric.get("method"):
+        return None
+    reason = str(metric.get("reason") or "")
+    parts = [part.strip() for part in reason.split(";")]
+    if any(p.startswith((DISAGREEMENT, "declared:", STRICT_CONTRADICTED)) for p in parts):
+        return f"terminal not attributable: {reason}"
+    return None
+
+
+def abstention_reasons(reason: str) -> list[str]:
+    """The abstention codes in a verdict's reason (`witness_disagreement` included), for reports."""
+    codes = []
+    for part in filter(None, (p.strip() for p in reason.split(";"))):
+        if part.startswith(DISAGREEMENT):
+            codes.append(DISAGREEMENT)
+        elif ":" in part and "=" not in part.split(":", 1)[0]:
+            codes.append(part.split(":", 1)[1])
+    return codes
+
+
+# Model-authored content: assistant text and tool calls, compared across dialects.
+
+_BREAK = None
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, Mapping) and part.get("type") in ("output_text", "text")
+        )
+    return ""
+
+
+def _canonical_arguments(arguments: Any) -> str:
+    """Tool-call arguments as canonical JSON, so re-serialised arguments still compare equal."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return arguments
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _tool_call(call: Any) -> tuple[str, str, str]:
+    function = call.get("function", call) if isinstance(call, Mapping) else {}
+    return ("call", str(function.get("name", "")), _canonical_arguments(function.get("arguments")))
+
+
+def _message_keys(item: Mapping[str, Any]) -> list[tuple[str, ...]] | None:
+    """An assistant message's text and tool calls; `None` for other roles (they break a block)."""
+    if item.get("role", "assistant") != "assistant":
+        return None
+    keys: list[tuple[str, ...]] = []
+    text = _text(item.get("content"))
+    if text:
+        keys.append(("text", text))
+    keys.extend(_tool_call(call) for call in item.get("tool_calls") or ())
+    return keys
+
+
+_ITEM_READERS: dict[str, Callable[[Mapping[str, Any]], list[tuple[str, ...]] | None]] = {
+    "message": _message_keys,
+    "function_call": lambda item: [
+        ("call", str(item.get("name", "")), _canonical_arguments(item.get("arguments")))
+    ],
+    "tool_use": lambda item: [
+        ("call", str(item.get("name", "")), _canonical_arguments(item.get("input")))
+    ],
+    "reasoning": lambda item: [],
+}
+
+
+def _item_keys(item: Any) -> list[tuple[str, ...]] | None:
+    """Model-authored keys of one item; `[]` for transparent items, `None` for a break."""
+    if not isinstance(item, Mapping):
+        return _BREAK
+    kind = item.get("type") or ("message" if "role" in item else "")
+    reader = _ITEM_READERS.get(str(kind))
+    return reader(item) if reader is not None else _BREAK
+
+
+def transcript_readings(items: Sequence[Any]) -> tuple[tuple, tuple]:
+    """The model-authored keys of a transcript: all of them, and its trailing block.
+
+    The trailing block is the last run of model-authored items; a transcript that ends in
+    another item (a pending tool result) has none, so it never matches a mid-chain call.
+    """
+    full: list[tuple[str, ...]] = []
+    trailing: list[tuple[str, ...]] = []
+    for item in items:
+        keys = _item_keys(item)
+        if keys is _BREAK:
+            trailing = []
+            continue
+        full.extend(keys)
+        trailing.extend(keys)
+    return tuple(full), tuple(trailing)
+
+
+def entry_fingerprint(entry: TokenEntry) -> tuple:
+    """A call's own model-authored keys (from its captured content items)."""
+    return transcript_readings(entry.output_items)[0]

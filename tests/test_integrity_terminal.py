@@ -1,0 +1,155 @@
+"""Integrity of terminal attribution: never a chain other than the scored one, never a hole."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import uuid
+
+import pytest
+
+from bench.agent_captures import (
+    AgentRollout,
+    agent_rollout,
+    agent_rollouts,
+    delivered_tokens,
+    scored_tokens,
+    write_capture,
+)
+from capture_core.consumer import trajectories_from_source
+from capture_core.delivery import finalize_rollout_token_capture, mask_reason
+from capture_core.store import TokenCaptureStore
+from tests.reliability_figures import record_case
+
+
+def finalize(store: TokenCaptureStore, rollout: AgentRollout) -> tuple[dict, bool]:
+    record = copy.deepcopy(rollout.record)
+    built = asyncio.run(finalize_rollout_token_capture(record, store))
+    delivered = built is not None and built.get("rebuilt_response") is not None
+    return record, delivered and not record.get("mask_sample")
+
+
+@pytest.mark.parametrize("parent_fields", [True, False])
+def test_agent_captures_deliver_every_attributed_healthy_rollout_and_only_the_scored_chain(
+    parent_fields: bool,
+) -> None:
+    store = TokenCaptureStore(f"memory://terminal-{uuid.uuid4().hex[:12]}")
+    rollouts = agent_rollouts(120, seed=11, parent_fields=parent_fields)
+    wrong = unhealthy = healthy_masked = attributed_masked = 0
+    for rollout in rollouts:
+        write_capture(store, rollout)
+        record, delivered = finalize(store, rollout)
+        if delivered and delivered_tokens(record["response"]["output"]) != scored_tokens(rollout):
+            wrong += 1
+        unhealthy += delivered and not rollout.healthy
+        healthy_masked += rollout.healthy and not delivered
+        verdict = record["_ng_token_capture"]["terminal_attribution"]
+        attributed_masked += rollout.healthy and not delivered and bool(verdict["method"])
+        store.delete(rollout.rollout_id)
+    kind = "with" if parent_fields else "without"
+    record_case(
+        f"agent captures {kind} parent fields: only the scored chain", wrong_tokens_delivered=wrong
+    )
+    assert {s for r in rollouts for s in r.shapes} >= {
+        "auxiliary",
+        "subagent",
+        "diverse_mid_retry",
+        "identical_mid_retry",
+        "diverse_final_retry",
+        "same_answer_final_retry",
+        "continuation",
+        "lost_call",
+    }
+    assert (wrong, unhealthy, attributed_masked) == (0, 0, 0)
+    # Some healthy rollouts carry no evidence that singles out their terminal (a same-answer
+    # final retry without a served id): masking them is right, and they stay few.
+    assert healthy_masked <= 0.05 * sum(r.healthy for r in rollouts)
+
+
+def _multi_chain_rollout(parent_fields: bool = False) -> AgentRollout:
+    """The first seeded rollout with an auxiliary call or a sub-agent and no lost call."""
+    for i in range(200):
+        rollout = agent_rollout(4, i, seed=5, parent_fields=parent_fields)
+        if rollout.healthy and {"auxiliary", "subagent"} & set(rollout.shapes):
+            return rollout
+    raise AssertionError("the generator made no multi-chain rollout")
+
+
+def test_a_forged_explicit_terminal_contradicted_by_the_response_masks(tmp_path) -> None:
+    rollout = _multi_chain_rollout()
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    write_capture(store, rollout)
+    scored = {e.model_call_id for e in rollout.scored_chain}
+    forged = next(e for e in rollout.entries if e.model_call_id not in scored)
+    rollout.record["_ng_terminal_model_call_id"] = forged.model_call_id
+    rollout.record.pop("terminal_response_id", None)
+    rollout.record["response"]["id"] = rollout.scored_chain[-1].response_id
+    record, delivered = finalize(store, rollout)
+    record_case("forged explicit terminal", wrong_tokens_delivered=int(delivered))
+    assert not delivered and record["mask_sample"] is True
+    assert "witness_disagreement" in record["_ng_token_capture"]["terminal_attribution"]["reason"]
+
+
+def test_a_writer_parent_the_tokens_deny_breaks_the_terminal_chain(tmp_path) -> None:
+    rollout = _multi_chain_rollout(parent_fields=True)
+    assert len(rollout.scored_chain) >= 2
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    liar = rollout.scored_chain[-1]
+    stranger = next(e for e in rollout.entries if e not in rollout.scored_chain)
+    liar.__pydantic_extra__["parent_call_id"] = stranger.model_call_id
+    write_capture(store, rollout)
+    record, delivered = finalize(store, rollout)
+    record_case("writer parent denied by the tokens", wrong_tokens_delivered=int(delivered))
+    assert (
+        not delivered and record["_ng_token_capture"]["terminal_attribution"]["chain"] == "broken"
+    )
+
+
+def test_a_silently_lost_middle_call_is_caught_by_the_recorded_parent(tmp_path) -> None:
+    """No intent marks the loss; the child's recorded parent is missing, so the path is broken."""
+    rollout = next(
+        r
+        for i in range(100)
+        if len((r := agent_rollout(6, i, seed=2, parent_fields=True)).scored_chain) >= 3
+        and r.healthy
+    )
+    lost = rollout.scored_chain[1]
+    rollout.entries = [e for e in rollout.entries if e is not lost]
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    for entry in rollout.entries:
+        store.put_now(entry)
+    record, delivered = finalize(store, rollout)
+    record_case(
+        "silently lost middle call with writer parents",
+        records_lost=0,
+        wrong_tokens_delivered=int(delivered),
+    )
+    assert not delivered
+    assert record["_ng_token_capture"]["terminal_attribution"]["chain"] == "broken"
+
+
+def test_without_a_record_a_call_the_writer_evidence_quarantines_masks_the_rollout(
+    tmp_path,
+) -> None:
+    """The strict policy must not drop a contradicted call and deliver what is left.
+
+    A silently lost middle call leaves its child with a recorded parent that is not in the
+    snapshot; the child is quarantined. Dropping it delivered the chain up to the loss as
+    if it were the whole rollout. A recorded parent the tokens deny does the same.
+    """
+    rollout = next(
+        r
+        for i in range(100)
+        if len((r := agent_rollout(6, i, seed=2, parent_fields=True)).scored_chain) >= 3
+        and r.shapes == ["plain"]
+    )
+    lost = rollout.scored_chain[1]
+    rollout.entries = [e for e in rollout.entries if e is not lost]
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    for entry in rollout.entries:
+        store.put_now(entry)
+    built = asyncio.run(trajectories_from_source(rollout.rollout_id, store))
+    assert built is not None
+    delivered = built["rebuilt_response"] is not None and not built["mask_sample"]
+    record_case("silently lost middle call, no record", wrong_tokens_delivered=int(delivered))
+    assert not delivered and "contradicted" in mask_reason(built)
