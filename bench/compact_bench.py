@@ -3,8 +3,9 @@
 Minimal content is the rollout's final cumulative token ids plus every generated token's log
 prob, as compact JSON. Prints bytes stored per rollout over that (16 and 1,000 turns), the
 1,000-turn finalize time over parsing the minimal content, and peak RSS growth over stored
-bytes. The projected response itself repeats each call's whole prompt (SPEC section 4), so
-finalize cannot be cheaper than materialising those prompts. Asserts nothing.
+bytes. The projected response itself repeats each call's whole prompt (docs/contract.md,
+Building trajectories), so finalize cannot be cheaper than materialising those prompts.
+Asserts nothing.
 Usage: .venv/bin/python -m bench.compact_bench
 """
 

@@ -1,6 +1,7 @@
 """The capture-store contract as a runnable check, for any `TokenSink`/`TokenSource` pair.
 
-`run_conformance(sink_factory, source_factory)` exercises SPEC section 3 with fresh clients.
+`run_conformance(sink_factory, source_factory)` exercises the store contract with fresh clients.
+The contract is written down in docs/contract.md (The capture store).
 Each factory call must return a new client of the same underlying storage.
 It returns the names of the checks passed and raises `ConformanceError` on the first failure.
 Checks needing an optional capability (`begin_call`, `delete`) are left out when it is absent.

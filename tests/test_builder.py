@@ -1,4 +1,4 @@
-"""The trajectory builders and the projection (SPEC section 4)."""
+"""The trajectory builders and the projection (docs/contract.md, Building trajectories)."""
 
 from __future__ import annotations
 

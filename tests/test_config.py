@@ -1,4 +1,4 @@
-"""The token_id_capture settings block and configured capture classes (SPEC section 5)."""
+"""The token_id_capture settings block and configured capture classes (docs/nemo-gym.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Consumer and delivery (SPEC sections 5-6) against local, memory and S3 stores."""
+"""Consumer and delivery (docs/contract.md, Builds and masking) on local, memory and S3."""
 
 from __future__ import annotations
 

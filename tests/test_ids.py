@@ -1,4 +1,4 @@
-"""Rollout identity and the correlation prefix (SPEC section 2)."""
+"""Rollout identity and the correlation prefix (docs/contract.md, Rollout identity)."""
 
 from __future__ import annotations
 

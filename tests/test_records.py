@@ -1,4 +1,4 @@
-"""TokenEntry validation and token-field extraction (SPEC section 1)."""
+"""TokenEntry validation and token-field extraction (docs/contract.md, Records)."""
 
 from __future__ import annotations
 
