@@ -342,11 +342,11 @@ class TokenCaptureStore:
         decision = self._retirement(rollout_id)
         if _is_tombstone(decision):
             raise CaptureRetiredError(
-                f"rollout {rollout_id} was already retired after an earlier handoff "
-                f"(snapshot {decision.get('snapshot_id')}, version {decision.get('version')}), "
-                "so its capture cannot be finalized again. Before dispatching a new attempt "
-                "with this id, run `tokcap clear --rollouts FILE --store STORE`: it deletes the "
-                "rollout's whole capture (entries, markers and the retired tombstone)"
+                f"rollout {rollout_id} was already retired after an earlier handoff: snapshot "
+                f"{decision.get('snapshot_id')}, version {decision.get('version')}; its capture "
+                "cannot be finalized again. Before dispatching a new attempt with this id, run "
+                "`tokcap clear --rollouts FILE --store STORE`: it deletes the rollout's whole "
+                "capture (entries, markers and the retired tombstone)"
             )
 
     def _retirement(self, rollout_id: str) -> dict[str, Any] | None:
