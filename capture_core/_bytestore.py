@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 def check_key(key: str) -> str:
     """Refuse a key that could leave the store root; keys are built by us, so this is a guard."""
     parts = key.split("/")
-    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+    if "" in parts or "." in parts or ".." in parts:
         raise ValueError(f"store key {key!r} is not a relative path inside the store root")
     return key
 
@@ -45,6 +45,16 @@ class ByteStore(ABC):
 
         A `False` may also mean our own earlier attempt landed; callers compare bytes.
         """
+
+    def create_in_place(self, key: str, data: bytes) -> bool:
+        """`create`, allowed to write the final name directly (no temporary, no rename).
+
+        Readers may see the object partially written while the write is in flight, and a
+        crash may leave it torn. Use it only for objects whose readers tell a torn form from
+        a whole one (sealed entries) or never read the content (intents); a torn object is a
+        write that never returned. Backends whose create is atomic anyway just create.
+        """
+        return self.create(key, data)
 
     @abstractmethod
     def replace(self, key: str, data: bytes) -> None:

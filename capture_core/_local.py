@@ -95,7 +95,7 @@ class LocalStore(ByteStore):
         return (LocalStore, (self.root,))
 
     def _path(self, key: str) -> str:
-        return os.path.join(self.root, *check_key(key).split("/"))
+        return f"{self.root}/{check_key(key)}"
 
     def _ensure_dir(self, path: str) -> None:
         """Create a folder and its missing parents, fsyncing each parent that gained an entry."""
@@ -153,16 +153,7 @@ class LocalStore(ByteStore):
         name = f"{os.getpid()}-{self._tmp_token}-{next(self._tmp_counter)}"
         tmp = os.path.join(self._tmp_dir, name)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            _remove_quietly(tmp)
-            raise
-        os.close(fd)
+        _write_and_sync(fd, data, tmp)
         return tmp
 
     def create(self, key: str, data: bytes) -> bool:
@@ -172,6 +163,31 @@ class LocalStore(ByteStore):
             return self._publish(tmp, target, os.path.dirname(target))
         finally:
             _remove_quietly(tmp)
+
+    def create_in_place(self, key: str, data: bytes) -> bool:
+        """O_EXCL create of the final name, write, fsync, fsync of the folder (grouped).
+
+        Exclusive like `create`, with one journal commit fewer and no temporary file: the
+        same syscalls as a raw durable create. A failed write removes its own torn object.
+        """
+        target = self._path(key)
+        folder = os.path.dirname(target)
+        for _attempt in range(3):
+            self._ensure_dir(folder)
+            try:
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            except FileNotFoundError:
+                self._forget_dir(folder)  # removed by a concurrent delete; recreate it
+                continue
+            _write_and_sync(fd, data, target)
+            self._dir_sync.sync(folder)
+            return True
+        raise CaptureStoreError(
+            f"could not create {target}: its folder keeps disappearing (a concurrent "
+            "delete of the rollout?); the write is safe to retry"
+        )
 
     def replace(self, key: str, data: bytes) -> None:
         target = self._path(key)
@@ -326,6 +342,20 @@ def _access_error(exc: OSError, what: str) -> OSError:
     return StoreUnavailableError(
         f"local store failed to {what}: {exc.strerror or exc} ({exc.filename})"
     )
+
+
+def _write_and_sync(fd: int, data: bytes, path: str) -> None:
+    """Write all of `data` to the new file `fd`, fsync and close it; on failure remove `path`."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _remove_quietly(path)
+        raise
+    os.close(fd)
 
 
 def _remove_quietly(path: str) -> None:
