@@ -73,8 +73,10 @@ class ByteStore(ABC):
         """Names of the immediate children (objects or folders) of `prefix` ('' is the root)."""
 
     @abstractmethod
-    def delete(self, keys: Iterable[str]) -> None:
-        """Delete objects; missing ones are fine. Callers verify by listing."""
+    def delete(self, keys: Iterable[str], *, durable: bool = True) -> None:
+        """Delete objects; missing ones are fine; any other failure raises. Callers verify by
+        listing. `durable=False`: the removals need not survive a crash (a durable tombstone
+        already covers the objects), so a local backend may skip the folder fsync."""
 
     @abstractmethod
     def probe(self, must_exist: bool) -> None:

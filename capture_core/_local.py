@@ -266,7 +266,7 @@ class LocalStore(ByteStore):
         except OSError as exc:
             raise _access_error(exc, f"list folder {prefix or 'the store root'}") from exc
 
-    def delete(self, keys: Iterable[str]) -> None:
+    def delete(self, keys: Iterable[str], *, durable: bool = True) -> None:
         folders: set[str] = set()
         for key in keys:
             path = self._path(key)
@@ -276,22 +276,24 @@ class LocalStore(ByteStore):
                 continue
             folders.add(os.path.dirname(path))
         for folder in sorted(folders, key=len, reverse=True):
-            self._prune(folder)
+            self._prune(folder, durable)
 
-    def _prune(self, folder: str) -> None:
-        """Remove now-empty folders up to the root and make the removals durable."""
+    def _prune(self, folder: str, durable: bool) -> None:
+        """Remove now-empty folders up to the root; `durable`: fsync the first one kept."""
         while folder != self.root and folder.startswith(self.root):
             try:
                 os.rmdir(folder)
             except OSError as exc:
                 if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                    _fsync_dir(folder)
+                    if durable:
+                        _fsync_dir(folder)
                     return
                 if exc.errno != errno.ENOENT:
                     raise
             self._forget_dir(folder)
             folder = os.path.dirname(folder)
-        _fsync_dir(self.root)
+        if durable:
+            _fsync_dir(self.root)
 
     def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
         """Delete temporary files left by crashed writers; return how many were removed."""

@@ -117,19 +117,22 @@ def seal(body: bytes) -> bytes:
 
 
 def is_torn(data: bytes) -> bool:
-    """Whether stored bytes are a write cut short: empty, NUL-filled, or a JSON object that
-    does not parse. A local put writes its final name in place, so this is what a crash
-    mid-put leaves (and what a reader sees while a put is in flight)."""
+    """Whether stored bytes are a write cut short: empty, or a JSON object whose bytes end
+    (before any NUL fill) where the object has not. A local put writes its final name in
+    place, so this is what a crash mid-put leaves, and what a reader sees while a put is in
+    flight. Any other damage (a bad byte inside the object) is corruption, not a torn write.
+    """
     if data.endswith(_SEAL_TAIL):
         return False  # whole, or damaged: the seal check decides
-    if not data.strip(b"\x00"):
+    body = data.rstrip(b"\x00")
+    if not body:
         return True
-    if not data.startswith(b"{"):
+    if not body.startswith(b"{"):
         return False
     try:
-        orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return True
+        orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return exc.pos >= len(body)
     return False
 
 

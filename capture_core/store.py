@@ -501,13 +501,15 @@ class TokenCaptureStore:
         """Delete every event object, then verify by listing; late objects go too.
 
         FROZEN and RETIRED stay: together they are the tombstone that fences late writers.
+        The deletions need no fsync: the tombstone is durable, and a payload that reappears
+        after a crash lies beneath it (a repeated drop or the sweep removes it).
         """
         keep = {f"{rollout_id}/{RETIRED}", f"{rollout_id}/{FROZEN}"}
         for _attempt in range(3):
             doomed = [k for k in self._bytes.list_prefix(rollout_id) if k not in keep]
             if not doomed:
                 return
-            self._bytes.delete(doomed)
+            self._bytes.delete(doomed, durable=False)
         raise CaptureStoreError(
             f"rollout {rollout_id}: retired, but some payloads could not be deleted; "
             "retry the drop (it resumes safely) or check delete permissions"

@@ -68,8 +68,10 @@ def test_a_torn_entry_is_a_lost_call_and_masks(tmp_path, keep: int | None) -> No
 
 
 def test_garbage_that_is_not_a_cut_off_object_is_still_corruption(tmp_path) -> None:
-    assert compact.is_torn(b"") and compact.is_torn(b"\x00" * 16) and compact.is_torn(b'{"c":')
-    assert not compact.is_torn(b"\x00not json") and not compact.is_torn(b'{"a": 1}')
+    for torn in (b"", b"\x00" * 16, b'{"c":', b'{"c":[1,2', b'{"c":[1,2\x00\x00'):
+        assert compact.is_torn(torn), torn
+    for damaged in (b"\x00not json", b"{not json", b'{"a": 1}', b'{"c":1x}'):
+        assert not compact.is_torn(damaged), damaged
 
 
 def test_retrying_a_call_whose_put_was_torn_reports_the_loss(tmp_path, monkeypatch) -> None:
