@@ -2,6 +2,8 @@
 
 A create writes a temporary file, fsyncs it, publishes it with `os.link` and fsyncs the folder.
 `os.link` fails if the name exists, so publication is exclusive and atomic: no torn object.
+`create_in_place` (sealed entries, intents) creates the name itself with O_EXCL: one commit
+fewer, and a crash may leave it torn, which its readers detect.
 Temporary files live in `<root>/.tmp/`, never beside published objects; every path removes them.
 A folder or object that cannot be read is an error, never an omission; symlinks are refused.
 This module imports only the standard library.

@@ -171,11 +171,12 @@ def _fingerprint(tokens: Sequence[int], length: int) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class _Cumulative:
-    """A stored call's prompt plus generation: a private copy of the tokens and the sha256
-    state after hashing them, so a child's prompt digest costs only its new tokens."""
+    """A stored call's prompt plus generation: a private copy of the tokens (a tuple, which
+    the garbage collector stops scanning) and the sha256 state after hashing them, so a
+    child's prompt digest costs only its new tokens."""
 
     call_key: str
-    tokens: list[int]
+    tokens: tuple[int, ...]
     fingerprint: tuple[int, int, int]
     hasher: Any
 
@@ -273,8 +274,7 @@ def encode(
     shared = parent.length if parent else 0
     parent_key = parent.call_key if parent else None
     data = _sealed(rest, digest, parent_key, shared, prompt[shared:])
-    tokens = list(prompt)
-    tokens.extend(entry.generation_token_ids)
+    tokens = (*prompt, *entry.generation_token_ids)  # a tuple of ints: the GC skips it
     remember = None
     if tokens:
         cumulative = hasher.copy()
@@ -296,8 +296,7 @@ def _sealed(
 def _longest_parent(candidates: list[_Cumulative], prompt: Sequence[int]) -> _Cumulative | None:
     """The longest candidate whose tokens are exactly the prompt's start."""
     for candidate in sorted(candidates, key=lambda c: c.length, reverse=True):
-        prefix = prompt[: candidate.length]
-        if (prefix if isinstance(prefix, list) else list(prefix)) == candidate.tokens:
+        if tuple(prompt[: candidate.length]) == candidate.tokens:
             return candidate
     return None
 

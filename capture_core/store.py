@@ -342,7 +342,8 @@ class TokenCaptureStore:
         `UnreadableCaptureError` naming it.
         """
         validate_rollout_id(rollout_id)
-        self._refuse_retired(rollout_id)
+        # No decision check first: retirement keeps FROZEN, so a retired rollout's claim
+        # fails and its listing shows RETIRED, which refuses it below (one round trip less).
         snapshot_id = self._claim_freeze(rollout_id)
         keys = self._bytes.list_prefix(rollout_id)
         if f"{rollout_id}/{RETIRED}" in keys:
