@@ -42,7 +42,7 @@ def plain_run(rollouts: str, store_root: str, dest: str, run_id: str, batch_size
         lines = read_batch(rollouts, batch)
         finalized = asyncio.run(finalize_batch(run_id, batch, lines, store))
         receipt = handoff_batch(run_id, finalized, dest_store)
-        asyncio.run(retire_receipt(receipt, store))
+        asyncio.run(retire_receipt(receipt, store, dest_store))
 
 
 def main() -> None:

@@ -1,8 +1,12 @@
-"""Durable put and freeze throughput of the capture store, against raw durable writes.
+"""Durable put throughput of the capture store, against raw durable creates in the same run.
 
-Baseline, measured in the same run: each entry's bytes to its own new file with
-O_EXCL + write + fsync, at the same concurrency. Prints figures and ratios; asserts nothing.
-Usage: .venv/bin/python -m bench.store_bench [--entries N] [--tokens T] [--s3]
+Workload: agentic rollouts (16 turns, prompts growing from 1,024 tokens), each rollout's
+calls put in order by one writer, `concurrency` writers at once. Baseline, alternated with
+the puts over the repetitions: the same stored bytes written as new files with O_EXCL create,
+write, fsync of the file and fsync of its folder (durable, like a put), by as many writers.
+Prints puts/s, the time ratio put/raw (median and range) and the reference's figure scaled
+by this run's raw baseline. Asserts nothing.
+Usage: .venv/bin/python -m bench.store_bench [--rollouts N] [--repetitions R] [--s3]
 """
 
 from __future__ import annotations
@@ -15,130 +19,141 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from bench.finalize_bench import PRESETS, stored_entry_blobs
+from bench.ratios import alternate, median
 from capture_core.records import TokenEntry
-from capture_core.store import TokenCaptureStore, encode_entry
+from capture_core.store import TokenCaptureStore
+from capture_core.synthetic import synthetic_rollout
 
-CALLS_PER_ROLLOUT = 16
-
-
-def make_entries(count: int, tokens: int) -> list[TokenEntry]:
-    entries = []
-    for i in range(count):
-        rollout, call = divmod(i, CALLS_PER_ROLLOUT)
-        entries.append(
-            TokenEntry(
-                rollout_id=f"r{rollout}",
-                model_call_id=f"call-{call}",
-                prompt_token_ids=[(i * 31 + t) % 150_000 for t in range(tokens)],
-                generation_token_ids=[(t * 7) % 150_000 for t in range(tokens // 8)],
-                generation_log_probs=[-0.123456 - t * 1e-4 for t in range(tokens // 8)],
-                created_at=float(i),
-            )
-        )
-    return entries
+SHAPE = PRESETS["many"].shape
+# The reference's puts/s and the raw durable creates/s measured beside it (2 cores, loaded).
+REFERENCE = {16: (396.0, 994.0), 1: (284.0, 431.0)}
+GOALS = {16: 1.5, 1: 1.3}
 
 
-def timed(concurrency: int, jobs: list[Callable[[], None]]) -> float:
+def workload(rollouts: int) -> list[list[TokenEntry]]:
+    return [synthetic_rollout(f"{i}-0", SHAPE, seed=i) for i in range(rollouts)]
+
+
+def run_writers(concurrency: int, jobs: list[Callable[[], None]]) -> float:
+    """Seconds to run every job with `concurrency` threads (one job = one writer's calls)."""
     start = time.perf_counter()
-    if concurrency == 1:
-        for job in jobs:
-            job()
-    else:
-        with ThreadPoolExecutor(concurrency) as pool:
-            for future in [pool.submit(job) for job in jobs]:
-                future.result()
+    with ThreadPoolExecutor(concurrency) as pool:
+        for future in [pool.submit(job) for job in jobs]:
+            future.result()
     return time.perf_counter() - start
 
 
-def raw_durable_write(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+def raw_durable_create(folder: str, name: str, data: bytes) -> None:
+    """A durable new file: O_EXCL create, write, fsync, then fsync of the folder."""
+    fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def bench_local(entries: list[TokenEntry], concurrency: int) -> tuple[float, float]:
-    blobs = [encode_entry(e) for e in entries]
-    raw_dir = tempfile.mkdtemp(prefix="tokcap-raw-")
-    store_dir = tempfile.mkdtemp(prefix="tokcap-store-")
+    folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        raw = timed(
-            concurrency,
-            [
-                (lambda i=i, b=b: raw_durable_write(os.path.join(raw_dir, str(i)), b))
-                for i, b in enumerate(blobs)
-            ],
-        )
-        store = TokenCaptureStore(store_dir)
-        put = timed(concurrency, [(lambda e=e: store.put_now(e)) for e in entries])
-        return raw, put
+        os.fsync(folder_fd)
     finally:
-        shutil.rmtree(raw_dir, ignore_errors=True)
-        shutil.rmtree(store_dir, ignore_errors=True)
+        os.close(folder_fd)
 
 
-def bench_freeze(
-    root: str, options: dict[str, object], entries: list[TokenEntry]
-) -> tuple[float, int]:
-    store = TokenCaptureStore(root, options)
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(store.put_now, entries))
-    rollouts = sorted({e.rollout_id for e in entries})
-    start = time.perf_counter()
-    for rollout_id in rollouts:
-        store.freeze_now(rollout_id)
-    return time.perf_counter() - start, len(rollouts)
+def raw_seconds(blobs: list[list[bytes]], concurrency: int) -> float:
+    folder = tempfile.mkdtemp(prefix="tokcap-raw-")
+
+    def write(i: int, rollout: list[bytes]) -> None:
+        for n, blob in enumerate(rollout):
+            raw_durable_create(folder, f"{i}-{n}", blob)
+
+    try:
+        return run_writers(
+            concurrency, [(lambda i=i, r=r: write(i, r)) for i, r in enumerate(blobs)]
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def bench_s3(entries: list[TokenEntry]) -> None:
+def put_seconds(
+    rollouts: list[list[TokenEntry]], concurrency: int, keep: list[bytes] | None = None
+) -> float:
+    root = tempfile.mkdtemp(prefix="tokcap-store-")
+    store = TokenCaptureStore(root)
+
+    def capture(entries: list[TokenEntry]) -> None:
+        for entry in entries:
+            store.put_now(entry)
+
+    try:
+        seconds = run_writers(concurrency, [(lambda r=r: capture(r)) for r in rollouts])
+        if keep is not None:
+            keep.extend(stored_entry_blobs(root))
+        return seconds
+    finally:
+        store.close_now()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def bench_local(rollouts: list[list[TokenEntry]], concurrency: int, repetitions: int) -> None:
+    flat: list[bytes] = []
+    put_seconds(rollouts, concurrency, keep=flat)  # warm-up; collects the stored bytes
+    per_rollout = len(flat) // len(rollouts)
+    blobs = [flat[i : i + per_rollout] for i in range(0, len(flat), per_rollout)]
+    puts = len(flat)
+    ratio = alternate(
+        lambda: raw_seconds(blobs, concurrency),
+        lambda: put_seconds(rollouts, concurrency),
+        repetitions,
+    )
+    ref_puts, ref_raw = REFERENCE[concurrency]
+    ref_ratio = ref_raw / ref_puts
+    print(
+        f"local put, concurrency {concurrency:>2}: {puts / median(ratio.measured):6.0f} puts/s; "
+        f"raw durable creates {puts / median(ratio.baseline):6.0f}/s; "
+        f"time put/raw = {ratio.describe()} (goal <= {GOALS[concurrency]}x)"
+    )
+    print(
+        f"  reference: {ref_puts:.0f} puts/s beside raw {ref_raw:.0f}/s, i.e. {ref_ratio:.2f}x "
+        f"raw; scaled by this run's raw, puts/s over the reference = "
+        f"{ref_ratio / ratio.median:.2f}x"
+    )
+
+
+def bench_s3(rollouts: list[list[TokenEntry]]) -> None:
     import s3fs
 
     from tests.servers import FAKE_AWS_ENV, moto_server
 
     os.environ.update(FAKE_AWS_ENV)
+    entries = [e for rollout in rollouts for e in rollout]
     with moto_server() as endpoint:
         options = {"endpoint_url": endpoint}
         s3fs.S3FileSystem(**options).mkdir("bench")
         for concurrency in (1, 16):
             store = TokenCaptureStore(f"s3://bench/c{concurrency}", options)
-            seconds = timed(concurrency, [(lambda e=e, s=store: s.put_now(e)) for e in entries])
+            seconds = run_writers(
+                concurrency, [(lambda r=r, s=store: [s.put_now(e) for e in r]) for r in rollouts]
+            )
             print(
                 f"s3 (moto) put, concurrency {concurrency:>2}: {len(entries) / seconds:8.0f} puts/s"
             )
-        seconds, rollouts = bench_freeze("s3://bench/freeze", options, entries)
-        print(
-            f"s3 (moto) freeze: {rollouts / seconds:8.1f} rollouts/s "
-            f"({CALLS_PER_ROLLOUT} calls each)"
-        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--entries", type=int, default=2000)
-    parser.add_argument("--tokens", type=int, default=2048, help="prompt tokens per entry")
-    parser.add_argument("--s3", action="store_true", help="also run against a moto server")
+    parser.add_argument("--rollouts", type=int, default=100)
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[16, 1])
+    parser.add_argument("--s3", action="store_true", help="also put against a moto server")
     args = parser.parse_args()
-    entries = make_entries(args.entries, args.tokens)
-    size = sum(len(encode_entry(e)) for e in entries) / len(entries)
-    print(f"{len(entries)} entries, {size / 1024:.1f} KiB each on average")
-    for concurrency in (1, 16):
-        raw, put = bench_local(entries, concurrency)
-        print(
-            f"local put, concurrency {concurrency:>2}: {len(entries) / put:8.0f} puts/s; "
-            f"raw durable writes {len(entries) / raw:8.0f}/s; time ratio put/raw = {put / raw:.2f}x"
-        )
-    store_dir = tempfile.mkdtemp(prefix="tokcap-freeze-")
-    try:
-        seconds, rollouts = bench_freeze(store_dir, {}, entries)
-        print(
-            f"local freeze: {rollouts / seconds:8.1f} rollouts/s ({CALLS_PER_ROLLOUT} calls each)"
-        )
-    finally:
-        shutil.rmtree(store_dir, ignore_errors=True)
+    rollouts = workload(args.rollouts)
+    print(f"{args.rollouts} rollouts x {SHAPE.turns} calls (S={SHAPE.prompt_tokens})")
+    for concurrency in args.concurrency:
+        bench_local(rollouts, concurrency, args.repetitions)
     if args.s3:
-        bench_s3(entries[: min(len(entries), 480)])
+        bench_s3(rollouts[:30])
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 def check_key(key: str) -> str:
     """Refuse a key that could leave the store root; keys are built by us, so this is a guard."""
     parts = key.split("/")
-    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+    if "" in parts or "." in parts or ".." in parts:
         raise ValueError(f"store key {key!r} is not a relative path inside the store root")
     return key
 
@@ -46,6 +46,16 @@ class ByteStore(ABC):
         A `False` may also mean our own earlier attempt landed; callers compare bytes.
         """
 
+    def create_in_place(self, key: str, data: bytes) -> bool:
+        """`create`, allowed to write the final name directly (no temporary, no rename).
+
+        Readers may see the object partially written while the write is in flight, and a
+        crash may leave it torn. Use it only for objects whose readers tell a torn form from
+        a whole one (sealed entries) or never read the content (intents); a torn object is a
+        write that never returned. Backends whose create is atomic anyway just create.
+        """
+        return self.create(key, data)
+
     @abstractmethod
     def replace(self, key: str, data: bytes) -> None:
         """Durably write `data`, atomically replacing any existing object (reports only)."""
@@ -63,8 +73,10 @@ class ByteStore(ABC):
         """Names of the immediate children (objects or folders) of `prefix` ('' is the root)."""
 
     @abstractmethod
-    def delete(self, keys: Iterable[str]) -> None:
-        """Delete objects; missing ones are fine. Callers verify by listing."""
+    def delete(self, keys: Iterable[str], *, durable: bool = True) -> None:
+        """Delete objects; missing ones are fine; any other failure raises. Callers verify by
+        listing. `durable=False`: the removals need not survive a crash (a durable tombstone
+        already covers the objects), so a local backend may skip the folder fsync."""
 
     @abstractmethod
     def probe(self, must_exist: bool) -> None:

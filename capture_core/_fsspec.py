@@ -35,6 +35,7 @@ S3_DEFAULTS: dict[str, Any] = {
 # s3fs's own retry loop multiplies botocore's attempts: 2 x 2 tries per request, which fails
 # an unreachable endpoint in about a second. Longer outages are the task-level retries' job.
 S3_CLIENT_RETRIES = 2
+S3_DELETE_BATCH = 1000  # the most keys one S3 DeleteObjects request takes
 
 
 def s3_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -217,18 +218,49 @@ class FsspecStore(ByteStore):
             raise self._translate(exc, f"list {prefix or 'the root'}") from exc
         return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in found} - {""})
 
-    def delete(self, keys: Iterable[str]) -> None:
+    def delete(self, keys: Iterable[str], *, durable: bool = True) -> None:
         paths = [self._path(key) for key in keys]
         if not paths:
             return
+        if self._is_s3:
+            self._delete_s3(paths)
+            return
         try:
-            if self._is_s3:
-                self.fs.rm(paths)
-            else:
-                for path in paths:
-                    if self.fs.exists(path):
-                        self.fs.rm_file(path)
+            for path in paths:
+                if self.fs.exists(path):
+                    self.fs.rm_file(path)
         except FileNotFoundError:
             return
         except Exception as exc:
             raise self._translate(exc, f"delete {len(paths)} objects") from exc
+
+    def _delete_s3(self, paths: list[str]) -> None:
+        """Batch deletes of up to 1,000 keys, every per-key error checked.
+
+        S3 answers a batch delete with 200 and lists failed keys in `Errors`; s3fs drops
+        them, so the batch is sent here and any failed key raises, named with its code.
+        """
+        bucket = self._root.split("/", 1)[0]
+        failed: list[str] = []
+        for start in range(0, len(paths), S3_DELETE_BATCH):
+            batch = paths[start : start + S3_DELETE_BATCH]
+            objects = [{"Key": path.split("/", 1)[1]} for path in batch]
+            try:
+                reply = self.fs.call_s3(
+                    "delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True}
+                )
+            except Exception as exc:
+                raise self._translate(exc, f"delete {len(batch)} objects") from exc
+            for error in reply.get("Errors") or ():
+                if error.get("Code") != "NoSuchKey":
+                    failed.append(
+                        f"{error.get('Key')} ({error.get('Code')}: {error.get('Message')})"
+                    )
+        if failed:
+            shown = "; ".join(failed[:5]) + (
+                f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
+            )
+            raise CaptureStoreError(
+                f"storage at {self.url} refused to delete {len(failed)} of {len(paths)} objects: "
+                f"{shown}; check delete permissions (s3:DeleteObject), then retry"
+            )

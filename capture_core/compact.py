@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import struct
 import threading
-from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -117,6 +117,26 @@ def seal(body: bytes) -> bytes:
     return body[:-1] + _SEAL_HEAD + digest + _SEAL_TAIL
 
 
+def is_torn(data: bytes) -> bool:
+    """Whether stored bytes are a write cut short: empty, or a JSON object whose bytes end
+    (before any NUL fill) where the object has not. A local put writes its final name in
+    place, so this is what a crash mid-put leaves, and what a reader sees while a put is in
+    flight. Any other damage (a bad byte inside the object) is corruption, not a torn write.
+    """
+    if data.endswith(_SEAL_TAIL):
+        return False  # whole, or damaged: the seal check decides
+    body = data.rstrip(b"\x00")
+    if not body:
+        return True
+    if not body.startswith(b"{"):
+        return False
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return exc.pos >= len(body)
+    return False
+
+
 def check_seal(data: bytes) -> str | None:
     """Why the sealed object `data` fails verification, or `None` when it is intact."""
     if (
@@ -141,8 +161,8 @@ def digest_text(hasher: Any) -> str:
 def token_bytes(tokens: Sequence[int]) -> bytes | None:
     """Tokens as int64 little-endian bytes, or `None` for ids outside int64."""
     try:
-        return array("q", tokens).tobytes()
-    except (OverflowError, TypeError):
+        return struct.pack(f"<{len(tokens)}q", *tokens)
+    except struct.error:
         return None
 
 
@@ -152,21 +172,33 @@ def _fingerprint(tokens: Sequence[int], length: int) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class _Cumulative:
+    """A stored call's prompt plus generation: a private copy of the tokens (a tuple, which
+    the garbage collector stops scanning) and the sha256 state after hashing them, so a
+    child's prompt digest costs only its new tokens."""
+
     call_key: str
-    length: int
+    tokens: tuple[int, ...]
     fingerprint: tuple[int, int, int]
-    digest: bytes
+    hasher: Any
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
 
 
 class RecentCumulatives:
     """A bounded per-process index of recently stored cumulative sequences, by rollout.
 
     Lookups never read storage; a miss just means the next put stores its full prompt.
+    Bounded by rollouts, by candidates per rollout and by the tokens held in all.
     """
 
-    def __init__(self, per_rollout: int = 8, rollouts: int = 4096) -> None:
-        self.per_rollout, self.rollouts = per_rollout, rollouts
+    def __init__(
+        self, per_rollout: int = 4, rollouts: int = 4096, max_tokens: int = 4_000_000
+    ) -> None:
+        self.per_rollout, self.rollouts, self.max_tokens = per_rollout, rollouts, max_tokens
         self._index: OrderedDict[str, list[_Cumulative]] = OrderedDict()
+        self._tokens = 0
         self._lock = threading.Lock()
 
     def candidates(self, rollout_id: str, prompt: Sequence[int]) -> list[_Cumulative]:
@@ -182,13 +214,19 @@ class RecentCumulatives:
             entries = self._index.setdefault(rollout_id, [])
             self._index.move_to_end(rollout_id)
             entries.append(cumulative)
+            self._tokens += cumulative.length
+            for old in entries[: -self.per_rollout]:
+                self._tokens -= old.length
             del entries[: -self.per_rollout]
-            while len(self._index) > self.rollouts:
-                self._index.popitem(last=False)
+            while len(self._index) > 1 and (
+                len(self._index) > self.rollouts or self._tokens > self.max_tokens
+            ):
+                _rollout, evicted = self._index.popitem(last=False)
+                self._tokens -= sum(c.length for c in evicted)
 
     def forget(self, rollout_id: str) -> None:
         with self._lock:
-            self._index.pop(rollout_id, None)
+            self._tokens -= sum(c.length for c in self._index.pop(rollout_id, ()))
 
 
 @dataclass(frozen=True)
@@ -213,36 +251,37 @@ def encode(
 ) -> EncodedEntry:
     """Encode an entry as a delta against the longest known parent, or with its full prompt.
 
+    A parent is used only when the prompt starts with exactly its tokens (compared, not
+    sampled); the prompt digest then continues the parent's sha256 over the new tokens only.
     `use_parent(call_key)` may veto a parent (for example one that no longer exists).
     """
     prompt = entry.prompt_token_ids
     rest = _normalized(entry_fields(entry))
-    raw = token_bytes(prompt)
     gen_raw = token_bytes(entry.generation_token_ids)
-    if raw is None or gen_raw is None:
-        # Stored whole, never a parent. A prompt beyond int64 has no prompt digest; the seal
-        # still covers it.
-        digest = digest_text(hashlib.sha256(raw)) if raw is not None else None
-        return EncodedEntry(_sealed(rest, digest, None, 0, prompt), rest, digest)
-    parent, hasher = _longest_parent(index.candidates(entry.rollout_id, prompt), raw)
+    parent = _longest_parent(index.candidates(entry.rollout_id, prompt), prompt)
     if parent is not None and use_parent is not None and not use_parent(parent.call_key):
         parent = None
+    tail_raw = token_bytes(prompt[parent.length :]) if parent is not None else None
+    if parent is None or tail_raw is None:
+        parent, tail_raw = None, token_bytes(prompt)
+    if tail_raw is None or gen_raw is None:
+        # Stored whole, never a parent. A prompt beyond int64 has no prompt digest; the seal
+        # still covers it.
+        digest = digest_text(hashlib.sha256(tail_raw)) if tail_raw is not None else None
+        return EncodedEntry(_sealed(rest, digest, None, 0, prompt), rest, digest)
+    hasher = parent.hasher.copy() if parent is not None else hashlib.sha256()
+    hasher.update(tail_raw)
     digest = digest_text(hasher)
     shared = parent.length if parent else 0
-    data = _sealed(rest, digest, parent.call_key if parent else None, shared, prompt[shared:])
-    cumulative = hasher.copy()
-    cumulative.update(gen_raw)
-    tokens_at = _TokenView(prompt, entry.generation_token_ids)
-    length = len(prompt) + len(entry.generation_token_ids)
+    parent_key = parent.call_key if parent else None
+    data = _sealed(rest, digest, parent_key, shared, prompt[shared:])
+    tokens = (*prompt, *entry.generation_token_ids)  # a tuple of ints: the GC skips it
     remember = None
-    if length:
-        remember = _Cumulative(
-            call_key,
-            length,
-            (tokens_at[0], tokens_at[length // 2], tokens_at[length - 1]),
-            cumulative.digest(),
-        )
-    return EncodedEntry(data, rest, digest, parent.call_key if parent else None, remember)
+    if tokens:
+        cumulative = hasher.copy()
+        cumulative.update(gen_raw)
+        remember = _Cumulative(call_key, tokens, _fingerprint(tokens, len(tokens)), cumulative)
+    return EncodedEntry(data, rest, digest, parent_key, remember)
 
 
 def _sealed(
@@ -255,30 +294,12 @@ def _sealed(
     return seal(body)
 
 
-class _TokenView:
-    """Index into prompt + generation without concatenating them."""
-
-    def __init__(self, prompt: Sequence[int], generation: Sequence[int]) -> None:
-        self.prompt, self.generation = prompt, generation
-
-    def __getitem__(self, i: int) -> int:
-        n = len(self.prompt)
-        return self.prompt[i] if i < n else self.generation[i - n]
-
-
-def _longest_parent(candidates: list[_Cumulative], raw: bytes) -> tuple[_Cumulative | None, Any]:
-    """One sha256 pass over the prompt; the longest candidate whose digest matches wins."""
-    hasher = hashlib.sha256()
-    view = memoryview(raw)
-    done = 0
-    best: _Cumulative | None = None
-    for candidate in sorted(candidates, key=lambda c: c.length):
-        hasher.update(view[done * 8 : candidate.length * 8])
-        done = candidate.length
-        if hasher.digest() == candidate.digest:
-            best = candidate
-    hasher.update(view[done * 8 :])
-    return best, hasher
+def _longest_parent(candidates: list[_Cumulative], prompt: Sequence[int]) -> _Cumulative | None:
+    """The longest candidate whose tokens are exactly the prompt's start."""
+    for candidate in sorted(candidates, key=lambda c: c.length, reverse=True):
+        if tuple(prompt[: candidate.length]) == candidate.tokens:
+            return candidate
+    return None
 
 
 def stored_identity(data: bytes) -> tuple[bytes, str | None] | None:

@@ -10,7 +10,9 @@ Masked and failed rollouts are never retired. This module does not import Prefec
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -115,6 +117,10 @@ def part_key(run_id: str, batch: BatchPlan) -> str:
     return f"{run_id}/records/part-{batch.index:05d}-{batch.sha256[:16]}.jsonl"
 
 
+STORE_CONCURRENCY_ENV = "TOKCAP_STORE_CONCURRENCY"
+DEFAULT_STORE_CONCURRENCY = 16
+
+
 class _TransientGuard:
     """A source wrapper that remembers storage failures the finalizer would turn into masks."""
 
@@ -181,28 +187,37 @@ async def finalize_batch(
     lines: list[ParsedLine],
     source: TokenSource,
     builder: str = "prefix_merging",
+    concurrency: int | None = None,
 ) -> FinalizedBatch:
-    """Finalize every record of a batch in input order and encode the part file.
+    """Finalize every record of a batch and encode the part file in input order.
 
-    Raises `TransientStoreError` if the source failed in a way a retry may fix.
+    Up to `concurrency` rollouts (default: `store_concurrency()`) are finalized at once, so
+    a remote store's round trips overlap. Raises `TransientStoreError` if the source failed
+    in a way a retry may fix.
     """
-    guard = _TransientGuard(source)
+    guards = [_TransientGuard(source) for _ in lines]
+    limit = asyncio.Semaphore(concurrency or store_concurrency())
+
+    async def finalize_one(parsed: ParsedLine, guard: _TransientGuard) -> dict | None:
+        if parsed.record is None or input_error(batch, parsed) is not None:
+            return None
+        async with limit:
+            return await finalize_rollout_token_capture(parsed.record, guard, builder=builder)
+
+    built_all = await asyncio.gather(*(map(finalize_one, lines, guards)))
     outcomes: list[RolloutOutcome] = []
     chunks: list[bytes] = []
-    for parsed in lines:
-        refused = input_error(batch, parsed)
-        if refused is not None:
-            outcomes.append(refused)
-            continue
-        record = parsed.record or {}
-        built = await finalize_rollout_token_capture(record, guard, builder=builder)
+    for parsed, guard, built in zip(lines, guards, built_all, strict=True):
         if guard.failure is not None:
             raise TransientStoreError(
                 f"batch {batch.index}: capture store failed at line {parsed.line}: "
                 f"{guard.failure}; nothing of this batch was handed off, retry it"
             ) from guard.failure
-        outcomes.append(_outcome(parsed.line, record, built))
-        chunks.append(orjson.dumps(record) + b"\n")
+        if parsed.record is None:
+            outcomes.append(RolloutOutcome(line=parsed.line, masked=True, error=parsed.error))
+            continue
+        outcomes.append(_outcome(parsed.line, parsed.record, built))
+        chunks.append(orjson.dumps(parsed.record) + b"\n")
     return FinalizedBatch(
         index=batch.index,
         receipt_key=receipt_key(batch),
@@ -276,40 +291,73 @@ def verify_part(dest: ByteStore, receipt: HandoffReceipt) -> None:
 
 
 async def retire_receipt(
-    receipt: HandoffReceipt, source: TokenSource, dest: ByteStore
+    receipt: HandoffReceipt,
+    source: TokenSource,
+    dest: ByteStore,
+    concurrency: int | None = None,
 ) -> RetireOutcome:
     """Retire the rollouts a receipt marks retirable, each by its exact snapshot.
 
     The part is re-verified against the receipt first (`verify_part`); nothing is dropped
-    unless it still holds exactly the certified records.
-    Drop failures are collected, not raised, so one bad rollout does not stop the others.
+    unless it still holds exactly the certified records. Up to `concurrency` drops (default:
+    `store_concurrency()`) run at once. Drop failures are collected, not raised, so one bad
+    rollout does not stop the others.
     """
     outcome = RetireOutcome(receipt_key=receipt.receipt_key)
-    if not any(r.can_retire and r.rollout_id for r in receipt.rollouts):
+    retirable = [
+        r
+        for r in receipt.rollouts
+        if r.rollout_id and r.can_retire and r.snapshot_id is not None and r.version is not None
+    ]
+    if not retirable:
         return outcome
     verify_part(dest, receipt)
-    for rollout in receipt.rollouts:
-        if not rollout.rollout_id:
-            continue
-        if not rollout.can_retire or rollout.snapshot_id is None or rollout.version is None:
-            continue
-        try:
-            retired = await source.drop(
-                rollout.rollout_id, snapshot_id=rollout.snapshot_id, version=rollout.version
-            )
-        except Exception as exc:
-            outcome.failed[rollout.rollout_id] = f"{type(exc).__name__}: {exc}"
-            outcome.transient = outcome.transient and is_transient(exc)
-            continue
-        if retired:
-            outcome.retired.append(rollout.rollout_id)
-            crash_point("mid-retire")
+    limit = asyncio.Semaphore(concurrency or store_concurrency())
+
+    async def drop(rollout: RolloutOutcome) -> bool | Exception:
+        async with limit:
+            try:
+                retired = await source.drop(
+                    rollout.rollout_id or "",
+                    snapshot_id=rollout.snapshot_id or "",
+                    version=rollout.version or 0,
+                )
+            except Exception as exc:
+                return exc
+            if retired:
+                crash_point("mid-retire")
+            return retired
+
+    for rollout, retired in zip(
+        retirable, await asyncio.gather(*map(drop, retirable)), strict=True
+    ):
+        rollout_id = rollout.rollout_id or ""
+        if isinstance(retired, Exception):
+            outcome.failed[rollout_id] = f"{type(retired).__name__}: {retired}"
+            outcome.transient = outcome.transient and is_transient(retired)
+        elif retired:
+            outcome.retired.append(rollout_id)
         else:
-            outcome.kept[rollout.rollout_id] = (
+            outcome.kept[rollout_id] = (
                 "not retired: this store holds no capture at its frozen snapshot (it changed "
                 "since it was frozen, or this is another store); anything there is kept"
             )
     return outcome
+
+
+def store_concurrency() -> int:
+    """Rollouts finalized or retired at once per batch: `TOKCAP_STORE_CONCURRENCY`, else 16."""
+    value = os.environ.get(STORE_CONCURRENCY_ENV, "")
+    try:
+        number = int(value) if value else DEFAULT_STORE_CONCURRENCY
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(
+            f"{STORE_CONCURRENCY_ENV}={value!r} is not a positive integer; set it to the "
+            "number of rollouts to finalize or retire at once (for example 16)"
+        )
+    return number
 
 
 class LedgerLine(BaseModel):

@@ -55,6 +55,7 @@ EVENT_KINDS = (ENTRY, INTENT, MARKER)
 FROZEN, RETIRED = "FROZEN", "RETIRED"
 MAX_PLAIN_CALL_KEY = 160
 IO_THREADS = 32
+SETTLE_SECONDS = 5.0
 LOCAL_SCHEMES = ("file://", "local://")
 
 
@@ -200,39 +201,73 @@ class TokenCaptureStore:
             lambda parent: self._bytes.exists(f"{rollout_id}/{ENTRY}/{parent}"),
         )
         if self._fence(rollout_id):
-            if self._same_entry(key, encoded):
+            existing = self._settled(key)
+            if existing is not None and compact.stored_identity(existing) == encoded.identity:
                 return
             raise CaptureFencedError(
                 f"rollout {rollout_id} is already frozen or retired; call "
                 f"{record.model_call_id!r} arrived too late and was not recorded"
             )
-        if self._bytes.create(key, encoded.data):
-            self._remember(rollout_id, encoded)
-            if self._fence(rollout_id):
-                raise CaptureFencedError(
-                    f"call {record.model_call_id!r} of rollout {rollout_id} was stored while "
-                    "the rollout was being frozen, so its finalization may not include it; a "
-                    "snapshot without it cannot be retired (its version changed), so the "
-                    "capture is kept either way. Put every call before finalizing its rollout"
-                )
+        existing = self._create_entry(rollout_id, record.model_call_id, key, encoded)
+        if existing is None:
             return
-        if self._same_entry(key, encoded):
+        if compact.stored_identity(existing) == encoded.identity:
             self._remember(rollout_id, encoded)
             return
-        reason = f"call {record.model_call_id!r} was captured twice with different payloads"
-        outcome = (
-            "it was already retired, so its handed-off record holds the first payload"
-            if self._report_loss(rollout_id, record.model_call_id, reason)
-            else "the rollout is marked incomplete and will be masked"
-        )
-        raise CaptureConflictError(
-            f"rollout {rollout_id}: {reason}; {outcome}. Use a fresh model_call_id for every call"
+        self._refuse_conflict(rollout_id, record.model_call_id, existing)
+
+    def _create_entry(
+        self, rollout_id: str, model_call_id: str, key: str, encoded: compact.EncodedEntry
+    ) -> bytes | None:
+        """Store the entry; return `None` once stored, or the object already at `key`."""
+        for _attempt in range(3):
+            if self._bytes.create_in_place(key, encoded.data):
+                self._remember(rollout_id, encoded)
+                if self._fence(rollout_id):
+                    raise CaptureFencedError(
+                        f"call {model_call_id!r} of rollout {rollout_id} was stored while the "
+                        "rollout was being frozen, so its finalization may not include it; a "
+                        "snapshot without it cannot be retired (its version changed), so the "
+                        "capture is kept either way. Put every call before finalizing its rollout"
+                    )
+                return None
+            existing = self._settled(key)
+            if existing is not None:
+                return existing
+        raise CaptureStoreError(
+            f"rollout {rollout_id}: call {model_call_id!r} could not be stored, its object "
+            "keeps vanishing (a concurrent delete of the rollout?); retry the put"
         )
 
-    def _same_entry(self, key: str, encoded: compact.EncodedEntry) -> bool:
-        """Whether the stored object is the same logical entry (its stored form may differ)."""
-        existing = self._bytes.get(key)
-        return existing is not None and compact.stored_identity(existing) == encoded.identity
+    def _refuse_conflict(self, rollout_id: str, model_call_id: str, existing: bytes) -> None:
+        """Another payload (or a torn earlier attempt) holds the call: report the call lost."""
+        if compact.is_torn(existing):
+            reason = f"an earlier put of call {model_call_id!r} was interrupted (torn object)"
+            advice = "the call is lost; the rollout must be collected again"
+        else:
+            reason = f"call {model_call_id!r} was captured twice with different payloads"
+            advice = "use a fresh model_call_id for every call"
+        outcome = (
+            "it was already retired, so its handed-off record holds the first payload"
+            if self._report_loss(rollout_id, model_call_id, reason)
+            else "the rollout is marked incomplete and will be masked"
+        )
+        raise CaptureConflictError(f"rollout {rollout_id}: {reason}; {outcome}; {advice}")
+
+    def _settled(self, key: str) -> bytes | None:
+        """The object at `key`, waiting up to `SETTLE_SECONDS` while it is torn.
+
+        A local put writes in place, so a racing put of the same call may still be writing;
+        a torn object that stays torn was left by a crashed put.
+        """
+        deadline = time.monotonic() + SETTLE_SECONDS
+        pause = 0.001
+        while True:
+            data = self._bytes.get(key)
+            if data is None or not compact.is_torn(data) or time.monotonic() > deadline:
+                return data
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _remember(self, rollout_id: str, encoded: compact.EncodedEntry) -> None:
         if encoded.cumulative is not None:
@@ -298,7 +333,7 @@ class TokenCaptureStore:
         if self._fence(rollout_id):
             raise fenced
         key = f"{rollout_id}/{INTENT}/{call_key(model_call_id)}"
-        self._bytes.create(key, _json({"model_call_id": model_call_id}))
+        self._bytes.create_in_place(key, _json({"model_call_id": model_call_id}))
         if self._fence(rollout_id):
             raise fenced  # a freeze raced the intent: the snapshot may lack it
 
@@ -321,7 +356,8 @@ class TokenCaptureStore:
         `UnreadableCaptureError` naming it.
         """
         validate_rollout_id(rollout_id)
-        self._refuse_retired(rollout_id)
+        # No decision check first: retirement keeps FROZEN, so a retired rollout's claim
+        # fails and its listing shows RETIRED, which refuses it below (one round trip less).
         snapshot_id = self._claim_freeze(rollout_id)
         keys = self._bytes.list_prefix(rollout_id)
         if f"{rollout_id}/{RETIRED}" in keys:
@@ -402,14 +438,21 @@ class TokenCaptureStore:
         """Parse, rebuild and validate entries; return them and why any could not be rebuilt."""
         keys = [f"{rollout_id}/{ENTRY}/{name}" for name in names]
         stored: dict[str, compact.StoredEntry] = {}
+        torn: list[str] = []
         for name, (key, data) in zip(names, self._bytes.iter_many(keys), strict=True):
             if data is None:
                 raise CaptureStoreError(
                     f"rollout {rollout_id}: object {key} vanished while freezing (a concurrent "
                     "clear?); freeze again, the result is idempotent"
                 )
+            if compact.is_torn(data):
+                torn.append(
+                    f"call {name}: object {key} is torn, a put that never returned (a crash "
+                    "mid-write, or a put still running during the freeze): the call is lost"
+                )
+                continue
             stored[name] = parse_stored_entry(rollout_id, key, name, data)
-        reasons = compact.rebuild_prompts(stored)
+        reasons = torn + compact.rebuild_prompts(stored)
         entries = [
             finish_entry(rollout_id, f"{rollout_id}/{ENTRY}/{name}", item)
             for name, item in stored.items()
@@ -474,13 +517,15 @@ class TokenCaptureStore:
         """Delete every event object, then verify by listing; late objects go too.
 
         FROZEN and RETIRED stay: together they are the tombstone that fences late writers.
+        The deletions need no fsync: the tombstone is durable, and a payload that reappears
+        after a crash lies beneath it (a repeated drop or the sweep removes it).
         """
         keep = {f"{rollout_id}/{RETIRED}", f"{rollout_id}/{FROZEN}"}
         for _attempt in range(3):
             doomed = [k for k in self._bytes.list_prefix(rollout_id) if k not in keep]
             if not doomed:
                 return
-            self._bytes.delete(doomed)
+            self._bytes.delete(doomed, durable=False)
         raise CaptureStoreError(
             f"rollout {rollout_id}: retired, but some payloads could not be deleted; "
             "retry the drop (it resumes safely) or check delete permissions"

@@ -87,8 +87,8 @@ class PausingBytes(ByteStore):
     def list_children(self, prefix: str) -> list[str]:
         return self.inner.list_children(prefix)
 
-    def delete(self, keys: Iterable[str]) -> None:
-        self.inner.delete(keys)
+    def delete(self, keys: Iterable[str], *, durable: bool = True) -> None:
+        self.inner.delete(keys, durable=durable)
 
     def probe(self, must_exist: bool) -> None:
         self.inner.probe(must_exist)

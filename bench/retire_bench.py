@@ -1,0 +1,134 @@
+"""Local retirement of a batch (`retire_receipt`), against raw removal of the same files.
+
+Workloads as in finalize_bench: 200 rollouts x 16 turns, and 1 rollout x 1,000 turns.
+Baseline, alternated with retirement over the repetitions: unlink every file the capture
+holds, then fsync each rollout folder once (removal with no decision, no tombstone and no
+verification), with as many threads as retirement's concurrency. Prints seconds, the ratio
+and the reference's figures. Asserts nothing.
+Usage: .venv/bin/python -m bench.retire_bench [--repetitions R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from bench.finalize_bench import PRESETS
+from bench.ratios import alternate, median
+from capture_core._bytestore import ByteStore
+from capture_core.handoff import HandoffReceipt, RolloutOutcome, retire_receipt, store_concurrency
+from capture_core.store import TokenCaptureStore, open_byte_store
+from capture_core.synthetic import synthetic_rollout
+
+REFERENCE_SECONDS = {"many": 1.07, "long": 0.13}
+
+
+def captured(key: str, rollouts: int) -> tuple[str, list]:
+    """A fresh store holding the preset's frozen rollouts; return it and their snapshots."""
+    root = tempfile.mkdtemp(prefix="tokcap-retire-")
+    store = TokenCaptureStore(root)
+
+    def one(i: int) -> None:
+        for entry in synthetic_rollout(f"{i}-0", PRESETS[key].shape, seed=i):
+            store.put_now(entry)
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, range(rollouts)))
+    return root, [store.freeze_now(f"{i}-0") for i in range(rollouts)]
+
+
+def handed_off(receipt: HandoffReceipt) -> ByteStore:
+    """A destination holding a part that matches `receipt`, which retirement re-verifies."""
+    dest = open_byte_store(f"memory://tokcap-bench-{uuid.uuid4().hex}")
+    part = b"records handed off\n"
+    dest.create(receipt.part_key, part)
+    receipt.sha256, receipt.bytes = hashlib.sha256(part).hexdigest(), len(part)
+    return dest
+
+
+def retire_seconds(key: str, rollouts: int) -> float:
+    root, snapshots = captured(key, rollouts)
+    store = TokenCaptureStore(root)
+    receipt = HandoffReceipt(
+        run_id="bench",
+        batch=0,
+        receipt_key="bench",
+        part_key="bench",
+        sha256="",
+        bytes=0,
+        records=rollouts,
+        rollouts=[
+            RolloutOutcome(
+                line=i,
+                rollout_id=s.rollout_id,
+                can_retire=True,
+                snapshot_id=s.snapshot_id,
+                version=s.version,
+            )
+            for i, s in enumerate(snapshots)
+        ],
+    )
+    try:
+        start = time.perf_counter()
+        dest = handed_off(receipt)
+        outcome = asyncio.run(retire_receipt(receipt, store, dest))
+        seconds = time.perf_counter() - start
+        assert len(outcome.retired) == rollouts, outcome
+        return seconds
+    finally:
+        store.close_now()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def raw_seconds(key: str, rollouts: int) -> float:
+    root, _snapshots = captured(key, rollouts)
+
+    def remove(i: int) -> None:
+        folder = os.path.join(root, f"{i}-0")
+        for sub in ("e", "i", "x"):
+            path = os.path.join(folder, sub)
+            for name in os.listdir(path) if os.path.isdir(path) else ():
+                os.unlink(os.path.join(path, name))
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        os.fsync(fd)
+        os.close(fd)
+
+    try:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(store_concurrency()) as pool:
+            list(pool.map(remove, range(rollouts)))
+        return time.perf_counter() - start
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repetitions", type=int, default=3)
+    args = parser.parse_args()
+    logging.getLogger("capture_core").setLevel(logging.ERROR)
+    for key in ("many", "long"):
+        preset = PRESETS[key]
+        ratio = alternate(
+            lambda key=key, n=preset.rollouts: raw_seconds(key, n),
+            lambda key=key, n=preset.rollouts: retire_seconds(key, n),
+            args.repetitions,
+        )
+        print(
+            f"retire {preset.name}: {median(ratio.measured):.3f}s "
+            f"(range {min(ratio.measured):.3f}-{max(ratio.measured):.3f}); raw unlink "
+            f"{median(ratio.baseline):.3f}s; drop/raw = {ratio.describe()}; reference "
+            f"{REFERENCE_SECONDS[key]:.2f}s"
+        )
+
+
+if __name__ == "__main__":
+    main()
