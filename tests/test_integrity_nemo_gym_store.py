@@ -168,3 +168,38 @@ def test_a_parsable_non_entry_last_line_is_corruption_not_a_torn_write(gym_dir) 
         TokenCaptureStore(gym_dir).freeze_now("t-5")
     assert os.path.getsize(writer.path("t-5", "jsonl")) == writer.state("t-5")["indexed_size"] + 3
     record_case("NeMo Gym parsable garbage as the last JSONL line")
+
+
+def _flock_waiters(path: str) -> bool:
+    """Whether some process waits in `flock` on the file now at `path` (from /proc/locks)."""
+    inode = os.stat(path).st_ino
+    with open("/proc/locks") as locks:
+        return any("->" in line and f":{inode} " in line for line in locks)
+
+
+def test_an_operation_waiting_on_a_swept_lock_file_waits_for_its_successor(gym_dir) -> None:
+    import fcntl
+
+    store = TokenCaptureStore(gym_dir)
+    lock_path = GymWriter(gym_dir).path("seed-0", "lock")
+    with open(lock_path, "a+b") as sweeper:
+        fcntl.flock(sweeper.fileno(), fcntl.LOCK_EX)
+        putter = threading.Thread(target=store.put_now, args=(entry_payload("seed-0", 1),))
+        putter.start()
+        wait_until(lambda: _flock_waiters(lock_path), 30, "the put waiting for the lock")
+        for kind in ("state.json", "lock"):
+            os.unlink(GymWriter(gym_dir).path("seed-0", kind))
+        with open(lock_path, "a+b") as successor:
+            fcntl.flock(successor.fileno(), fcntl.LOCK_EX)
+            fcntl.flock(sweeper.fileno(), fcntl.LOCK_UN)
+            wait_until(
+                lambda: not putter.is_alive() or _flock_waiters(lock_path),
+                30,
+                "the put to finish or to wait on the new lock file",
+            )
+            assert putter.is_alive(), "a lock on an unlinked lock file excludes nobody"
+            with open(GymWriter(gym_dir).path("seed-0", "jsonl"), "rb") as f:
+                assert f.read().count(b"\n") == 1, "nothing is written without the lock"
+        putter.join(timeout=30)
+    assert not putter.is_alive()
+    record_case("NeMo Gym operation queued on a lock file the sweep removed")
