@@ -289,7 +289,9 @@ class NemoGymFileStore:
                 self._write_state(rollout_id, state, durable=True)
             elif changed:
                 self._write_state(rollout_id, state, durable=True)
-            entries = read_jsonl_entries(self.path_for(rollout_id, layout.JSONL), rollout_id)
+            entries = read_jsonl_entries(
+                self.path_for(rollout_id, layout.JSONL), rollout_id, state["entry_digests"]
+            )
             reasons = self._incomplete_reasons(rollout_id, state, entries)
             return TokenCaptureSnapshot(
                 rollout_id=rollout_id,

@@ -203,3 +203,22 @@ def test_an_operation_waiting_on_a_swept_lock_file_waits_for_its_successor(gym_d
         putter.join(timeout=30)
     assert not putter.is_alive()
     record_case("NeMo Gym operation queued on a lock file the sweep removed")
+
+
+def test_an_edited_digit_in_an_indexed_line_masks_instead_of_training(gym_dir) -> None:
+    """The state indexes every line by its sha256; a line that no longer matches is corrupt."""
+    writer = GymWriter(gym_dir)
+    for call in range(2):
+        writer.put(entry_payload("t-6", call))
+    path = writer.path("t-6", "jsonl")
+    with open(path, "rb") as f:
+        data = f.read()
+    assert b"[100,200]" in data
+    with open(path, "r+b") as f:
+        f.write(data.replace(b"[100,200]", b"[109,200]", 1))
+    with pytest.raises(UnreadableCaptureError, match="t-6.tokens.jsonl.*digest"):
+        TokenCaptureStore(gym_dir).freeze_now("t-6")
+    built = trajectories_for_rollout("t-6", [gym_dir])
+    delivered = not built["mask_sample"]
+    record_case("NeMo Gym indexed line edited in place", wrong_tokens_delivered=int(delivered))
+    assert not delivered and "digest" in built["error"]
