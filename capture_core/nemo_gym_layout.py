@@ -168,7 +168,8 @@ def read_jsonl_entries(
     """Every entry line of a rollout's JSONL, validated; a bad line raises naming the file.
 
     With `digests` (the state's index, reconciled) every line must match its call's indexed
-    sha256: an edit that keeps the line valid JSON would otherwise deliver altered tokens.
+    sha256, and every indexed call must be there: an edit that keeps the file valid JSON
+    lines would otherwise deliver altered tokens, or a rollout without one of its calls.
     """
     try:
         with open(path, "rb") as handle:
@@ -200,6 +201,12 @@ def read_jsonl_entries(
                 f"{entry.rollout_id!r}; it was copied into the wrong file"
             )
         entries.append(entry)
+    missing = sorted(set(digests or ()) - {entry.model_call_id for entry in entries})
+    if missing:
+        raise UnreadableCaptureError(
+            f"{path}: the state indexes calls {missing[:5]} that the file no longer holds: "
+            "it was altered after they were written; inspect it"
+        )
     return entries
 
 

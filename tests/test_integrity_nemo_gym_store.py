@@ -222,3 +222,21 @@ def test_an_edited_digit_in_an_indexed_line_masks_instead_of_training(gym_dir) -
     delivered = not built["mask_sample"]
     record_case("NeMo Gym indexed line edited in place", wrong_tokens_delivered=int(delivered))
     assert not delivered and "digest" in built["error"]
+
+
+def test_an_indexed_line_blanked_in_place_masks_instead_of_vanishing(gym_dir) -> None:
+    """Every call the state indexes must still be in the JSONL; a blank line is not a call."""
+    writer = GymWriter(gym_dir)
+    for call in range(3):
+        writer.put(entry_payload("t-7", call))
+    path = writer.path("t-7", "jsonl")
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    lines[1] = b" " * len(lines[1])
+    with open(path, "r+b") as f:
+        f.write(b"\n".join(lines))
+    with pytest.raises(UnreadableCaptureError, match="c0001"):
+        TokenCaptureStore(gym_dir).freeze_now("t-7")
+    built = trajectories_for_rollout("t-7", [gym_dir])
+    record_case("NeMo Gym indexed line blanked in place", records_lost=0)
+    assert built["mask_sample"], "a call the index knows and the file lost masks"
