@@ -18,7 +18,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from capture_core.lineage import AMBIGUOUS, CONTRADICTED, decide_parent, inconsistent_records
+from capture_core.lineage import (
+    AMBIGUOUS,
+    CONTRADICTED,
+    MISSING_PARENT,
+    decide_parent,
+    inconsistent_records,
+)
 from capture_core.records import TOKEN_FIELDS, TokenEntry
 from capture_core.terminal import (
     CHAIN_BROKEN,
@@ -72,6 +78,8 @@ class BuildNotes:
     `unresolved_retries` and `empty_generation_calls` are call ids. `contradicted_calls` are
     the calls whose writer-recorded lineage the tokens contradict (quarantined: evidence of
     a lost or misrecorded call, which the strict policy must not drop silently).
+    `lost_parents` maps each call whose recorded parent is missing from the snapshot to that
+    parent: a lost call, on the delivered path or not.
     """
 
     builder: str
@@ -85,6 +93,7 @@ class BuildNotes:
     terminal_chain: str = ""
     excluded_calls: list[str] = field(default_factory=list)
     contradicted_calls: list[str] = field(default_factory=list)
+    lost_parents: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -161,6 +170,7 @@ class _Forest:
         self.parent: list[int | None] = [None] * len(calls)
         self.contradicted: set[int] = inconsistent_records(calls)
         self.quarantined: set[int] = set(self.contradicted)
+        self.lost_parents: dict[int, str] = {}
         self.children: dict[int | None, list[int]] = defaultdict(list)
         self._position = {call.model_call_id: i for i, call in enumerate(calls)}
         self._known_ids = known_ids
@@ -187,7 +197,9 @@ class _Forest:
             self._known_ids,
             self._collapse,
         )
-        if parent is CONTRADICTED:
+        if parent is MISSING_PARENT:
+            self.lost_parents[i] = str((self.calls[i].__pydantic_extra__ or {})["parent_call_id"])
+        if parent is CONTRADICTED or parent is MISSING_PARENT:
             self.contradicted.add(i)
             self.quarantined.add(i)
         elif parent is AMBIGUOUS:
@@ -318,6 +330,7 @@ def prefix_merging(
     notes = _notes(calls, chains, len(live_roots), sorted(empty))
     notes.unresolved_retries = unresolved
     notes.contradicted_calls = sorted(calls[i].model_call_id for i in forest.contradicted)
+    notes.lost_parents = {calls[i].model_call_id: p for i, p in sorted(forest.lost_parents.items())}
     quarantined = sorted(calls[i].model_call_id for i in forest.quarantined)
     return BuildOutput(chains, quarantined, notes)
 
@@ -363,6 +376,7 @@ def _anchored(
     notes = _notes(calls, chains, roots, empty)
     notes.terminal_chain = status
     notes.contradicted_calls = sorted(calls[i].model_call_id for i in forest.contradicted)
+    notes.lost_parents = {calls[i].model_call_id: p for i, p in sorted(forest.lost_parents.items())}
     notes.excluded_calls = sorted(c.model_call_id for i, c in enumerate(calls) if i not in on_path)
     quarantined = sorted(calls[i].model_call_id for i in forest.quarantined)
     return BuildOutput(chains, quarantined, notes)

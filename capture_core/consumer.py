@@ -159,12 +159,16 @@ def _check_strict(
 def _refusal(attribution: TerminalAttribution, built: BuildOutput) -> str | None:
     """Why this build is never delivered, whatever the strict policy says; else `None`.
 
-    An attributed terminal whose chain is not delivered, or (unattributed) calls whose
-    writer-recorded lineage the tokens contradict: dropping those would hide a lost call.
+    An attributed terminal whose chain is not delivered, a call whose recorded parent is
+    missing from the snapshot (a lost call, even off the path: the tokens may have linked
+    the path across it), or (unattributed) calls whose writer-recorded lineage the tokens
+    contradict: dropping those would hide a lost call.
     """
     chain = built.notes.terminal_chain
     if attribution.call_id is not None and chain != CHAIN_DELIVERED:
         return _undeliverable(attribution, chain)
+    if attribution.call_id is not None and built.notes.lost_parents:
+        return _lost_parents(built.notes.lost_parents)
     if attribution.call_id is None and built.notes.contradicted_calls:
         return _contradicted(built.notes.contradicted_calls)
     return None
@@ -176,6 +180,16 @@ def _contradicted(call_ids: list[str]) -> str:
         f"writer lineage contradicted by the tokens for calls {call_ids}: a recorded parent "
         "is missing from the snapshot or denied by the tokens, or a cum_len or digest does "
         "not describe the call; the rollout is masked and its capture kept as evidence"
+    )
+
+
+def _lost_parents(lost: dict[str, str]) -> str:
+    """The error of an attributed build with calls whose recorded parents were lost."""
+    named = ", ".join(f"{child!r} names {parent!r}" for child, parent in lost.items())
+    return (
+        f"recorded parents missing from the snapshot ({named}): a call was lost, and the "
+        "tokens may link the scored path across it; the rollout is masked and its capture "
+        "kept as evidence"
     )
 
 

@@ -38,7 +38,7 @@ from capture_core.faults import crash_point
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenCaptureSnapshot, TokenSource
 from capture_core.rollout_io import BatchPlan, ParsedLine
-from capture_core.store import TokenCaptureStore
+from capture_core.store import TokenCaptureStore, local_path
 from capture_core.terminal import abstention_reasons
 
 
@@ -441,11 +441,23 @@ def store_identity(
 ) -> str:
     """A digest of what names a capture store: location or class, endpoint, source arguments.
 
-    Results recorded against one store (a retirement) are never reused for another.
+    Results recorded against one store (a retirement) are never reused for another, and
+    spellings of one location (`/x/`, `file:///x`, `s3://b/p/`) are one store, so a retire
+    through another spelling reports the earlier work instead of claiming it again.
     """
-    named = [store, dict(storage_options or {}), dict(source_kwargs or {})]
+    named = [canonical_location(store), dict(storage_options or {}), dict(source_kwargs or {})]
     encoded = orjson.dumps(named, option=orjson.OPT_SORT_KEYS, default=str)
     return hashlib.sha256(encoded).hexdigest()[:16]
+
+
+def canonical_location(store: str) -> str:
+    """One spelling per location: a normalized local path, or a URL without trailing slashes."""
+    if is_class_spec(store):
+        return store
+    path = local_path(store)
+    if path is not None:
+        return os.path.normpath(path)
+    return store.rstrip("/")
 
 
 def is_class_spec(store: str) -> bool:

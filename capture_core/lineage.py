@@ -20,7 +20,9 @@ from capture_core.terminal import collapse_identical, same_sequence
 AMBIGUOUS = object()
 """The decision for a call whose parent the tokens cannot settle: quarantine it."""
 CONTRADICTED = object()
-"""The decision for a call whose recorded parent the tokens deny or the snapshot lacks."""
+"""The decision for a call whose recorded parent the tokens deny."""
+MISSING_PARENT = object()
+"""The decision for a call whose recorded parent the snapshot lacks: that parent was lost."""
 
 
 @dataclass(frozen=True)
@@ -78,19 +80,21 @@ def decide_parent(
 ) -> TokenEntry | object | None:
     """The parent of `child` among its token-verified longest-prefix `candidates`.
 
-    Returns the parent, `None` for a root, `CONTRADICTED` or `AMBIGUOUS`. A recorded parent
-    must be one of the candidates; one the tokens deny, or one missing from the snapshot (a
-    lost call), contradicts the record. A recorded parent that is in the snapshot without
-    generated tokens leaves the decision to the tokens. Without a record, one candidate is
-    the parent; several are ambiguous unless `collapse` is set and they share one token
-    sequence (interchangeable: the smallest call id).
+    Returns the parent, `None` for a root, `CONTRADICTED`, `MISSING_PARENT` or `AMBIGUOUS`.
+    A recorded parent must be one of the candidates; one the tokens deny contradicts the
+    record, one missing from the snapshot is a lost call. A recorded parent that is in the
+    snapshot without generated tokens leaves the decision to the tokens. Without a record,
+    one candidate is the parent; several are ambiguous unless `collapse` is set and they
+    share one token sequence (interchangeable: the smallest call id).
     """
     recorded = writer_parent(child)
     if recorded is not None and recorded.resolution == "resolved":
         named = [c for c in candidates if c.model_call_id == recorded.parent_call_id]
         if named:
             return named[0]
-        if recorded.parent_call_id in buildable_ids or recorded.parent_call_id not in known_ids:
+        if recorded.parent_call_id not in known_ids:
+            return MISSING_PARENT
+        if recorded.parent_call_id in buildable_ids:
             return CONTRADICTED
     elif recorded is not None:
         return CONTRADICTED if candidates else None

@@ -162,8 +162,15 @@ def _index_tail(
     return recovered, indexed + len(tail)
 
 
-def read_jsonl_entries(path: str, rollout_id: str) -> list[TokenEntry]:
-    """Every entry line of a rollout's JSONL, validated; a bad line raises naming the file."""
+def read_jsonl_entries(
+    path: str, rollout_id: str, digests: dict[str, str] | None = None
+) -> list[TokenEntry]:
+    """Every entry line of a rollout's JSONL, validated; a bad line raises naming the file.
+
+    With `digests` (the state's index, reconciled) every line must match its call's indexed
+    sha256, and every indexed call must be there: an edit that keeps the file valid JSON
+    lines would otherwise deliver altered tokens, or a rollout without one of its calls.
+    """
     try:
         with open(path, "rb") as handle:
             data = handle.read()
@@ -183,12 +190,23 @@ def read_jsonl_entries(path: str, rollout_id: str) -> list[TokenEntry]:
                 f"{path}: line {number} is not a readable token entry: "
                 f"{describe_validation_error(exc)}"
             ) from exc
+        if digests is not None and digests.get(entry.model_call_id) != line_digest(payload):
+            raise UnreadableCaptureError(
+                f"{path}: line {number} (call {entry.model_call_id!r}) fails its digest check "
+                "against the state's index: it was altered after it was written; inspect it"
+            )
         if entry.rollout_id != rollout_id:
             raise UnreadableCaptureError(
                 f"{path}: line {number} holds call {entry.model_call_id!r} of rollout "
                 f"{entry.rollout_id!r}; it was copied into the wrong file"
             )
         entries.append(entry)
+    missing = sorted(set(digests or ()) - {entry.model_call_id for entry in entries})
+    if missing:
+        raise UnreadableCaptureError(
+            f"{path}: the state indexes calls {missing[:5]} that the file no longer holds: "
+            "it was altered after they were written; inspect it"
+        )
     return entries
 
 

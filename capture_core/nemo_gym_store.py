@@ -63,6 +63,16 @@ def _append_line(path: str, line: bytes) -> int:
         return handle.tell()
 
 
+def _is_file_at(fd: int, path: str) -> bool:
+    """Whether the open file `fd` is still the file at `path` (not unlinked or replaced)."""
+    try:
+        current = os.stat(path)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (opened.st_dev, opened.st_ino) == (current.st_dev, current.st_ino)
+
+
 def _unlink(path: str) -> None:
     with suppress(FileNotFoundError):
         os.unlink(path)
@@ -104,12 +114,22 @@ class NemoGymFileStore:
 
     @contextmanager
     def _locked(self, rollout_id: str, *, shared: bool = False) -> Iterator[None]:
-        with open(self.path_for(rollout_id, layout.LOCK), "a+b") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        """Hold `flock` on the lock file that is at its path once the lock is granted.
+
+        The sweep unlinks a retired rollout's lock file while holding it; an operation that
+        was waiting on that file would otherwise hold a lock nobody else takes. It reopens.
+        """
+        path = self.path_for(rollout_id, layout.LOCK)
+        while True:
+            with open(path, "a+b") as handle:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+                if not _is_file_at(handle.fileno(), path):
+                    continue
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+                return
 
     # -- state ----------------------------------------------------------------------------
 
@@ -269,7 +289,9 @@ class NemoGymFileStore:
                 self._write_state(rollout_id, state, durable=True)
             elif changed:
                 self._write_state(rollout_id, state, durable=True)
-            entries = read_jsonl_entries(self.path_for(rollout_id, layout.JSONL), rollout_id)
+            entries = read_jsonl_entries(
+                self.path_for(rollout_id, layout.JSONL), rollout_id, state["entry_digests"]
+            )
             reasons = self._incomplete_reasons(rollout_id, state, entries)
             return TokenCaptureSnapshot(
                 rollout_id=rollout_id,

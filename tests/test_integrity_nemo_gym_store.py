@@ -168,3 +168,75 @@ def test_a_parsable_non_entry_last_line_is_corruption_not_a_torn_write(gym_dir) 
         TokenCaptureStore(gym_dir).freeze_now("t-5")
     assert os.path.getsize(writer.path("t-5", "jsonl")) == writer.state("t-5")["indexed_size"] + 3
     record_case("NeMo Gym parsable garbage as the last JSONL line")
+
+
+def _flock_waiters(path: str) -> bool:
+    """Whether some process waits in `flock` on the file now at `path` (from /proc/locks)."""
+    inode = os.stat(path).st_ino
+    with open("/proc/locks") as locks:
+        return any("->" in line and f":{inode} " in line for line in locks)
+
+
+def test_an_operation_waiting_on_a_swept_lock_file_waits_for_its_successor(gym_dir) -> None:
+    import fcntl
+
+    store = TokenCaptureStore(gym_dir)
+    lock_path = GymWriter(gym_dir).path("seed-0", "lock")
+    with open(lock_path, "a+b") as sweeper:
+        fcntl.flock(sweeper.fileno(), fcntl.LOCK_EX)
+        putter = threading.Thread(target=store.put_now, args=(entry_payload("seed-0", 1),))
+        putter.start()
+        wait_until(lambda: _flock_waiters(lock_path), 30, "the put waiting for the lock")
+        for kind in ("state.json", "lock"):
+            os.unlink(GymWriter(gym_dir).path("seed-0", kind))
+        with open(lock_path, "a+b") as successor:
+            fcntl.flock(successor.fileno(), fcntl.LOCK_EX)
+            fcntl.flock(sweeper.fileno(), fcntl.LOCK_UN)
+            wait_until(
+                lambda: not putter.is_alive() or _flock_waiters(lock_path),
+                30,
+                "the put to finish or to wait on the new lock file",
+            )
+            assert putter.is_alive(), "a lock on an unlinked lock file excludes nobody"
+            with open(GymWriter(gym_dir).path("seed-0", "jsonl"), "rb") as f:
+                assert f.read().count(b"\n") == 1, "nothing is written without the lock"
+        putter.join(timeout=30)
+    assert not putter.is_alive()
+    record_case("NeMo Gym operation queued on a lock file the sweep removed")
+
+
+def test_an_edited_digit_in_an_indexed_line_masks_instead_of_training(gym_dir) -> None:
+    """The state indexes every line by its sha256; a line that no longer matches is corrupt."""
+    writer = GymWriter(gym_dir)
+    for call in range(2):
+        writer.put(entry_payload("t-6", call))
+    path = writer.path("t-6", "jsonl")
+    with open(path, "rb") as f:
+        data = f.read()
+    assert b"[100,200]" in data
+    with open(path, "r+b") as f:
+        f.write(data.replace(b"[100,200]", b"[109,200]", 1))
+    with pytest.raises(UnreadableCaptureError, match="t-6.tokens.jsonl.*digest"):
+        TokenCaptureStore(gym_dir).freeze_now("t-6")
+    built = trajectories_for_rollout("t-6", [gym_dir])
+    delivered = not built["mask_sample"]
+    record_case("NeMo Gym indexed line edited in place", wrong_tokens_delivered=int(delivered))
+    assert not delivered and "digest" in built["error"]
+
+
+def test_an_indexed_line_blanked_in_place_masks_instead_of_vanishing(gym_dir) -> None:
+    """Every call the state indexes must still be in the JSONL; a blank line is not a call."""
+    writer = GymWriter(gym_dir)
+    for call in range(3):
+        writer.put(entry_payload("t-7", call))
+    path = writer.path("t-7", "jsonl")
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    lines[1] = b" " * len(lines[1])
+    with open(path, "r+b") as f:
+        f.write(b"\n".join(lines))
+    with pytest.raises(UnreadableCaptureError, match="c0001"):
+        TokenCaptureStore(gym_dir).freeze_now("t-7")
+    built = trajectories_for_rollout("t-7", [gym_dir])
+    record_case("NeMo Gym indexed line blanked in place", records_lost=0)
+    assert built["mask_sample"], "a call the index knows and the file lost masks"

@@ -315,6 +315,30 @@ def test_retire_against_another_store_claims_nothing(locations) -> None:
     record_case("retire cache hit against another store")
 
 
+def test_retire_against_the_same_store_spelled_differently_claims_no_new_work(
+    locations,
+) -> None:
+    """`/x/store/` and `file:///x/store` are `/x/store`: the earlier retirement is reported."""
+    options = locations["options"]
+    records = make_batch(TokenCaptureStore(locations["store"], options), 3)
+    write_rollouts(locations["rollouts"], records, options)
+    finalize_run(
+        locations["rollouts"],
+        locations["store"],
+        locations["dest"],
+        "spelled",
+        batch_size=2,
+        storage_options=options,
+    )
+    spellings = [locations["store"] + "/"]
+    if "://" not in locations["store"]:
+        spellings.append("file://" + locations["store"])
+    for spelled in spellings:
+        again = retire_uploaded(locations["dest"], "spelled", spelled, options)
+        assert (again["retired"], again["retired_earlier"]) == (0, 3), (spelled, again)
+    record_case("retire against the same store spelled another way")
+
+
 def test_retire_cli_against_another_store_prints_no_earlier_count(
     tmp_path, prefect_api: str
 ) -> None:

@@ -18,6 +18,7 @@ from bench.agent_captures import (
 )
 from capture_core.consumer import trajectories_from_source
 from capture_core.delivery import finalize_rollout_token_capture, mask_reason
+from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore
 from tests.reliability_figures import record_case
 
@@ -153,3 +154,36 @@ def test_without_a_record_a_call_the_writer_evidence_quarantines_masks_the_rollo
     delivered = built["rebuilt_response"] is not None and not built["mask_sample"]
     record_case("silently lost middle call, no record", wrong_tokens_delivered=int(delivered))
     assert not delivered and "contradicted" in mask_reason(built)
+
+
+def test_an_off_path_call_naming_a_lost_parent_masks_the_attributed_rollout(tmp_path) -> None:
+    """A recorded parent missing from the snapshot is a lost call, wherever its child lies.
+
+    Here the lost call `p` sat on the scored path, but the terminal's writer could not
+    resolve its parent, so the tokens link `t` to `a` and `p`'s generation reads as prompt.
+    Only the off-path child `c` names `p`. Excluding `c` delivered a -> t over the hole.
+    """
+    store = TokenCaptureStore(str(tmp_path / "store"))
+
+    def entry(cid: str, prompt: list[int], gen: list[int], **lineage: str) -> TokenEntry:
+        return TokenEntry(
+            rollout_id="9-1",
+            model_call_id=cid,
+            prompt_token_ids=prompt,
+            generation_token_ids=gen,
+            generation_log_probs=[-0.5] * len(gen),
+            **lineage,
+        )
+
+    store.put_now(entry("a", [1], [2], parent_resolution="root"))
+    store.put_now(entry("t", [1, 2, 3, 4, 5], [6], parent_resolution="unresolved"))
+    store.put_now(
+        entry("c", [1, 2, 3, 4, 9], [8], parent_resolution="resolved", parent_call_id="p")
+    )
+    record = {"_ng_terminal_model_call_id": "t"}
+    built = asyncio.run(trajectories_from_source("9-1", store, record=record))
+    assert built is not None
+    delivered = built["rebuilt_response"] is not None and not built["mask_sample"]
+    record_case("lost call named only by an off-path child", wrong_tokens_delivered=int(delivered))
+    assert not delivered, "a lost call anywhere masks"
+    assert "'c'" in mask_reason(built) and "'p'" in mask_reason(built)
