@@ -14,8 +14,11 @@ import sys
 import orjson
 import pytest
 
+from capture_core.errors import CaptureRetiredError
 from capture_core.run_manifest import read_ledger, read_manifest
+from capture_core.run_report import reason_category
 from capture_core.store import TokenCaptureStore, open_byte_store
+from capture_core.synthetic import RolloutShape, synthetic_rollout
 from flows.inbox import InboxFailedError, finalize_inbox
 from tests.pipeline_helpers import REPO, finalize_args, make_batch, write_rollouts
 from tests.prefect_api_reads import (
@@ -164,6 +167,22 @@ def test_finalizing_a_retired_capture_says_so_and_names_tokcap_clear(
     assert re.search(
         r"masked: was already retired after an earlier handoff\s+3$", again.stdout, re.M
     )
+
+
+def test_retired_capture_reasons_of_different_rollouts_group_as_one(tmp_path) -> None:
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    reasons = []
+    for rollout_id in ("3-0", "3-1"):
+        for entry in synthetic_rollout(rollout_id, RolloutShape(turns=2)):
+            store.put_now(entry)
+        snapshot = store.freeze_now(rollout_id)
+        assert store.drop_now(rollout_id, snapshot.snapshot_id, snapshot.version)
+        with pytest.raises(CaptureRetiredError) as retired:
+            store.freeze_now(rollout_id)
+        reasons.append(f"CaptureRetiredError: {retired.value}")
+    assert reasons[0] != reasons[1], "each names its own rollout and snapshot"
+    groups = {reason_category(reason) for reason in reasons}
+    assert groups == {"was already retired after an earlier handoff"}
 
 
 def test_retire_of_an_unknown_run_id_is_a_usage_error(inputs, prefect_api: str) -> None:
