@@ -350,4 +350,8 @@ def test_the_demo_points_at_the_configured_server(tmp_path, prefect_api: str) ->
     result = tokcap(["demo", "--workdir", str(tmp_path)], prefect_api)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"open {prefect_api.removesuffix('/api')} " in result.stdout
+    assert (
+        "dispatch-time clear of 7 rollout ids: 1 held a stale capture from an earlier "
+        "attempt, now removed (0-0)" in result.stdout
+    ), "only 0-0 held a stale capture"
     assert ":4200" not in result.stdout
