@@ -203,6 +203,9 @@ def test_run_id_reuse_names_the_changed_setting(inputs, prefect_api: str) -> Non
         "batch size 2 is now 3" in other.stderr
         and "builder prefix_merging is now per_request" in other.stderr
     )
+    hint = next(line for line in other.stderr.splitlines() if "flow-run logs" in line)
+    command = hint.split(": ", 1)[1].split()[0]
+    assert os.access(os.path.join(REPO, command), os.X_OK), f"{command} runs from the cwd"
 
 
 def test_unreachable_s3_fails_with_one_line_and_traces_in_the_run_logs(
@@ -340,7 +343,7 @@ def test_a_server_that_cannot_start_says_what_to_do_in_one_line(tmp_path) -> Non
     assert result.returncode == 1
     ours = [line for line in result.stderr.splitlines() if line.startswith("tokcap demo:")]
     assert len(ours) == 1, result.stderr
-    assert "did not start within 1 s" in ours[0] and "`prefect server start`" in ours[0]
+    assert "did not start within 1 s" in ours[0] and "prefect server start`" in ours[0]
     assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in ours[0]
     assert "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "demo"), "nothing ran"
