@@ -341,7 +341,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "serve": cmd_serve,
     "deployments": cmd_deployments,
 }
-NO_SERVER = {"status"}
+NO_SERVER = {"status", "deployments"}
 
 
 def run_command(args: argparse.Namespace) -> int:

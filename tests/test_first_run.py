@@ -328,6 +328,20 @@ def test_first_demo_succeeds_on_a_busy_machine_with_a_fresh_prefect_home(tmp_pat
     assert os.path.isdir(tmp_path / "demo" / "dest"), "the relative workdir is under the cwd"
 
 
+def test_tokcap_deployments_prints_the_path_without_starting_a_server(tmp_path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "deployments"],
+        cwd=str(tmp_path),
+        env=fresh_prefect_env(str(tmp_path / "prefect-home")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert os.path.isfile(result.stdout.strip()), "stdout is only the file's path"
+    assert "temporary server" not in result.stderr, result.stderr
+
+
 def test_a_server_that_cannot_start_says_what_to_do_in_one_line(tmp_path) -> None:
     env = fresh_prefect_env(
         str(tmp_path / "prefect-home"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1"
