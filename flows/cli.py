@@ -356,6 +356,15 @@ def run_command(args: argparse.Namespace) -> int:
         return COMMANDS[args.command](args)
 
 
+def _may_show_progress(args: argparse.Namespace, error: BaseException) -> bool:
+    """A failed finalize shows its run's ledger, unless the run id belongs to another run."""
+    from capture_core.run_manifest import RunIdInUseError
+
+    if args.command != "finalize" or getattr(error, "summary", None) is not None:
+        return False
+    return not isinstance(error, RunIdInUseError)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tokcap` console script."""
     prefect_environment()
@@ -372,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except FlowFailed as failed:
         partial = None
-        if args.command == "finalize" and getattr(failed.error, "summary", None) is None:
+        if _may_show_progress(args, failed.error):
             partial = run_summary(args.dest, args.run_id, args.options)
         report_failure(args, failed, partial)
         return 1

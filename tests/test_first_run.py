@@ -199,6 +199,7 @@ def test_run_id_reuse_names_the_changed_setting(inputs, prefect_api: str) -> Non
     assert tokcap([*args, "--batch-size", "2"], prefect_api).returncode == 0
     other = tokcap([*args, "--batch-size", "3", "--builder", "per_request"], prefect_api)
     assert other.returncode == 1
+    assert other.stdout == "", "the earlier run's summary is not shown as this command's"
     assert (
         "batch size 2 is now 3" in other.stderr
         and "builder prefix_merging is now per_request" in other.stderr
