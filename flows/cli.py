@@ -27,6 +27,7 @@ from flows.cli_checks import (
     check_run_id,
     check_storage_options,
     check_store,
+    check_workdir,
     fraction,
     known_run,
     positive_int,
@@ -213,7 +214,7 @@ def check_args(args: argparse.Namespace) -> None:
         args.inbox = absolute(args.inbox)
         check_cron(args.cron)
     if args.command == "demo":
-        args.workdir = absolute(args.workdir)
+        check_workdir(args)
 
 
 def run_flow(flow: Any, **parameters: Any) -> Any:

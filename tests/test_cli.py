@@ -151,6 +151,22 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
             2,
             "must look like key=value",
         ),
+        (["demo", "--workdir", "{rollouts}/demo"], 2, r"--workdir .* cannot be created: .* file"),
+        (
+            [
+                "finalize",
+                "--rollouts",
+                "{rollouts}",
+                "--store",
+                "{store}",
+                "--dest",
+                "{rollouts}/out",
+                "--run-id",
+                "r",
+            ],
+            2,
+            r"--dest .* cannot be created: .* is a file",
+        ),
     ],
 )
 def test_errors_name_the_problem(
