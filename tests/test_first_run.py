@@ -273,7 +273,7 @@ def test_runs_name_batches_show_receipts_and_list_masked_rollouts(inputs, prefec
         ["retire", "--dest", inputs["dest"], "--run-id", "named", "--store", inputs["store"]],
         prefect_api,
     )
-    assert retire.returncode == 0 and "(1 kept as evidence)" in retire.stdout
+    assert retire.returncode == 0 and "; 1 kept as evidence)" in retire.stdout, retire.stdout
 
 
 def test_status_json_says_where_the_records_are(inputs, prefect_api: str) -> None:
