@@ -41,5 +41,5 @@ def test_the_report_counts_rollouts_per_method_and_the_top_abstentions(tmp_path)
     table = {row["metric"]: row["value"] for row in summary_table(summary)}
     assert table[f"terminal abstention: {top_reason}"] == top_count
     assert table["terminal attributed by: none"] == counted["none"]
-    report = markdown_report(summary, [], {})
+    report = markdown_report(summary, [], [], {})
     assert "## Terminal attribution" in report and f"| {top_reason} | {top_count} |" in report
