@@ -30,6 +30,10 @@ class RunManifest(BaseModel):
     mask_fraction_min_samples: int = 50
 
 
+class RunIdInUseError(ValueError):
+    """The run id already holds another input or other settings; nothing of this run ran."""
+
+
 def validate_run_id(run_id: str) -> str:
     """Run ids follow the rollout-id rules: they are path segments under the destination."""
     try:
@@ -41,7 +45,7 @@ def validate_run_id(run_id: str) -> str:
 def claim_run(dest: ByteStore, manifest: RunManifest) -> bool:
     """Record the manifest; `False` when this run id already holds the same input.
 
-    Raises `ValueError` naming each changed setting when the run id was used for another
+    Raises `RunIdInUseError` naming each changed setting when the run id was used for another
     input, batch size or builder.
     """
     key = f"{manifest.run_id}/run.json"
@@ -51,7 +55,7 @@ def claim_run(dest: ByteStore, manifest: RunManifest) -> bool:
     existing = read_manifest(dest, manifest.run_id)
     changed = _changed_settings(existing, manifest)
     if changed:
-        raise ValueError(
+        raise RunIdInUseError(
             f"run id {manifest.run_id} at {dest.url} was used for other input or settings: "
             f"{'; '.join(changed)}. Rerun with the original input and settings, or pick a new "
             "run id"

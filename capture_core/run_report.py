@@ -51,8 +51,9 @@ class RunSummary(BaseModel):
 def reason_category(reason: str | None) -> str:
     """Group mask reasons by their leading phrase: exception names, ids and details dropped.
 
-    `CaptureRetiredError: rollout 7-0 was already retired after ... (...)` groups as
-    `was already retired after ...`; `capture incomplete: lost call` as `capture incomplete`.
+    `CaptureRetiredError: rollout 7-0 was already retired after ... (snapshot ...)` groups as
+    `was already retired after ...`; `capture incomplete: lost call` as `capture incomplete`;
+    a parenthesised detail (a snapshot id, the counts that failed) is dropped.
     """
     if not reason:
         return "masked"
@@ -61,7 +62,7 @@ def reason_category(reason: str | None) -> str:
     if sep and rest and name.isidentifier() and name.endswith("Error"):
         text = rest
     text = re.sub(r"^rollout \S+ ", "", text)
-    head = re.split(r": | \[| \(\{", text, maxsplit=1)[0].strip()
+    head = re.split(r": | \[| \(", text, maxsplit=1)[0].strip()
     return head[:80] or "masked"
 
 

@@ -27,6 +27,7 @@ from flows.cli_checks import (
     check_run_id,
     check_storage_options,
     check_store,
+    check_workdir,
     fraction,
     known_run,
     positive_int,
@@ -213,7 +214,7 @@ def check_args(args: argparse.Namespace) -> None:
         args.inbox = absolute(args.inbox)
         check_cron(args.cron)
     if args.command == "demo":
-        args.workdir = absolute(args.workdir)
+        check_workdir(args)
 
 
 def run_flow(flow: Any, **parameters: Any) -> Any:
@@ -341,7 +342,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "serve": cmd_serve,
     "deployments": cmd_deployments,
 }
-NO_SERVER = {"status"}
+NO_SERVER = {"status", "deployments"}
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -354,6 +355,15 @@ def run_command(args: argparse.Namespace) -> int:
     with prefect_api() as api_url:
         args.api_url = api_url
         return COMMANDS[args.command](args)
+
+
+def _may_show_progress(args: argparse.Namespace, error: BaseException) -> bool:
+    """A failed finalize shows its run's ledger, unless the run id belongs to another run."""
+    from capture_core.run_manifest import RunIdInUseError
+
+    if args.command != "finalize" or getattr(error, "summary", None) is not None:
+        return False
+    return not isinstance(error, RunIdInUseError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -372,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except FlowFailed as failed:
         partial = None
-        if args.command == "finalize" and getattr(failed.error, "summary", None) is None:
+        if _may_show_progress(args, failed.error):
             partial = run_summary(args.dest, args.run_id, args.options)
         report_failure(args, failed, partial)
         return 1

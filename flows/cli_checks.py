@@ -76,10 +76,23 @@ def check_dest(args: argparse.Namespace, must_exist: bool = False) -> None:
         return
     if must_exist and not os.path.isdir(args.dest):
         raise UsageError(f"--dest {args.dest} is not a directory; give the run's destination")
-    if os.path.exists(args.dest) and not os.path.isdir(args.dest):
-        raise UsageError(
-            f"--dest {args.dest} is a file; give a directory for the finalized records"
-        )
+    check_directory_can_exist("--dest", args.dest, "a directory for the finalized records")
+
+
+def check_workdir(args: argparse.Namespace) -> None:
+    args.workdir = absolute(args.workdir)
+    check_directory_can_exist("--workdir", args.workdir, "a directory for the demo's files")
+
+
+def check_directory_can_exist(flag: str, path: str, what: str) -> None:
+    """`path` is a directory, or can become one: its nearest existing ancestor is a directory."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a file; give {what}")
+    ancestor = os.path.dirname(path)
+    while not os.path.exists(ancestor) and os.path.dirname(ancestor) != ancestor:
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise UsageError(f"{flag} {path} cannot be created: {ancestor} is a file; give {what}")
 
 
 def check_run_id(args: argparse.Namespace) -> None:

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from flows.runners import script
+
 MAX_FAILURE_LINES = 20
 
 
@@ -58,7 +60,8 @@ def report_failure(args: argparse.Namespace, failed: Any, partial: Any = None) -
         print(f"  {one_line(line)}", file=out)
     if len(failures) > MAX_FAILURE_LINES:
         print(f"  ... and {len(failures) - MAX_FAILURE_LINES} more (see the ledger)", file=out)
-    print(f"Full logs and tracebacks: prefect flow-run logs {failed.flow_run_id}", file=out)
+    logs = f"{script('prefect')} flow-run logs {failed.flow_run_id}"
+    print(f"Full logs and tracebacks: {logs}", file=out)
 
 
 def one_line(text: str) -> str:

@@ -81,8 +81,14 @@ def run_demo(workdir: str, api_url: str | None = None) -> int:
     print(f"tokcap demo in {workdir}: {len(DEMO_ROLLOUTS)} rollouts")
     for rollout_id, _shape, why in DEMO_ROLLOUTS:
         print(f"  {rollout_id}: {why}")
+    store = TokenCaptureStore(store_root)
+    stale = [rollout_id for rollout_id, _, _ in DEMO_ROLLOUTS if store.read_entries(rollout_id)]
     cleared = run_flow(dispatch_clear, rollouts=rollouts, store=store_root)
-    print(f"dispatch-time clear: removed stale captures of {cleared.cleared} rollout ids")
+    removed = [rollout_id for rollout_id in stale if not store.read_entries(rollout_id)]
+    print(
+        f"dispatch-time clear of {cleared.cleared} rollout ids: {len(removed)} held a stale "
+        f"capture from an earlier attempt, now removed ({', '.join(removed) or 'none'})"
+    )
     capture_batch(store_root)
     summary = run_flow(
         finalize_run, rollouts=rollouts, store=store_root, dest=dest, run_id=run_id, batch_size=4

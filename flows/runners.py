@@ -46,7 +46,7 @@ def startup_timeout() -> int:
 def server_help() -> str:
     """The one line that tells a user how to run against their own Prefect server."""
     return (
-        "start one with `prefect server start` in another terminal and set "
+        f"start one with `{script('prefect')} server start` in another terminal and set "
         "PREFECT_API_URL=http://127.0.0.1:4200/api, or wait longer with "
         f"{STARTUP_TIMEOUT_SETTING}=600"
     )

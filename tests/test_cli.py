@@ -79,8 +79,10 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
         prefect_api,
     )
     assert retire.returncode == 0
-    assert "3 captures retired from 2 receipts (0 now, 3 by an earlier run" in retire.stdout
-    assert "1 kept as evidence)" in retire.stdout
+    assert (
+        "3 captures retired from 2 receipts (0 now, 3 by an earlier run against this store; "
+        "1 kept as evidence)" in retire.stdout
+    ), retire.stdout
 
 
 @pytest.mark.parametrize(
@@ -151,6 +153,22 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
             ["clear", "--rollouts", "{rollouts}", "--store", "{store}", "--storage-option", "oops"],
             2,
             "must look like key=value",
+        ),
+        (["demo", "--workdir", "{rollouts}/demo"], 2, r"--workdir .* cannot be created: .* file"),
+        (
+            [
+                "finalize",
+                "--rollouts",
+                "{rollouts}",
+                "--store",
+                "{store}",
+                "--dest",
+                "{rollouts}/out",
+                "--run-id",
+                "r",
+            ],
+            2,
+            r"--dest .* cannot be created: .* is a file",
         ),
     ],
 )

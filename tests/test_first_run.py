@@ -14,8 +14,11 @@ import sys
 import orjson
 import pytest
 
+from capture_core.errors import CaptureRetiredError
 from capture_core.run_manifest import read_ledger, read_manifest
+from capture_core.run_report import reason_category
 from capture_core.store import TokenCaptureStore, open_byte_store
+from capture_core.synthetic import RolloutShape, synthetic_rollout
 from flows.inbox import InboxFailedError, finalize_inbox
 from tests.pipeline_helpers import REPO, finalize_args, make_batch, write_rollouts
 from tests.prefect_api_reads import (
@@ -166,6 +169,22 @@ def test_finalizing_a_retired_capture_says_so_and_names_tokcap_clear(
     )
 
 
+def test_retired_capture_reasons_of_different_rollouts_group_as_one(tmp_path) -> None:
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    reasons = []
+    for rollout_id in ("3-0", "3-1"):
+        for entry in synthetic_rollout(rollout_id, RolloutShape(turns=2)):
+            store.put_now(entry)
+        snapshot = store.freeze_now(rollout_id)
+        assert store.drop_now(rollout_id, snapshot.snapshot_id, snapshot.version)
+        with pytest.raises(CaptureRetiredError) as retired:
+            store.freeze_now(rollout_id)
+        reasons.append(f"CaptureRetiredError: {retired.value}")
+    assert reasons[0] != reasons[1], "each names its own rollout and snapshot"
+    groups = {reason_category(reason) for reason in reasons}
+    assert groups == {"was already retired after an earlier handoff"}
+
+
 def test_retire_of_an_unknown_run_id_is_a_usage_error(inputs, prefect_api: str) -> None:
     args = ["retire", "--dest", inputs["dest"], "--run-id", "never-ran", "--store", inputs["store"]]
     os.makedirs(inputs["dest"])
@@ -180,10 +199,14 @@ def test_run_id_reuse_names_the_changed_setting(inputs, prefect_api: str) -> Non
     assert tokcap([*args, "--batch-size", "2"], prefect_api).returncode == 0
     other = tokcap([*args, "--batch-size", "3", "--builder", "per_request"], prefect_api)
     assert other.returncode == 1
+    assert other.stdout == "", "the earlier run's summary is not shown as this command's"
     assert (
         "batch size 2 is now 3" in other.stderr
         and "builder prefix_merging is now per_request" in other.stderr
     )
+    hint = next(line for line in other.stderr.splitlines() if "flow-run logs" in line)
+    command = hint.split(": ", 1)[1].split()[0]
+    assert os.access(os.path.join(REPO, command), os.X_OK), f"{command} runs from the cwd"
 
 
 def test_unreachable_s3_fails_with_one_line_and_traces_in_the_run_logs(
@@ -250,7 +273,7 @@ def test_runs_name_batches_show_receipts_and_list_masked_rollouts(inputs, prefec
         ["retire", "--dest", inputs["dest"], "--run-id", "named", "--store", inputs["store"]],
         prefect_api,
     )
-    assert retire.returncode == 0 and "; 1 kept as evidence)" in retire.stdout
+    assert retire.returncode == 0 and "; 1 kept as evidence)" in retire.stdout, retire.stdout
 
 
 def test_status_json_says_where_the_records_are(inputs, prefect_api: str) -> None:
@@ -306,6 +329,20 @@ def test_first_demo_succeeds_on_a_busy_machine_with_a_fresh_prefect_home(tmp_pat
     assert os.path.isdir(tmp_path / "demo" / "dest"), "the relative workdir is under the cwd"
 
 
+def test_tokcap_deployments_prints_the_path_without_starting_a_server(tmp_path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "deployments"],
+        cwd=str(tmp_path),
+        env=fresh_prefect_env(str(tmp_path / "prefect-home")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert os.path.isfile(result.stdout.strip()), "stdout is only the file's path"
+    assert "temporary server" not in result.stderr, result.stderr
+
+
 def test_a_server_that_cannot_start_says_what_to_do_in_one_line(tmp_path) -> None:
     env = fresh_prefect_env(
         str(tmp_path / "prefect-home"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1"
@@ -321,7 +358,7 @@ def test_a_server_that_cannot_start_says_what_to_do_in_one_line(tmp_path) -> Non
     assert result.returncode == 1
     ours = [line for line in result.stderr.splitlines() if line.startswith("tokcap demo:")]
     assert len(ours) == 1, result.stderr
-    assert "did not start within 1 s" in ours[0] and "`prefect server start`" in ours[0]
+    assert "did not start within 1 s" in ours[0] and "prefect server start`" in ours[0]
     assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in ours[0]
     assert "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "demo"), "nothing ran"
@@ -331,4 +368,8 @@ def test_the_demo_points_at_the_configured_server(tmp_path, prefect_api: str) ->
     result = tokcap(["demo", "--workdir", str(tmp_path)], prefect_api)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"open {prefect_api.removesuffix('/api')} " in result.stdout
+    assert (
+        "dispatch-time clear of 7 rollout ids: 1 held a stale capture from an earlier "
+        "attempt, now removed (0-0)" in result.stdout
+    ), "only 0-0 held a stale capture"
     assert ":4200" not in result.stdout
