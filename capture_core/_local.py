@@ -25,7 +25,8 @@ from capture_core.errors import CaptureStoreError, StoreUnavailableError, Unread
 TMP_DIR = ".tmp"
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Make a folder's entries (new, renamed or removed names) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -66,7 +67,7 @@ class _GroupDirSync:
                     state.busy, covered = True, state.issued
                     self._cond.release()
                     try:
-                        _fsync_dir(folder)
+                        fsync_dir(folder)
                     finally:
                         self._cond.acquire()
                         state.busy = False
@@ -113,7 +114,7 @@ class LocalStore(ByteStore):
                 os.mkdir(folder)
             except FileExistsError:
                 continue
-            _fsync_dir(os.path.dirname(folder))
+            fsync_dir(os.path.dirname(folder))
         with self._dirs_lock:
             self._known_dirs.add(path)
 
@@ -293,14 +294,14 @@ class LocalStore(ByteStore):
             except OSError as exc:
                 if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
                     if durable:
-                        _fsync_dir(folder)
+                        fsync_dir(folder)
                     return
                 if exc.errno != errno.ENOENT:
                     raise
             self._forget_dir(folder)
             folder = os.path.dirname(folder)
         if durable:
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
 
     def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
         """Delete temporary files left by crashed writers; return how many were removed."""

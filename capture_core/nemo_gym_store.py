@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from capture_core import nemo_gym_layout as layout
+from capture_core._local import fsync_dir
 from capture_core.errors import (
     CaptureConflictError,
     CaptureFencedError,
@@ -44,14 +45,6 @@ from capture_core.records import TokenEntry, coerce_token_entry
 __all__ = ["MixedLayoutError", "NemoGymFileStore", "nemo_gym_store_for"]
 
 logger = logging.getLogger(__name__)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _append_line(path: str, line: bytes) -> int:
@@ -166,7 +159,7 @@ class NemoGymFileStore:
                     os.fsync(handle.fileno())
             os.replace(temporary, self.path_for(rollout_id, layout.STATE))
             if durable:
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
         finally:
             _unlink(temporary)
 
@@ -261,7 +254,7 @@ class NemoGymFileStore:
             self._write_state(rollout_id, state, durable=True)
             line = model_call_id.encode() + b"\n"
             _append_line(self.path_for(rollout_id, layout.INCOMPLETE), line)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         if reason:
             logger.warning("rollout %s: call %r lost: %s", rollout_id, model_call_id, reason)
 
@@ -342,7 +335,7 @@ class NemoGymFileStore:
                 _unlink(self.path_for(rollout_id, suffix))
             state.update(indexed_size=0, entry_digests={}, retired=True)
             self._write_state(rollout_id, state, durable=True)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             return True
 
     async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
@@ -353,7 +346,7 @@ class NemoGymFileStore:
         with self._locked(rollout_id):
             for suffix in (layout.JSONL, layout.INCOMPLETE, layout.INTENTS, layout.STATE):
                 _unlink(self.path_for(rollout_id, suffix))
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
 
     def sweep_retired(self, older_than_seconds: float) -> int:
         """Remove retired tombstones whose state is older than the cutoff; return how many.
@@ -381,7 +374,7 @@ class NemoGymFileStore:
                 return 0
             for suffix in (layout.STATE, layout.INTENTS, layout.INCOMPLETE, layout.LOCK):
                 _unlink(self.path_for(rollout_id, suffix))
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             return 1
 
     def close_now(self) -> None:
