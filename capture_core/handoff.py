@@ -213,11 +213,13 @@ async def finalize_batch(
                 f"batch {batch.index}: capture store failed at line {parsed.line}: "
                 f"{guard.failure}; nothing of this batch was handed off, retry it"
             ) from guard.failure
-        if parsed.record is None:
-            outcomes.append(RolloutOutcome(line=parsed.line, masked=True, error=parsed.error))
+        refused = input_error(batch, parsed)
+        if refused is not None:
+            outcomes.append(refused)
             continue
-        outcomes.append(_outcome(parsed.line, parsed.record, built))
-        chunks.append(orjson.dumps(parsed.record) + b"\n")
+        record = parsed.record or {}
+        outcomes.append(_outcome(parsed.line, record, built))
+        chunks.append(orjson.dumps(record) + b"\n")
     return FinalizedBatch(
         index=batch.index,
         receipt_key=receipt_key(batch),
