@@ -73,7 +73,7 @@ def test_flow_run_retry_reexecutes_only_the_failed_batch(tmp_path, prefect_api: 
         timeout=300,
     )
     assert retried.returncode == 0, retried.stdout[-1500:] + retried.stderr[-1500:]
-    assert frozen(log) == ["7-2", "7-3"], "only the failed batch was finalized again"
+    assert sorted(frozen(log)) == ["7-2", "7-3"], "only the failed batch was finalized again"
     ledger = read_ledger(open_byte_store(dest), "retry")
     assert all(line.handed_off and line.retired for line in ledger)
 
