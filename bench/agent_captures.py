@@ -64,11 +64,7 @@ class AgentRollout:
 
     @property
     def deliverable(self) -> bool:
-        """Healthy, and the capture and record single out the scored chain: deliver it.
-
-        A healthy rollout that is not `decidable` holds two different chains that all its
-        evidence fits equally (see `_decidable`); delivering either is a guess.
-        """
+        """Healthy, and the capture and record single out the scored chain (`_decidable`)."""
         return self.healthy and self.decidable
 
 
@@ -355,11 +351,9 @@ def agent_rollout(
 def _decidable(record: dict[str, Any], chain: list[TokenEntry], shapes: list[str]) -> bool:
     """Whether anything in the capture or the record tells the scored chain from the others.
 
-    Not when the final call was retried with the same answer from other tokens and nothing
-    names the kept attempt: no explicit or declared terminal, a scored response without
-    the served id, and no later call extending the kept attempt. Both attempts then fit
-    every piece of evidence alike (same parent, same model-authored items), and the truth
-    is only the generator's coin flip.
+    Not for a same-answer retry of the final call (same parent and items, other tokens)
+    with no terminal named, no served id and no later call extending the kept attempt:
+    both attempts fit all the evidence alike, and the truth is the generator's coin flip.
     """
     if "same_answer_final_retry" not in shapes or "continuation" in shapes:
         return True

@@ -36,16 +36,15 @@ def test_agent_captures_deliver_every_attributed_healthy_rollout_and_only_the_sc
 ) -> None:
     store = TokenCaptureStore(f"memory://terminal-{uuid.uuid4().hex[:12]}")
     rollouts = agent_rollouts(120, seed=11, parent_fields=parent_fields)
-    wrong = unhealthy = healthy_masked = attributed_masked = 0
+    wrong = unhealthy = deliverable_masked = undecidable_delivered = 0
     for rollout in rollouts:
         write_capture(store, rollout)
         record, delivered = finalize(store, rollout)
         if delivered and delivered_tokens(record["response"]["output"]) != scored_tokens(rollout):
             wrong += 1
         unhealthy += delivered and not rollout.healthy
-        healthy_masked += rollout.healthy and not delivered
-        verdict = record["_ng_token_capture"]["terminal_attribution"]
-        attributed_masked += rollout.healthy and not delivered and bool(verdict["method"])
+        deliverable_masked += rollout.deliverable and not delivered
+        undecidable_delivered += delivered and rollout.healthy and not rollout.decidable
         store.delete(rollout.rollout_id)
     kind = "with" if parent_fields else "without"
     record_case(
@@ -61,10 +60,44 @@ def test_agent_captures_deliver_every_attributed_healthy_rollout_and_only_the_sc
         "continuation",
         "lost_call",
     }
-    assert (wrong, unhealthy, attributed_masked) == (0, 0, 0)
-    # Some healthy rollouts carry no evidence that singles out their terminal (a same-answer
-    # final retry without a served id): masking them is right, and they stay few.
-    assert healthy_masked <= 0.05 * sum(r.healthy for r in rollouts)
+    assert (wrong, unhealthy, deliverable_masked, undecidable_delivered) == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("parent_fields", [True, False])
+def test_a_same_answer_final_retry_that_nothing_names_is_never_guessed(parent_fields: bool) -> None:
+    """Two final attempts with the same answer from different tokens, no id, no terminal named.
+
+    Every piece of evidence fits both chains; delivering either would train on a chain
+    that was scored only with even odds. The same rollout with the served id is delivered.
+    """
+    store = TokenCaptureStore(f"memory://terminal-{uuid.uuid4().hex[:12]}")
+    undecidable = [
+        r
+        for r in agent_rollouts(400, seed=13, parent_fields=parent_fields)
+        if r.healthy and not r.decidable
+    ]
+    assert len(undecidable) >= 3, "the generator makes undecidable rollouts"
+    delivered_count = wrong = 0
+    for rollout in undecidable:
+        write_capture(store, rollout)
+        record, delivered = finalize(store, rollout)
+        verdict = record["_ng_token_capture"]["terminal_attribution"]
+        assert verdict["call_id"] is None and "content:content_ambiguous" in verdict["reason"]
+        delivered_count += delivered
+        wrong += delivered and (
+            delivered_tokens(record["response"]["output"]) != scored_tokens(rollout)
+        )
+        rollout.record["response"]["id"] = rollout.scored_chain[-1].response_id
+        named, delivered_named = finalize(store, rollout)
+        assert delivered_named, "the served id singles out the kept attempt"
+        assert delivered_tokens(named["response"]["output"]) == scored_tokens(rollout)
+        store.delete(rollout.rollout_id)
+    kind = "with" if parent_fields else "without"
+    record_case(
+        f"same-answer final retry nothing names ({kind} parent fields): not guessed",
+        wrong_tokens_delivered=wrong,
+    )
+    assert delivered_count == 0
 
 
 def _multi_chain_rollout(parent_fields: bool = False) -> AgentRollout:
