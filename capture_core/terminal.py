@@ -33,6 +33,9 @@ CHAIN_NONE, CHAIN_DELIVERED, CHAIN_BROKEN, CHAIN_NOT_CAPTURED = (
 )
 DISAGREEMENT = "witness_disagreement"
 STRICT_CONTRADICTED = "content:contradicts_strict_chain"
+# Reading a path scans every call, so only this many candidate calls are read that way;
+# more are ambiguous (the same text in many calls), which keeps attribution linear.
+PATH_CANDIDATES = 8
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,8 @@ def _content(entries: list[TokenEntry], response: Mapping[str, Any]) -> _Testimo
     matches = [e for e in entries if own[id(e)] and own[id(e)] in readings]
     if not matches and full:
         ends = [e for e in entries if own[id(e)] and full[-len(own[id(e)]) :] == own[id(e)]]
+        if len(ends) > PATH_CANDIDATES:
+            return _Testimony("content", reason="content_ambiguous")
         matches = [e for e in ends if path_items(e, entries, own) == full]
     if not matches:
         return _Testimony("content", reason="no_content_match")
@@ -228,6 +233,8 @@ def _settle(
     the trailing block. Then, among retries of one prompt, the one a later call extended is
     the one the harness kept. Anything still tied is ambiguous and never picked.
     """
+    if len(matches) > PATH_CANDIDATES:
+        return None
     whole = [m for m in matches if own[id(m)] == full or path_items(m, entries, own) == full]
     pool = whole or matches
     if len(pool) < len(matches) and (chosen := collapse_identical(pool)) is not None:

@@ -81,3 +81,15 @@ def test_extension_settles_only_retries_of_one_prompt() -> None:
     ]
     verdict = attribute(entries, response={"output": [message("Done.")]})
     assert verdict.call_id is None
+
+
+def test_many_calls_with_the_same_text_are_ambiguous_without_reading_every_path() -> None:
+    """Reading paths is bounded: the same text in many calls abstains instead of scanning."""
+    entries = [
+        call(f"d{n:02}", list(range(2 * n + 1)), [2 * n + 1], [message("Done.")]) for n in range(20)
+    ]
+    merged = [message("Done."), tool_result("ok"), message("Done.")]
+    verdict = attribute(entries, response={"output": merged})
+    assert verdict.call_id is None and "content_ambiguous" in abstention_reasons(verdict.reason)
+    twice = attribute(entries[:2], response={"output": merged})
+    assert twice.call_id == "d01", "few candidates are still settled by their paths"
