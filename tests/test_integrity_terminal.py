@@ -16,11 +16,14 @@ from bench.agent_captures import (
     scored_tokens,
     write_capture,
 )
-from capture_core.consumer import trajectories_from_source
+from capture_core.consumer import _assemble, trajectories_from_source
 from capture_core.delivery import finalize_rollout_token_capture, mask_reason
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore
+from capture_core.terminal import TerminalInputs
 from tests.reliability_figures import record_case
+from tests.test_terminal import message, tool_call, tool_result
+from tests.test_terminal_content import same_answer_twins
 
 
 def finalize(store: TokenCaptureStore, rollout: AgentRollout) -> tuple[dict, bool]:
@@ -220,3 +223,32 @@ def test_an_off_path_call_naming_a_lost_parent_masks_the_attributed_rollout(tmp_
     record_case("lost call named only by an off-path child", wrong_tokens_delivered=int(delivered))
     assert not delivered, "a lost call anywhere masks"
     assert "'c'" in mask_reason(built) and "'p'" in mask_reason(built)
+
+
+def test_same_answer_attempts_that_were_both_continued_are_not_guessed() -> None:
+    """A later call extends each attempt of a same-answer final retry: no kept one stands out.
+
+    Extension settles a retry only when exactly one attempt was continued; with both, the
+    build masks rather than deliver either chain.
+    """
+    output = [message("plan"), tool_result("ok"), tool_call("submit", answer=42)]
+    entries = same_answer_twins(extend=("t1", "t2"))
+    result = _assemble(
+        "r", entries, "prefix_merging", "", TerminalInputs(response={"output": output})
+    )
+    verdict = result["metrics"]["terminal_attribution"]
+    delivered = not result["mask_sample"] and result["rebuilt_response"] is not None
+    record_case(
+        "same-answer attempts both continued: not guessed", wrong_tokens_delivered=int(delivered)
+    )
+    assert verdict["call_id"] is None and "content:content_ambiguous" in verdict["reason"]
+    assert result["mask_sample"] is True
+    kept = same_answer_twins(extend=("t2",))
+    settled = _assemble(
+        "r", kept, "prefix_merging", "", TerminalInputs(response={"output": output})
+    )
+    generated = [i for i in settled["rebuilt_response"]["output"] if "generation_token_ids" in i]
+    assert not settled["mask_sample"] and [i["generation_token_ids"] for i in generated] == [
+        [2],
+        [5],
+    ]
