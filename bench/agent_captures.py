@@ -55,11 +55,17 @@ class AgentRollout:
     record: dict[str, Any]
     scored_chain: list[TokenEntry]
     shapes: list[str] = field(default_factory=list)
+    decidable: bool = True
 
     @property
     def healthy(self) -> bool:
-        """A rollout whose capture lost no call: it should be delivered."""
+        """A rollout whose capture lost no call."""
         return not self.lost_call_ids
+
+    @property
+    def deliverable(self) -> bool:
+        """Healthy, and the capture and record single out the scored chain (`_decidable`)."""
+        return self.healthy and self.decidable
 
 
 def _digest(tokens: list[int]) -> str:
@@ -332,13 +338,27 @@ def agent_rollout(
         record["_ng_terminal_model_call_id"] = chain[-1].model_call_id
     elif witness < mix.explicit + mix.declared:
         record["terminal_response_id"] = chain[-1].response_id
+    decidable = _decidable(record, chain, shapes)
     lost: list[str] = []
     if rng.random() < mix.lost_call:
         victim = rng.choice(session.entries)
         lost.append(victim.model_call_id)
         shapes.append("lost_call")
     entries = [e for e in session.entries if e.model_call_id not in lost]
-    return AgentRollout(rollout_id, entries, lost, record, chain, shapes or ["plain"])
+    return AgentRollout(rollout_id, entries, lost, record, chain, shapes or ["plain"], decidable)
+
+
+def _decidable(record: dict[str, Any], chain: list[TokenEntry], shapes: list[str]) -> bool:
+    """Whether anything in the capture or the record tells the scored chain from the others.
+
+    Not for a same-answer retry of the final call (same parent and items, other tokens)
+    with no terminal named, no served id and no later call extending the kept attempt:
+    both attempts fit all the evidence alike, and the truth is the generator's coin flip.
+    """
+    if "same_answer_final_retry" not in shapes or "continuation" in shapes:
+        return True
+    named = "_ng_terminal_model_call_id" in record or "terminal_response_id" in record
+    return named or record["response"].get("id") == chain[-1].response_id
 
 
 def agent_rollouts(

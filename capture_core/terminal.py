@@ -5,18 +5,18 @@ model-authored content); each abstains with a reason rather than guess.
 Calls with identical token sequences are interchangeable and collapse to the smallest call id.
 Witnesses naming different calls attribute nothing: a contradiction is a defect, never outranked.
 Attribution never raises; an internal error is an abstention with a reason.
-This module imports only `records`.
+This module imports only `records` and `transcript`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from capture_core.records import TokenEntry, response_items
+from capture_core.transcript import own_items, transcript_readings
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,9 @@ CHAIN_NONE, CHAIN_DELIVERED, CHAIN_BROKEN, CHAIN_NOT_CAPTURED = (
 )
 DISAGREEMENT = "witness_disagreement"
 STRICT_CONTRADICTED = "content:contradicts_strict_chain"
+# Reading a path scans every call, so only this many candidate calls are read that way;
+# more are ambiguous (the same text in many calls), which keeps attribution linear.
+PATH_CANDIDATES = 8
 
 
 @dataclass(frozen=True)
@@ -195,18 +198,73 @@ def _response_id(entries: list[TokenEntry], response: Mapping[str, Any]) -> _Tes
 
 
 def _content(entries: list[TokenEntry], response: Mapping[str, Any]) -> _Testimony:
-    """Entries whose own model-authored items equal the response's, whole or trailing block."""
+    """The call whose model-authored items the scored response holds, or an abstention.
+
+    A call matches when its own items are all of the response's (a harness that returned
+    the final turn) or its trailing block (a merged conversation); failing that, when its
+    root-to-call path holds exactly the response's items (a merged conversation with no
+    break between turns). Matches with identical sequences collapse; different ones are
+    settled by `_settle`, else ambiguous.
+    """
     full, trailing = transcript_readings(response_items(response))
     readings = {reading for reading in (full, trailing) if reading}
-    if not readings:
-        return _Testimony("content", reason="no_content_match")
-    matches = [e for e in entries if (own := entry_fingerprint(e)) and own in readings]
+    own = {id(e): entry_fingerprint(e) for e in entries}
+    matches = [e for e in entries if own[id(e)] and own[id(e)] in readings]
+    if not matches and full:
+        ends = [e for e in entries if own[id(e)] and full[-len(own[id(e)]) :] == own[id(e)]]
+        if len(ends) > PATH_CANDIDATES:
+            return _Testimony("content", reason="content_ambiguous")
+        matches = [e for e in ends if path_items(e, entries, own) == full]
     if not matches:
         return _Testimony("content", reason="no_content_match")
-    chosen = collapse_identical(matches)
+    chosen = collapse_identical(matches) or _settle(matches, entries, full, own)
     if chosen is None:
         return _Testimony("content", reason="content_ambiguous")
     return _Testimony("content", chosen.model_call_id)
+
+
+def _settle(
+    matches: list[TokenEntry], entries: list[TokenEntry], full: tuple, own: Mapping[int, tuple]
+) -> TokenEntry | None:
+    """One of several different matching calls, when the evidence singles it out; else `None`.
+
+    First the whole transcript: a call whose root-to-call path holds exactly the response's
+    model-authored items (or whose own items are all of them) beats calls that match only
+    the trailing block. Then, among retries of one prompt, the one a later call extended is
+    the one the harness kept. Anything still tied is ambiguous and never picked.
+    """
+    if len(matches) > PATH_CANDIDATES:
+        return None
+    whole = [m for m in matches if own[id(m)] == full or path_items(m, entries, own) == full]
+    pool = whole or matches
+    if len(pool) < len(matches) and (chosen := collapse_identical(pool)) is not None:
+        return chosen
+    if any(m.prompt_token_ids != pool[0].prompt_token_ids for m in pool[1:]):
+        return None
+    extended = [m for m in pool if any(extends(e.prompt_token_ids, m) for e in entries)]
+    return collapse_identical(extended)
+
+
+def extends(prompt: Sequence[int], parent: TokenEntry) -> bool:
+    """Whether `parent` generated tokens and its prompt plus generation begins `prompt`."""
+    p, g = parent.prompt_token_ids, parent.generation_token_ids
+    cut = len(p)
+    return bool(g) and prompt[:cut] == p and prompt[cut : cut + len(g)] == g
+
+
+def path_items(call: TokenEntry, entries: Sequence[TokenEntry], own: Mapping[int, tuple]) -> tuple:
+    """The model-authored items along the root-to-`call` path, read from the tokens.
+
+    The calls on the path are those whose sequence is a prefix of `call`'s prompt, one per
+    length (identical retries are one call), in order of length.
+    """
+    ancestors: dict[int, TokenEntry] = {}
+    for entry in entries:
+        if entry is not call and extends(call.prompt_token_ids, entry):
+            length = len(entry.prompt_token_ids) + len(entry.generation_token_ids)
+            ancestors.setdefault(length, entry)
+    path = [ancestors[n] for n in sorted(ancestors)]
+    return tuple(key for entry in (*path, call) for key in own[id(entry)])
 
 
 def _verdict(testimonies: list[_Testimony], by_id: Mapping[str, TokenEntry]) -> TerminalAttribution:
@@ -300,89 +358,6 @@ def abstention_reasons(reason: str) -> list[str]:
     return codes
 
 
-# Model-authored content: assistant text and tool calls, compared across dialects.
-
-_BREAK = None
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(part.get("text", ""))
-            for part in content
-            if isinstance(part, Mapping) and part.get("type") in ("output_text", "text")
-        )
-    return ""
-
-
-def _canonical_arguments(arguments: Any) -> str:
-    """Tool-call arguments as canonical JSON, so re-serialised arguments still compare equal."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return arguments
-    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def _tool_call(call: Any) -> tuple[str, str, str]:
-    function = call.get("function", call) if isinstance(call, Mapping) else {}
-    return ("call", str(function.get("name", "")), _canonical_arguments(function.get("arguments")))
-
-
-def _message_keys(item: Mapping[str, Any]) -> list[tuple[str, ...]] | None:
-    """An assistant message's text and tool calls; `None` for other roles (they break a block)."""
-    if item.get("role", "assistant") != "assistant":
-        return None
-    keys: list[tuple[str, ...]] = []
-    text = _text(item.get("content"))
-    if text:
-        keys.append(("text", text))
-    keys.extend(_tool_call(call) for call in item.get("tool_calls") or ())
-    return keys
-
-
-_ITEM_READERS: dict[str, Callable[[Mapping[str, Any]], list[tuple[str, ...]] | None]] = {
-    "message": _message_keys,
-    "function_call": lambda item: [
-        ("call", str(item.get("name", "")), _canonical_arguments(item.get("arguments")))
-    ],
-    "tool_use": lambda item: [
-        ("call", str(item.get("name", "")), _canonical_arguments(item.get("input")))
-    ],
-    "reasoning": lambda item: [],
-}
-
-
-def _item_keys(item: Any) -> list[tuple[str, ...]] | None:
-    """Model-authored keys of one item; `[]` for transparent items, `None` for a break."""
-    if not isinstance(item, Mapping):
-        return _BREAK
-    kind = item.get("type") or ("message" if "role" in item else "")
-    reader = _ITEM_READERS.get(str(kind))
-    return reader(item) if reader is not None else _BREAK
-
-
-def transcript_readings(items: Sequence[Any]) -> tuple[tuple, tuple]:
-    """The model-authored keys of a transcript: all of them, and its trailing block.
-
-    The trailing block is the last run of model-authored items; a transcript that ends in
-    another item (a pending tool result) has none, so it never matches a mid-chain call.
-    """
-    full: list[tuple[str, ...]] = []
-    trailing: list[tuple[str, ...]] = []
-    for item in items:
-        keys = _item_keys(item)
-        if keys is _BREAK:
-            trailing = []
-            continue
-        full.extend(keys)
-        trailing.extend(keys)
-    return tuple(full), tuple(trailing)
-
-
 def entry_fingerprint(entry: TokenEntry) -> tuple:
     """A call's own model-authored keys (from its captured content items)."""
-    return transcript_readings(entry.output_items)[0]
+    return own_items(entry.output_items)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.agent_captures import agent_rollout, delivered_tokens, scored_tokens
+from bench.agent_captures import agent_rollout, agent_rollouts, delivered_tokens, scored_tokens
 from capture_core.builder import prefix_merging, project_main_chain_response
 from capture_core.terminal import TerminalInputs, attribute_terminal
 
@@ -44,3 +44,30 @@ def test_a_chain_other_than_the_scored_one_is_detected() -> None:
     )
     output = project_main_chain_response(rollout.rollout_id, shorter)["output"]
     assert delivered_tokens(output) != scored_tokens(rollout)
+
+
+def test_only_a_same_answer_final_retry_that_nothing_names_is_undecidable() -> None:
+    """Undecidable means the evidence fits another chain alike: the kept final attempt has a
+    twin with its parent and items but other tokens, and no id, terminal or later call
+    names the kept one. Naming it in the record makes the rollout decidable again."""
+    rollouts = agent_rollouts(400, seed=13)
+    undecidable = [r for r in rollouts if not r.decidable]
+    assert undecidable and len(undecidable) < 0.05 * len(rollouts)
+    for rollout in rollouts:
+        terminal = rollout.scored_chain[-1]
+        twins = [
+            e
+            for e in rollout.entries
+            if e is not terminal
+            and e.prompt_token_ids == terminal.prompt_token_ids
+            and e.output_items == terminal.output_items
+            and e.generation_token_ids != terminal.generation_token_ids
+        ]
+        named = {"_ng_terminal_model_call_id", "terminal_response_id"} & set(rollout.record)
+        served = rollout.record["response"].get("id") == terminal.response_id
+        if not rollout.decidable:
+            assert "continuation" not in rollout.shapes and not named and not served
+            assert twins or rollout.lost_call_ids, "the twin is captured unless it was lost"
+        elif "same_answer_final_retry" in rollout.shapes:
+            assert named or served or "continuation" in rollout.shapes
+        assert rollout.deliverable == (rollout.healthy and rollout.decidable)

@@ -16,11 +16,14 @@ from bench.agent_captures import (
     scored_tokens,
     write_capture,
 )
-from capture_core.consumer import trajectories_from_source
+from capture_core.consumer import _assemble, trajectories_from_source
 from capture_core.delivery import finalize_rollout_token_capture, mask_reason
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore
+from capture_core.terminal import TerminalInputs
 from tests.reliability_figures import record_case
+from tests.test_terminal import message, tool_call, tool_result
+from tests.test_terminal_content import same_answer_twins
 
 
 def finalize(store: TokenCaptureStore, rollout: AgentRollout) -> tuple[dict, bool]:
@@ -36,16 +39,15 @@ def test_agent_captures_deliver_every_attributed_healthy_rollout_and_only_the_sc
 ) -> None:
     store = TokenCaptureStore(f"memory://terminal-{uuid.uuid4().hex[:12]}")
     rollouts = agent_rollouts(120, seed=11, parent_fields=parent_fields)
-    wrong = unhealthy = healthy_masked = attributed_masked = 0
+    wrong = unhealthy = deliverable_masked = undecidable_delivered = 0
     for rollout in rollouts:
         write_capture(store, rollout)
         record, delivered = finalize(store, rollout)
         if delivered and delivered_tokens(record["response"]["output"]) != scored_tokens(rollout):
             wrong += 1
         unhealthy += delivered and not rollout.healthy
-        healthy_masked += rollout.healthy and not delivered
-        verdict = record["_ng_token_capture"]["terminal_attribution"]
-        attributed_masked += rollout.healthy and not delivered and bool(verdict["method"])
+        deliverable_masked += rollout.deliverable and not delivered
+        undecidable_delivered += delivered and rollout.healthy and not rollout.decidable
         store.delete(rollout.rollout_id)
     kind = "with" if parent_fields else "without"
     record_case(
@@ -61,10 +63,44 @@ def test_agent_captures_deliver_every_attributed_healthy_rollout_and_only_the_sc
         "continuation",
         "lost_call",
     }
-    assert (wrong, unhealthy, attributed_masked) == (0, 0, 0)
-    # Some healthy rollouts carry no evidence that singles out their terminal (a same-answer
-    # final retry without a served id): masking them is right, and they stay few.
-    assert healthy_masked <= 0.05 * sum(r.healthy for r in rollouts)
+    assert (wrong, unhealthy, deliverable_masked, undecidable_delivered) == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("parent_fields", [True, False])
+def test_a_same_answer_final_retry_that_nothing_names_is_never_guessed(parent_fields: bool) -> None:
+    """Two final attempts with the same answer from different tokens, no id, no terminal named.
+
+    Every piece of evidence fits both chains; delivering either would train on a chain
+    that was scored only with even odds. The same rollout with the served id is delivered.
+    """
+    store = TokenCaptureStore(f"memory://terminal-{uuid.uuid4().hex[:12]}")
+    undecidable = [
+        r
+        for r in agent_rollouts(400, seed=13, parent_fields=parent_fields)
+        if r.healthy and not r.decidable
+    ]
+    assert len(undecidable) >= 3, "the generator makes undecidable rollouts"
+    delivered_count = wrong = 0
+    for rollout in undecidable:
+        write_capture(store, rollout)
+        record, delivered = finalize(store, rollout)
+        verdict = record["_ng_token_capture"]["terminal_attribution"]
+        assert verdict["call_id"] is None and "content:content_ambiguous" in verdict["reason"]
+        delivered_count += delivered
+        wrong += delivered and (
+            delivered_tokens(record["response"]["output"]) != scored_tokens(rollout)
+        )
+        rollout.record["response"]["id"] = rollout.scored_chain[-1].response_id
+        named, delivered_named = finalize(store, rollout)
+        assert delivered_named, "the served id singles out the kept attempt"
+        assert delivered_tokens(named["response"]["output"]) == scored_tokens(rollout)
+        store.delete(rollout.rollout_id)
+    kind = "with" if parent_fields else "without"
+    record_case(
+        f"same-answer final retry nothing names ({kind} parent fields): not guessed",
+        wrong_tokens_delivered=wrong,
+    )
+    assert delivered_count == 0
 
 
 def _multi_chain_rollout(parent_fields: bool = False) -> AgentRollout:
@@ -187,3 +223,32 @@ def test_an_off_path_call_naming_a_lost_parent_masks_the_attributed_rollout(tmp_
     record_case("lost call named only by an off-path child", wrong_tokens_delivered=int(delivered))
     assert not delivered, "a lost call anywhere masks"
     assert "'c'" in mask_reason(built) and "'p'" in mask_reason(built)
+
+
+def test_same_answer_attempts_that_were_both_continued_are_not_guessed() -> None:
+    """A later call extends each attempt of a same-answer final retry: no kept one stands out.
+
+    Extension settles a retry only when exactly one attempt was continued; with both, the
+    build masks rather than deliver either chain.
+    """
+    output = [message("plan"), tool_result("ok"), tool_call("submit", answer=42)]
+    entries = same_answer_twins(extend=("t1", "t2"))
+    result = _assemble(
+        "r", entries, "prefix_merging", "", TerminalInputs(response={"output": output})
+    )
+    verdict = result["metrics"]["terminal_attribution"]
+    delivered = not result["mask_sample"] and result["rebuilt_response"] is not None
+    record_case(
+        "same-answer attempts both continued: not guessed", wrong_tokens_delivered=int(delivered)
+    )
+    assert verdict["call_id"] is None and "content:content_ambiguous" in verdict["reason"]
+    assert result["mask_sample"] is True
+    kept = same_answer_twins(extend=("t2",))
+    settled = _assemble(
+        "r", kept, "prefix_merging", "", TerminalInputs(response={"output": output})
+    )
+    generated = [i for i in settled["rebuilt_response"]["output"] if "generation_token_ids" in i]
+    assert not settled["mask_sample"] and [i["generation_token_ids"] for i in generated] == [
+        [2],
+        [5],
+    ]

@@ -110,12 +110,24 @@ def test_content_witness_reads_the_final_turn_and_the_trailing_block() -> None:
     assert attribute(chain(), response={"output": first_turn}).call_id == "a"
 
 
-def test_a_transcript_ending_in_a_tool_result_has_no_trailing_block() -> None:
-    pending = [message("task", role="user"), tool_call("search", q="x", n=1), tool_result("..")]
-    full, trailing = transcript_readings(pending)
-    assert trailing == () and len(full) == 1
-    verdict = attribute(chain(), response={"output": [*pending, tool_call("search", q="y")]})
-    assert verdict.call_id is None and abstention_reasons(verdict.reason) == [
+def test_tool_results_after_the_last_model_turn_are_skipped_by_the_trailing_block() -> None:
+    """A harness that ran the final call's tool (a submit) keeps its output at the end.
+
+    Reading that as "no trailing block" masked every such merged transcript.
+    """
+    submitted = [message("task", role="user"), tool_call("search", q="x", n=1), tool_result("..")]
+    full, trailing = transcript_readings(submitted)
+    assert trailing == full and len(full) == 1
+    chat_tool_turn = {"role": "tool", "content": "ok"}
+    assert transcript_readings([*submitted[:2], chat_tool_turn])[1] == trailing
+    assert transcript_readings([*submitted, message("more", role="user")])[1] == ()
+    later = transcript_readings([*submitted, {"type": "reasoning"}, message("the answer")])
+    assert later[1] == (("text", "the answer"),), "a model turn after the results starts over"
+    two_turns = [*submitted, message("the answer"), tool_result("done")]
+    verdict = attribute(chain(), response={"output": two_turns})
+    assert (verdict.method, verdict.call_id) == ("content", "b")
+    unknown = attribute(chain(), response={"output": [*submitted, tool_call("search", q="y")]})
+    assert unknown.call_id is None and abstention_reasons(unknown.reason) == [
         "response_has_no_id",
         "no_content_match",
     ]

@@ -14,7 +14,13 @@ from capture_core.records import TokenEntry
 from capture_core.run_report import reason_category
 from capture_core.store import TokenCaptureStore
 from capture_core.synthetic import RolloutShape, synthetic_rollout
-from capture_core.terminal import TerminalInputs
+from capture_core.terminal import (
+    NOT_ATTRIBUTED,
+    STRICT_CONTRADICTED,
+    TerminalInputs,
+    blocking_reason,
+    check_strict_chain,
+)
 from tests.test_terminal import message, tool_result
 
 
@@ -223,13 +229,11 @@ def test_a_terminal_id_carried_by_different_calls_is_broken() -> None:
     assert built.notes.terminal_chain == "broken" and built.chains == []
 
 
-def test_a_scored_response_that_contradicts_the_strict_chain_masks_it() -> None:
-    """A later call continuing the scored conversation makes the strict chain too long.
+def test_a_transcript_ending_in_the_submit_output_delivers_its_chain_without_the_summary() -> None:
+    """The harness ran the final call's submit tool and kept its output; a summary followed.
 
-    Nothing attributes the terminal here (no served id; the transcript ends in the submit
-    tool's output, so it has no trailing block), and the one strict chain runs on past the
-    scored call into the summary. The response's content says which calls it holds: the
-    strict chain is not them, so it masks instead of delivering the summary as scored.
+    The trailing block skips that output, so content names `end`; before, the transcript
+    had no trailing block, nothing was attributed, and the rollout masked.
     """
     submit = {"type": "function_call", "name": "submit", "arguments": "{}"}
     entries = [
@@ -240,20 +244,31 @@ def test_a_scored_response_that_contradicts_the_strict_chain_masks_it() -> None:
     transcript = [message("text of root"), tool_result("ok"), submit, tool_result("done")]
     inputs = TerminalInputs(response={"id": "", "output": transcript})
     result = _assemble("3-4", entries, "prefix_merging", "", inputs)
-    assert result["metrics"]["terminal_attribution"]["call_id"] is None
-    assert result["mask_sample"] is True, "the summary call was never scored"
-    assert reason_category(mask_reason(result)) == "terminal not attributable"
-    entries.pop()
-    agreeing = _assemble("3-4", entries, "prefix_merging", "", inputs)
-    assert agreeing["mask_sample"] is False, "the same response agrees with the exact chain"
-    aux = _assemble("3-4", [*entries, call("title", [50], [51])], "prefix_merging", "", inputs)
-    assert aux["mask_sample"] is True
-    assert "contradicts" not in aux["metrics"]["terminal_attribution"]["reason"], (
-        "a strict mask keeps its own reason: only a chain about to be delivered is checked"
+    verdict = result["metrics"]["terminal_attribution"]
+    assert (verdict["method"], verdict["call_id"], verdict["chain"]) == (
+        "content",
+        "end",
+        "delivered",
     )
+    assert result["mask_sample"] is False
+    generated = [i for i in result["rebuilt_response"]["output"] if "generation_token_ids" in i]
+    assert [i["generation_token_ids"] for i in generated] == [[3], [5]], "summary excluded"
+
+
+def test_a_strict_chain_running_past_the_scored_call_masks() -> None:
+    """Unattributed, the strict chain is checked against the response before delivery."""
+    entries = [
+        call("root", [1, 2], [3]),
+        call("end", [1, 2, 3, 4], [5]),
+        call("summary", [1, 2, 3, 4, 5, 6], [7]),
+    ]
+    inputs = TerminalInputs(response={"output": [message("text of root"), message("text of end")]})
+    checked = check_strict_chain(NOT_ATTRIBUTED, inputs, entries)
+    assert checked.must_mask and STRICT_CONTRADICTED in checked.reason
+    assert blocking_reason(checked.metrics()) is not None
+    assert check_strict_chain(NOT_ATTRIBUTED, inputs, entries[:2]) == NOT_ATTRIBUTED
     unrelated = TerminalInputs(response={"output": [message("a harness's own summary")]})
-    longer = [*entries, call("summary", [1, 2, 3, 4, 5, 6], [7])]
-    assert _assemble("3-4", longer, "prefix_merging", "", unrelated)["mask_sample"] is False, (
+    assert check_strict_chain(NOT_ATTRIBUTED, unrelated, entries) == NOT_ATTRIBUTED, (
         "a response matching no call of the chain testifies to nothing: the strict policy stands"
     )
 
