@@ -25,6 +25,7 @@ from capture_core.lineage import (
     decide_parent,
     inconsistent_records,
 )
+from capture_core.prefix import PrefixKey, joined_key, prefix_key
 from capture_core.records import TOKEN_FIELDS, TokenEntry
 from capture_core.terminal import (
     CHAIN_BROKEN,
@@ -134,21 +135,6 @@ def per_request(entries: Iterable[TokenEntry]) -> BuildOutput:
     return BuildOutput(chains, [], notes)
 
 
-def _fingerprint(tokens: Sequence[int], length: int) -> tuple[int, int, int, int]:
-    """Length plus three sampled tokens of the first `length` tokens: a cheap index key."""
-    return (length, tokens[0], tokens[length // 2], tokens[length - 1])
-
-
-def _token_at(entry: TokenEntry, i: int) -> int:
-    prompt = entry.prompt_token_ids
-    return prompt[i] if i < len(prompt) else entry.generation_token_ids[i - len(prompt)]
-
-
-def _cumulative_fingerprint(entry: TokenEntry) -> tuple[int, int, int, int]:
-    n = len(entry.prompt_token_ids) + len(entry.generation_token_ids)
-    return (n, _token_at(entry, 0), _token_at(entry, n // 2), _token_at(entry, n - 1))
-
-
 def _extends(child_prompt: Sequence[int], parent: TokenEntry) -> bool:
     """Whether the parent's prompt-plus-generation is a prefix of `child_prompt`."""
     p, g = parent.prompt_token_ids, parent.generation_token_ids
@@ -175,9 +161,9 @@ class _Forest:
         self._position = {call.model_call_id: i for i, call in enumerate(calls)}
         self._known_ids = known_ids
         self._collapse = collapse
-        index: dict[tuple[int, int, int, int], list[int]] = defaultdict(list)
+        index: dict[PrefixKey, list[int]] = defaultdict(list)
         for i, call in enumerate(calls):
-            index[_cumulative_fingerprint(call)].append(i)
+            index[joined_key(call.prompt_token_ids, call.generation_token_ids)].append(i)
         lengths = sorted({key[0] for key in index})
         for i, call in enumerate(calls):
             self._link(i, call.prompt_token_ids, index, lengths)
@@ -186,7 +172,7 @@ class _Forest:
         """Attach call `i` to its longest-prefix parent; unsettled evidence quarantines it."""
         matches: list[int] = []
         for pos in range(bisect.bisect_right(lengths, len(prompt)) - 1, -1, -1):
-            candidates = index.get(_fingerprint(prompt, lengths[pos]), ())
+            candidates = index.get(prefix_key(prompt, lengths[pos]), ())
             matches = [j for j in candidates if j != i and _extends(prompt, self.calls[j])]
             if matches:
                 break
@@ -230,7 +216,7 @@ class _Forest:
             by_prompt: dict[tuple[int, ...], list[int]] = defaultdict(list)
             for i in siblings:
                 prompt = self.calls[i].prompt_token_ids
-                by_prompt[_fingerprint(prompt, len(prompt)) if prompt else (0,)].append(i)
+                by_prompt[prefix_key(prompt, len(prompt)) if prompt else (0,)].append(i)
             for same_key in by_prompt.values():
                 groups.extend(g for g in _split_identical(self.calls, same_key) if len(g) > 1)
         groups.sort(key=lambda g: -len(self.calls[g[0]].prompt_token_ids))
