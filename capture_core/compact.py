@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from capture_core.prefix import PrefixKey, prefix_key
 from capture_core.records import TokenEntry, entry_fields
 
 # Stored schema changelog:
@@ -166,10 +167,6 @@ def token_bytes(tokens: Sequence[int]) -> bytes | None:
         return None
 
 
-def _fingerprint(tokens: Sequence[int], length: int) -> tuple[int, int, int]:
-    return (tokens[0], tokens[length // 2], tokens[length - 1])
-
-
 @dataclass(frozen=True)
 class _Cumulative:
     """A stored call's prompt plus generation: a private copy of the tokens (a tuple, which
@@ -178,7 +175,7 @@ class _Cumulative:
 
     call_key: str
     tokens: tuple[int, ...]
-    fingerprint: tuple[int, int, int]
+    fingerprint: PrefixKey
     hasher: Any
 
     @property
@@ -205,9 +202,7 @@ class RecentCumulatives:
         with self._lock:
             known = list(self._index.get(rollout_id, ()))
         n = len(prompt)
-        return [
-            c for c in known if c.length <= n and _fingerprint(prompt, c.length) == c.fingerprint
-        ]
+        return [c for c in known if c.length <= n and prefix_key(prompt, c.length) == c.fingerprint]
 
     def remember(self, rollout_id: str, cumulative: _Cumulative) -> None:
         with self._lock:
@@ -280,7 +275,7 @@ def encode(
     if tokens:
         cumulative = hasher.copy()
         cumulative.update(gen_raw)
-        remember = _Cumulative(call_key, tokens, _fingerprint(tokens, len(tokens)), cumulative)
+        remember = _Cumulative(call_key, tokens, prefix_key(tokens, len(tokens)), cumulative)
     return EncodedEntry(data, rest, digest, parent_key, remember)
 
 

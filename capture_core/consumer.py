@@ -2,6 +2,7 @@
 
 Gym rollout collection and trainer finalization both use this consumer.
 Every path freezes first, then passes the snapshot through `build_from_snapshot`.
+A build is a typed `BuildResult` until a seed function returns it as NeMo Gym's dict.
 Builder, validation, projection and contiguity errors become failed builds, never exceptions.
 Single-response delivery rejects `per_request` because it can return several trajectories.
 The caller supplies the rollout id; this module does not import rollout-record modules.
@@ -14,9 +15,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from capture_core.build_result import SNAPSHOT_KEY as SNAPSHOT_KEY
+from capture_core.build_result import TERMINAL_METRIC as TERMINAL_METRIC
+from capture_core.build_result import BuildResult, SnapshotIdentity
 from capture_core.builder import (
     BuildOutput,
     assert_prefix_contiguity,
@@ -40,45 +45,15 @@ from capture_core.terminal import (
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT_KEY = "_capture_snapshot"
-TERMINAL_METRIC = "terminal_attribution"
 EMPTY_CAPTURE_ERROR = "capture contains no token records"
+PER_REQUEST_ERROR = (
+    "per_request builds one trajectory per call; single-response delivery needs prefix_merging"
+)
 
 
-def _failed_build(
-    rollout_id: str,
-    builder: str,
-    error: str,
-    n_calls: int = 0,
-    terminal: dict[str, Any] | None = None,
-) -> dict:
-    return {
-        "rollout_id": rollout_id,
-        "builder": builder,
-        "rebuilt_response": None,
-        "mask_sample": True,
-        "error": error,
-        "metrics": {
-            "n_calls": n_calls,
-            TERMINAL_METRIC: terminal or NOT_ATTRIBUTED.metrics(),
-        },
-    }
-
-
-def _metrics(n_calls: int, built: BuildOutput) -> dict[str, Any]:
-    notes = built.notes
-    quarantined = len(built.quarantined)
-    return {
-        "n_calls": n_calls,
-        "chains": notes.chains,
-        "roots": notes.roots,
-        "quarantined_calls": quarantined,
-        "quarantined_fraction": round(quarantined / n_calls, 4) if n_calls else 0.0,
-        "delivered_fraction": notes.delivered_fraction,
-        "generated_tokens_captured": notes.generated_tokens_captured,
-        "generated_tokens_delivered": notes.generated_tokens_delivered,
-        "empty_generation_calls": len(notes.empty_generation_calls),
-    }
+def _failed_build(rollout_id: str, builder: str, error: str, n_calls: int = 0) -> dict:
+    """A failed (masked) build as the seed dict; see `BuildResult.failed`."""
+    return BuildResult.failed(rollout_id, builder, error, n_calls=n_calls).to_dict()
 
 
 def _assemble(
@@ -88,6 +63,28 @@ def _assemble(
     model: str,
     terminal: TerminalInputs | None = None,
 ) -> dict:
+    """`assemble` as the seed dict."""
+    return assemble(rollout_id, entries, builder, model, terminal).to_dict()
+
+
+@dataclass
+class _Progress:
+    """What a build has established so far: a build that fails later reports it."""
+
+    attribution: TerminalAttribution = NOT_ATTRIBUTED
+    chain: str = ""
+
+    def terminal_metrics(self) -> dict[str, Any]:
+        return self.attribution.metrics(self.chain)
+
+
+def assemble(
+    rollout_id: str,
+    entries: list,
+    builder: str,
+    model: str,
+    terminal: TerminalInputs | None = None,
+) -> BuildResult:
     """Build and project one rollout's entries; any failure is a failed (masked) build.
 
     An attributed terminal anchors the build and decides the mask: delivered or masked,
@@ -95,47 +92,53 @@ def _assemble(
     declared terminal that could not be attributed, or contradicting witnesses, mask.
     """
     if builder == "per_request":
-        return _failed_build(
-            rollout_id,
-            builder,
-            "per_request builds one trajectory per call; single-response delivery needs "
-            "prefix_merging",
-            len(entries),
-        )
-    attribution, chain = NOT_ATTRIBUTED, ""
+        return BuildResult.failed(rollout_id, builder, PER_REQUEST_ERROR, n_calls=len(entries))
+    progress = _Progress()
     try:
-        records = [coerce_token_entry(entry) for entry in entries]
-        attribution = attribute_terminal(records, terminal)
-        if attribution.call_id is None:
-            built = run_builder(records, builder)
-        else:
-            built = run_builder(records, builder, terminal_call_id=attribution.call_id)
-        chain = built.notes.terminal_chain
-        refused = _refusal(attribution, built)
-        if refused is not None:
-            logger.warning("rollout %s: %s", rollout_id, refused)
-            return _failed_build(
-                rollout_id, builder, refused, len(entries), attribution.metrics(chain)
-            )
-        for chain_built in built.chains:
-            chain_built.validate()
-        attribution = _check_strict(attribution, terminal, built)
-        response = project_main_chain_response(rollout_id, built, model=model)
-        assert_prefix_contiguity(response)
+        return _build_and_project(rollout_id, entries, builder, model, terminal, progress)
     except Exception as exc:
         logger.warning("rollout %s: build failed: %s", rollout_id, exc)
         error = f"{type(exc).__name__}: {exc}"
-        return _failed_build(rollout_id, builder, error, len(entries), attribution.metrics(chain))
-    metrics = _metrics(len(records), built)
-    metrics[TERMINAL_METRIC] = attribution.metrics(chain)
-    return {
-        "rollout_id": rollout_id,
-        "builder": builder,
-        "rebuilt_response": response,
-        "mask_sample": _mask(attribution, built),
-        "unresolved_retries": list(built.notes.unresolved_retries),
-        "metrics": metrics,
-    }
+        metrics = progress.terminal_metrics()
+        return BuildResult.failed(
+            rollout_id, builder, error, n_calls=len(entries), terminal=metrics
+        )
+
+
+def _build_and_project(
+    rollout_id: str,
+    entries: list,
+    builder: str,
+    model: str,
+    terminal: TerminalInputs | None,
+    progress: _Progress,
+) -> BuildResult:
+    """The steps of `assemble`; each may raise, and `progress` says how far they got."""
+    records = [coerce_token_entry(entry) for entry in entries]
+    progress.attribution = attribute_terminal(records, terminal)
+    anchor = progress.attribution.call_id
+    if anchor is None:
+        built = run_builder(records, builder)
+    else:
+        built = run_builder(records, builder, terminal_call_id=anchor)
+    progress.chain = built.notes.terminal_chain
+    refused = _refusal(progress.attribution, built)
+    if refused is not None:
+        logger.warning("rollout %s: %s", rollout_id, refused)
+        metrics = progress.terminal_metrics()
+        return BuildResult.failed(
+            rollout_id, builder, refused, n_calls=len(entries), terminal=metrics
+        )
+    for chain_built in built.chains:
+        chain_built.validate()
+    progress.attribution = _check_strict(progress.attribution, terminal, built)
+    response = project_main_chain_response(rollout_id, built, model=model)
+    assert_prefix_contiguity(response)
+    masked = _mask(progress.attribution, built)
+    metrics = progress.terminal_metrics()
+    return BuildResult.trajectory(
+        rollout_id, builder, response, masked, built, len(records), metrics
+    )
 
 
 def _mask(attribution: TerminalAttribution, built: BuildOutput) -> bool:
@@ -208,7 +211,7 @@ def _undeliverable(attribution: TerminalAttribution, chain: str) -> str:
 
 def build_from_snapshot(
     snapshot: Any, builder: str, model: str, terminal: TerminalInputs | None = None
-) -> dict:
+) -> BuildResult:
     """The one build path: empty snapshots fail, incomplete ones mask, the snapshot is attached.
 
     `snapshot` is a `TokenCaptureSnapshot` or another library's snapshot type with the same
@@ -222,24 +225,31 @@ def build_from_snapshot(
     try:
         entries = list(snapshot.entries)
         incomplete = bool(snapshot.incomplete)
-        identity = {"snapshot_id": snapshot.snapshot_id, "version": snapshot.version}
+        identity = SnapshotIdentity(snapshot.snapshot_id, snapshot.version)
         reasons = "; ".join(getattr(snapshot, "incomplete_reasons", ())) or "a call was lost"
     except Exception as exc:
         logger.warning("rollout %s: unreadable snapshot: %s", rollout_id, exc)
-        return _failed_build(
-            rollout_id, builder, f"unreadable snapshot: {type(exc).__name__}: {exc}"
-        )
+        error = f"unreadable snapshot: {type(exc).__name__}: {exc}"
+        return BuildResult.failed(rollout_id, builder, error)
     if not entries:
         error = f"capture incomplete: {reasons}" if incomplete else EMPTY_CAPTURE_ERROR
-        built = _failed_build(rollout_id, builder, error)
+        built = BuildResult.failed(rollout_id, builder, error)
     else:
-        built = _assemble(rollout_id, entries, builder, model, terminal)
+        built = assemble(rollout_id, entries, builder, model, terminal)
     if incomplete:
-        built["mask_sample"] = True
-        built["metrics"]["capture_incomplete"] = True
         logger.warning("rollout %s masked: capture incomplete: %s", rollout_id, reasons)
-    built[SNAPSHOT_KEY] = identity
-    return built
+    return built.of_snapshot(identity, incomplete)
+
+
+def _freeze_failed(rollout_id: str, builder: str, exc: Exception) -> dict:
+    return _failed_build(rollout_id, builder, f"freeze failed: {type(exc).__name__}: {exc}")
+
+
+def _seed_build(snapshot: Any, builder: str, model: str, record: Mapping[str, Any] | None) -> dict:
+    """A seed function's build of a frozen snapshot, anchored by the finished `record`."""
+    return build_from_snapshot(
+        snapshot, builder, model, TerminalInputs.from_record(record)
+    ).to_dict()
 
 
 async def trajectories_from_source(
@@ -263,8 +273,8 @@ async def trajectories_from_source(
     try:
         snapshot = await source.freeze(rollout_id)
     except Exception as exc:
-        return _failed_build(rollout_id, builder, f"freeze failed: {type(exc).__name__}: {exc}")
-    return build_from_snapshot(snapshot, builder, model, TerminalInputs.from_record(record))
+        return _freeze_failed(rollout_id, builder, exc)
+    return _seed_build(snapshot, builder, model, record)
 
 
 def trajectories_for_rollout(
@@ -289,8 +299,8 @@ def trajectories_for_rollout(
     try:
         snapshot = TokenCaptureStore(token_capture_dirs[0]).freeze_now(rollout_id)
     except Exception as exc:
-        return _failed_build(rollout_id, builder, f"freeze failed: {type(exc).__name__}: {exc}")
-    return build_from_snapshot(snapshot, builder, model, TerminalInputs.from_record(record))
+        return _freeze_failed(rollout_id, builder, exc)
+    return _seed_build(snapshot, builder, model, record)
 
 
 def clear_token_captures_for_rollouts(

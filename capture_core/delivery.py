@@ -6,6 +6,7 @@ Existing token ids are the policy's sampled data: such a rollout is left unchang
 Failed or masked builds keep their capture as evidence.
 Training correlation preserves `/ng-rollout/<id>/training-token-capture`.
 The record's terminal fields and scored `response` attribute the call that earned the reward.
+`finalize_rollout` is the typed form the pipeline uses; the seed functions return its dict.
 """
 
 from __future__ import annotations
@@ -14,17 +15,22 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from capture_core.consumer import SNAPSHOT_KEY, build_from_snapshot
+from capture_core.build_result import (
+    MASK_SAMPLE_KEY,
+    REDUNDANT_CAPTURE_KEY,
+    BuildResult,
+    SnapshotIdentity,
+)
+from capture_core.consumer import build_from_snapshot
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenSource
 from capture_core.records import response_items
-from capture_core.terminal import TerminalInputs, blocking_reason
+from capture_core.terminal import TerminalInputs
 
 logger = logging.getLogger(__name__)
 
-MASK_SAMPLE_KEY = "mask_sample"
 TOKEN_CAPTURE_KEY = "_ng_token_capture"
-_REDUNDANT_CAPTURE_KEY = "_redundant_capture"
+_REDUNDANT_CAPTURE_KEY = REDUNDANT_CAPTURE_KEY
 
 
 def _unusable(result: dict, error: str, message: str) -> dict:
@@ -33,15 +39,16 @@ def _unusable(result: dict, error: str, message: str) -> dict:
     An unmasked rollout would appear healthy until it reaches the trainer.
     The record retains the reason for aggregate reporting.
     """
+    return _mask_unusable(result, error, message).to_dict()
+
+
+def _mask_unusable(result: dict, error: str, message: str) -> BuildResult:
+    """`_unusable`, typed: the record is masked and carries the error."""
+    built = BuildResult.unusable(error)
     result[MASK_SAMPLE_KEY] = True
-    result[TOKEN_CAPTURE_KEY] = {"n_calls": 0, "error": error}
+    result[TOKEN_CAPTURE_KEY] = built.record_metrics()
     logger.warning(message)
-    return {
-        "rebuilt_response": None,
-        MASK_SAMPLE_KEY: True,
-        "error": error,
-        "metrics": {"n_calls": 0, "error": error},
-    }
+    return built
 
 
 def _carries_generated_ids(item: Any) -> bool:
@@ -68,9 +75,9 @@ def rollout_carries_token_ids(result: dict) -> bool:
 
 def capture_build_can_retire(built: dict | None) -> bool:
     """Whether a successful build consumed a frozen snapshot."""
-    if not built or built.get(MASK_SAMPLE_KEY) or not built.get(SNAPSHOT_KEY):
+    if not built:
         return False
-    return built.get("rebuilt_response") is not None or bool(built.get(_REDUNDANT_CAPTURE_KEY))
+    return BuildResult.from_dict(built).can_retire
 
 
 async def finalize_rollout_token_capture(
@@ -85,34 +92,43 @@ async def finalize_rollout_token_capture(
     record that already carries token ids cannot be frozen). `builder` is an extension;
     single-response delivery accepts only `prefix_merging`.
     """
+    built = await finalize_rollout(result, source, builder=builder)
+    return None if built is None else built.to_dict()
+
+
+async def finalize_rollout(
+    result: dict, source: TokenSource | None, *, builder: str = "prefix_merging"
+) -> BuildResult | None:
+    """`finalize_rollout_token_capture` with the build typed: the same effect on `result`."""
     if source is None:
         return None
     try:
         return await _finalize(result, source, builder)
     except Exception as exc:
-        return _unusable(
+        return _mask_unusable(
             result,
             f"{type(exc).__name__}: {exc}",
             f"token capture finalize failed unexpectedly: {exc}",
         )
 
 
-async def _finalize(result: dict, source: TokenSource, builder: str) -> dict | None:
+async def _finalize(result: dict, source: TokenSource, builder: str) -> BuildResult | None:
     try:
         rollout_id = maybe_rollout_id_from_run_body(result)
     except ValueError as exc:
-        return _unusable(result, f"malformed rollout id: {exc}", f"rollout masked: {exc}")
+        return _mask_unusable(result, f"malformed rollout id: {exc}", f"rollout masked: {exc}")
     if rollout_carries_token_ids(result):
         return await _redundant_capture(rollout_id, source)
     if rollout_id is None:
-        return _unusable(
+        return _mask_unusable(
             result, "no capture key", "rollout masked: it has no rollout id to find its capture"
         )
     try:
         snapshot = await source.freeze(rollout_id)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-        return _unusable(result, error, f"rollout {rollout_id} masked: capture unreadable: {error}")
+        message = f"rollout {rollout_id} masked: capture unreadable: {error}"
+        return _mask_unusable(result, error, message)
     response = result.get("response")
     model = str(response.get("model") or "") if isinstance(response, dict) else ""
     built = build_from_snapshot(snapshot, builder, model, TerminalInputs.from_record(result))
@@ -120,64 +136,41 @@ async def _finalize(result: dict, source: TokenSource, builder: str) -> dict | N
     return built
 
 
-async def _redundant_capture(rollout_id: str | None, source: TokenSource) -> dict | None:
+async def _redundant_capture(rollout_id: str | None, source: TokenSource) -> BuildResult | None:
     """Freeze the capture of a record that already carries tokens, so it can retire later."""
     if rollout_id is None:
         return None
     try:
         snapshot = await source.freeze(rollout_id)
-        identity = {"snapshot_id": snapshot.snapshot_id, "version": snapshot.version}
+        identity = SnapshotIdentity(snapshot.snapshot_id, snapshot.version)
     except Exception as exc:
         logger.warning(
             "rollout %s carries token ids; its capture could not be frozen: %s", rollout_id, exc
         )
         return None
-    return {
-        "rebuilt_response": None,
-        MASK_SAMPLE_KEY: False,
-        _REDUNDANT_CAPTURE_KEY: True,
-        SNAPSHOT_KEY: identity,
-    }
+    return BuildResult.redundant(identity)
 
 
-def _apply(result: dict, built: dict) -> None:
+def _apply(result: dict, built: BuildResult) -> None:
     """Write a build into the record: only `response.output`, the metrics and the mask."""
-    rebuilt = built.get("rebuilt_response")
+    rebuilt = built.rebuilt_response
     if rebuilt is not None:
         if isinstance(result.get("response"), dict):
             result["response"]["output"] = rebuilt["output"]
         else:
             result["response"] = rebuilt
-    metrics = dict(built["metrics"])
-    if built.get("error"):
-        metrics["error"] = built["error"]
-    result[TOKEN_CAPTURE_KEY] = metrics
-    if built["mask_sample"]:
+    result[TOKEN_CAPTURE_KEY] = built.record_metrics()
+    if built.mask_sample:
         result[MASK_SAMPLE_KEY] = True
-        logger.warning(
-            "rollout %s masked: %s",
-            built.get("rollout_id"),
-            built.get("error") or _mask_reason(built),
-        )
+        logger.warning("rollout %s masked: %s", built.rollout_id, built.mask_reason())
 
 
-def _mask_reason(built: dict) -> str:
-    metrics = built.get("metrics", {})
-    if metrics.get("capture_incomplete"):
-        return "capture incomplete: a call was lost, never finished, or captured twice differently"
-    blocked = blocking_reason(metrics.get("terminal_attribution"))
-    if blocked:
-        return blocked
-    if built.get("unresolved_retries"):
-        return f"unresolved retries {built['unresolved_retries']}"
-    return f"{metrics.get('roots')} roots and {metrics.get('chains')} chains (need one of each)"
-
-
-def mask_reason(built: dict | None) -> str | None:
+def mask_reason(built: dict | BuildResult | None) -> str | None:
     """A short reason for a masked build, for ledgers and reports; `None` when not masked."""
-    if not built or not built.get(MASK_SAMPLE_KEY):
+    if not built:
         return None
-    return built.get("error") or _mask_reason(built)
+    typed = built if isinstance(built, BuildResult) else BuildResult.from_dict(built)
+    return typed.mask_reason()
 
 
 async def retire_rollout_token_capture(
@@ -189,12 +182,13 @@ async def retire_rollout_token_capture(
     local fsync. Retirement uses the frozen `snapshot_id` and version; any failure is a
     warning and `False`. Failed or masked builds remain as diagnostic evidence.
     """
-    if source is None or not capture_build_can_retire(built):
+    typed = BuildResult.from_dict(built) if built else None
+    if source is None or typed is None or not typed.can_retire or typed.snapshot is None:
         return False
-    snapshot: dict[str, Any] = built[SNAPSHOT_KEY]  # type: ignore[index]
+    snapshot = typed.snapshot
     try:
         retired = await source.drop(
-            rollout_id, snapshot_id=snapshot["snapshot_id"], version=snapshot["version"]
+            rollout_id, snapshot_id=snapshot.snapshot_id, version=snapshot.version
         )
     except Exception as exc:
         logger.warning("rollout %s: retirement failed, capture kept: %s", rollout_id, exc)

@@ -21,13 +21,9 @@ import orjson
 from pydantic import BaseModel, Field
 
 from capture_core._bytestore import ByteStore
+from capture_core.build_result import BuildResult
 from capture_core.config import load_capture_class
-from capture_core.consumer import SNAPSHOT_KEY
-from capture_core.delivery import (
-    capture_build_can_retire,
-    finalize_rollout_token_capture,
-    mask_reason,
-)
+from capture_core.delivery import finalize_rollout
 from capture_core.errors import (
     CaptureStoreError,
     HandoffConflictError,
@@ -143,21 +139,21 @@ class _TransientGuard:
         return None
 
 
-def _outcome(line: int, result: dict, built: dict | None) -> RolloutOutcome:
-    snapshot = (built or {}).get(SNAPSHOT_KEY) or {}
+def _outcome(line: int, result: dict, built: BuildResult | None) -> RolloutOutcome:
+    snapshot = built.snapshot if built else None
     masked = bool(result.get("mask_sample"))
-    reason = mask_reason(built) if built else None
+    reason = built.mask_reason() if built else None
     capture = result.get("_ng_token_capture") or {}
     terminal = capture.get("terminal_attribution")
     terminal = terminal if isinstance(terminal, dict) else {}
     return RolloutOutcome(
         line=line,
-        rollout_id=(built or {}).get("rollout_id") or plain_rollout_id(result),
+        rollout_id=(built.rollout_id if built else None) or plain_rollout_id(result),
         masked=masked,
         mask_reason=(reason or capture.get("error") or "masked") if masked else None,
-        can_retire=capture_build_can_retire(built) and not masked,
-        snapshot_id=snapshot.get("snapshot_id"),
-        version=snapshot.get("version"),
+        can_retire=built is not None and built.can_retire and not masked,
+        snapshot_id=snapshot.snapshot_id if snapshot else None,
+        version=snapshot.version if snapshot else None,
         delivered_fraction=capture.get("delivered_fraction"),
         terminal_method=terminal.get("method") if terminal else None,
         terminal_abstentions=abstention_reasons(str(terminal.get("reason") or "")),
@@ -198,11 +194,11 @@ async def finalize_batch(
     guards = [_TransientGuard(source) for _ in lines]
     limit = asyncio.Semaphore(concurrency or store_concurrency())
 
-    async def finalize_one(parsed: ParsedLine, guard: _TransientGuard) -> dict | None:
+    async def finalize_one(parsed: ParsedLine, guard: _TransientGuard) -> BuildResult | None:
         if parsed.record is None or input_error(batch, parsed) is not None:
             return None
         async with limit:
-            return await finalize_rollout_token_capture(parsed.record, guard, builder=builder)
+            return await finalize_rollout(parsed.record, guard, builder=builder)
 
     built_all = await asyncio.gather(*(map(finalize_one, lines, guards)))
     outcomes: list[RolloutOutcome] = []

@@ -5,8 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from capture_core.build_result import BuildResult
 from capture_core.builder import assert_prefix_contiguity
-from capture_core.consumer import _assemble
+from capture_core.consumer import _assemble, assemble
+from capture_core.delivery import mask_reason
 from capture_core.records import TokenEntry
 
 
@@ -79,3 +81,15 @@ def test_unmasked_records_are_contiguous_and_carry_exactly_the_main_chain(shape)
     ]
     assert generated[0]["prompt_token_ids"] == main[0].prompt_token_ids
     assert built["metrics"]["delivered_fraction"] <= 1.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(captures())
+def test_the_typed_build_and_its_seed_dict_agree(shape) -> None:
+    entries, _main, _must_mask = shape
+    typed = assemble("r", entries, "prefix_merging", "")
+    built = typed.to_dict()
+    assert built == _assemble("r", entries, "prefix_merging", ""), "one build, one dict"
+    assert BuildResult.from_dict(built) == typed
+    assert mask_reason(built) == typed.mask_reason()
+    assert (typed.mask_reason() is None) is (not typed.mask_sample)
