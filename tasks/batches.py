@@ -30,7 +30,7 @@ from capture_core.handoff import (
     store_identity,
 )
 from capture_core.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
-from capture_core.store import open_byte_store
+from capture_core.storage import open_byte_store
 from tasks.common import TRANSIENT_RETRIES, run_async
 from tasks.receipts import list_receipt_keys, read_receipt
 

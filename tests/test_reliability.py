@@ -12,7 +12,8 @@ import pytest
 from capture_core.delivery import finalize_rollout_token_capture, retire_rollout_token_capture
 from capture_core.errors import StoreUnavailableError
 from capture_core.records import TokenEntry
-from capture_core.store import TokenCaptureStore, open_byte_store
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
 from capture_core.synthetic import rollout_record
 from flows.finalize import RunFailedError, finalize_run, retrigger_failed
 from tests import workers
