@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from capture_core import compact
 from capture_core.capture_layout import ENTRY, INTENT, MARKER, call_key, event_key
 from capture_core.errors import CaptureStoreError, UnreadableCaptureError
+from capture_core.prompt_rebuild import StoredEntry, parse_stored, rebuild_prompts
 from capture_core.records import TokenEntry, describe_validation_error, entry_fields
 from capture_core.storage import ByteStore
 from capture_core.stored_json import encode_json
@@ -31,7 +32,7 @@ def read_entries(
 ) -> tuple[list[TokenEntry], list[str]]:
     """Parse, rebuild and validate entries; return them and why any could not be rebuilt."""
     keys = [event_key(rollout_id, ENTRY, name) for name in names]
-    stored: dict[str, compact.StoredEntry] = {}
+    stored: dict[str, StoredEntry] = {}
     torn: list[str] = []
     for name, (key, data) in zip(names, byte_store.iter_many(keys), strict=True):
         if data is None:
@@ -46,7 +47,7 @@ def read_entries(
             )
             continue
         stored[name] = parse_stored_entry(rollout_id, key, name, data)
-    reasons = torn + compact.rebuild_prompts(stored)
+    reasons = torn + rebuild_prompts(stored)
     entries = [
         finish_entry(rollout_id, event_key(rollout_id, ENTRY, name), item)
         for name, item in stored.items()
@@ -80,7 +81,7 @@ def _unreadable(rollout_id: str, key: str, detail: str) -> UnreadableCaptureErro
     )
 
 
-def parse_stored_entry(rollout_id: str, key: str, name: str, data: bytes) -> compact.StoredEntry:
+def parse_stored_entry(rollout_id: str, key: str, name: str, data: bytes) -> StoredEntry:
     """Parse and verify a stored entry, refusing garbage, damage and legacy objects by name."""
     try:
         stored = orjson.loads(data)
@@ -89,12 +90,12 @@ def parse_stored_entry(rollout_id: str, key: str, name: str, data: bytes) -> com
     if not isinstance(stored, dict):
         raise _unreadable(rollout_id, key, "not a JSON object")
     try:
-        return compact.parse_stored(name, data, stored)
+        return parse_stored(name, data, stored)
     except (ValueError, TypeError) as exc:
         raise _unreadable(rollout_id, key, str(exc)) from exc
 
 
-def finish_entry(rollout_id: str, key: str, stored: compact.StoredEntry) -> TokenEntry:
+def finish_entry(rollout_id: str, key: str, stored: StoredEntry) -> TokenEntry:
     """Validate a rebuilt entry, refusing newer schemas and misplaced records by name.
 
     A delta's tail was validated with its fields and its prefix belongs to its validated
