@@ -75,6 +75,15 @@ def incomplete_reasons(
     return reasons
 
 
+def conflict_reason(model_call_id: str, existing: bytes) -> tuple[str, str]:
+    """Why an object already held a call's key, and what to do: a torn put or another payload."""
+    if compact.is_torn(existing):
+        reason = f"an earlier put of call {model_call_id!r} was interrupted (torn object)"
+        return reason, "the call is lost; the rollout must be collected again"
+    reason = f"call {model_call_id!r} was captured twice with different payloads"
+    return reason, "use a fresh model_call_id for every call"
+
+
 def _unreadable(rollout_id: str, key: str, detail: str) -> UnreadableCaptureError:
     return UnreadableCaptureError(
         f"rollout {rollout_id}: object {key} is not a readable token entry: {detail}"

@@ -8,16 +8,22 @@ create of one key, so exactly one outcome holds for every client, without a lock
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from capture_core.capture_layout import FROZEN, RETIRED, frozen_key, retired_key
 from capture_core.errors import CaptureRetiredError, CaptureStoreError, UnreadableCaptureError
+from capture_core.ids import ROLLOUT_ID_PATTERN
 from capture_core.storage import ByteStore
 from capture_core.stored_json import encode_json
+
+# The sweep is a `TokenCaptureStore` operation: it logs under the store's name, as it did.
+logger = logging.getLogger("capture_core.store")
 
 
 def claim_freeze(byte_store: ByteStore, rollout_id: str) -> str:
@@ -140,3 +146,30 @@ def tombstone_expired(
             "time; inspect it, then delete the rollout's capture"
         )
     return now - retired_at >= older_than_seconds
+
+
+def sweep_tombstones(
+    byte_store: ByteStore,
+    delete: Callable[[str], None],
+    older_than_seconds: float,
+    now: float,
+) -> int:
+    """`delete` every rollout whose tombstone is older than `older_than_seconds`; return how
+    many. A rollout whose tombstone cannot be read or removed is logged by name and skipped,
+    so one damaged rollout never stops the sweep."""
+    swept = 0
+    for name in byte_store.list_children(""):
+        if not ROLLOUT_ID_PATTERN.fullmatch(name):
+            continue
+        try:
+            if tombstone_expired(byte_store, name, older_than_seconds, now):
+                delete(name)
+                swept += 1
+        except Exception as exc:
+            logger.warning(
+                "sweep: skipped rollout %s, its tombstone could not be swept: %s: %s",
+                name,
+                type(exc).__name__,
+                exc,
+            )
+    return swept

@@ -11,7 +11,6 @@ The guarantees are described in docs/store.md.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 import uuid
@@ -19,9 +18,9 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from capture_core import capture_entries, compact, retirement
 from capture_core import capture_layout as layout
-from capture_core import compact, retirement
-from capture_core.capture_entries import encode_entry, incomplete_reasons, read_entries
+from capture_core.capture_entries import encode_entry
 from capture_core.capture_layout import EVENT_KINDS, FROZEN, RETIRED, call_key
 from capture_core.errors import (
     CaptureConflictError,
@@ -29,7 +28,7 @@ from capture_core.errors import (
     CaptureRetiredError,
     CaptureStoreError,
 )
-from capture_core.ids import ROLLOUT_ID_PATTERN, validate_rollout_id
+from capture_core.ids import validate_rollout_id
 from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.records import TokenEntry, coerce_token_entry
 from capture_core.storage import ByteStore, local_path, open_byte_store
@@ -48,7 +47,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-logger = logging.getLogger(__name__)
 
 IO_THREADS = 32
 SETTLE_SECONDS = 5.0
@@ -180,12 +178,7 @@ class TokenCaptureStore:
 
     def _refuse_conflict(self, rollout_id: str, model_call_id: str, existing: bytes) -> None:
         """Another payload (or a torn earlier attempt) holds the call: report the call lost."""
-        if compact.is_torn(existing):
-            reason = f"an earlier put of call {model_call_id!r} was interrupted (torn object)"
-            advice = "the call is lost; the rollout must be collected again"
-        else:
-            reason = f"call {model_call_id!r} was captured twice with different payloads"
-            advice = "use a fresh model_call_id for every call"
+        reason, advice = capture_entries.conflict_reason(model_call_id, existing)
         outcome = (
             "it was already retired, so its handed-off record holds the first payload"
             if self._report_loss(rollout_id, model_call_id, reason)
@@ -302,8 +295,9 @@ class TokenCaptureStore:
         if layout.retired_key(rollout_id) in keys:
             retirement.refuse_retired(self._bytes, rollout_id)
         events = layout.group_events(rollout_id, keys)
-        entries, reasons = read_entries(self._bytes, rollout_id, events[layout.ENTRY])
-        reasons += incomplete_reasons(self._bytes, rollout_id, events, entries)
+        names = events[layout.ENTRY]
+        entries, reasons = capture_entries.read_entries(self._bytes, rollout_id, names)
+        reasons += capture_entries.incomplete_reasons(self._bytes, rollout_id, events, entries)
         return TokenCaptureSnapshot(
             rollout_id=rollout_id,
             entries=tuple(entries),
@@ -317,7 +311,7 @@ class TokenCaptureStore:
         """Read a rollout's entries without freezing it (diagnostics; no consistency promise)."""
         validate_rollout_id(rollout_id)
         events = layout.group_events(rollout_id, self._bytes.list_prefix(rollout_id))
-        return read_entries(self._bytes, rollout_id, events[layout.ENTRY])[0]
+        return capture_entries.read_entries(self._bytes, rollout_id, events[layout.ENTRY])[0]
 
     # -- retire and delete ----------------------------------------------------------------
 
@@ -385,21 +379,7 @@ class TokenCaptureStore:
         until the dispatch-time clear. Also removes temporary files crashed local writers left.
         """
         now = time.time()
-        swept = 0
-        for name in self._bytes.list_children(""):
-            if not ROLLOUT_ID_PATTERN.fullmatch(name):
-                continue
-            try:
-                if retirement.tombstone_expired(self._bytes, name, older_than_seconds, now):
-                    self.delete(name)
-                    swept += 1
-            except Exception as exc:
-                logger.warning(
-                    "sweep: skipped rollout %s, its tombstone could not be swept: %s: %s",
-                    name,
-                    type(exc).__name__,
-                    exc,
-                )
+        swept = retirement.sweep_tombstones(self._bytes, self.delete, older_than_seconds, now)
         self._bytes.remove_stale_temporaries(max(older_than_seconds, 3600.0), now)
         return swept
 
