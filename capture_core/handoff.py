@@ -33,13 +33,13 @@ from capture_core.errors import (
     TransientStoreError,
     is_transient,
 )
-from capture_core.faults import crash_point
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenCaptureSnapshot, TokenSource
 from capture_core.rollout_io import BatchPlan, ParsedLine
 from capture_core.storage import ByteStore, local_path
 from capture_core.store import TokenCaptureStore
 from capture_core.terminal import abstention_reasons
+from capture_core.testing.faults import crash_point
 
 
 class RolloutOutcome(BaseModel):

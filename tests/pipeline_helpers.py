@@ -12,7 +12,7 @@ import orjson
 from capture_core.rollout_io import split_lines
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

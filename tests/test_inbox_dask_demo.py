@@ -17,12 +17,13 @@ from flows.finalize import finalize_run
 from flows.inbox import InboxFailedError, finalize_inbox
 from flows.runners import task_runner_from_spec
 from tasks.receipts import read_receipt
+from tests.backends import PROCESS_SHARED_BACKENDS
 from tests.pipeline_helpers import dest_records, make_batch, run_cli, write_rollouts
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=PROCESS_SHARED_BACKENDS)
 def inbox_setup(request: pytest.FixtureRequest, tmp_path) -> dict:
     if request.param == "local":
         return {

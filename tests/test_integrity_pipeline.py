@@ -20,6 +20,7 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
 from tasks.receipts import read_receipt
+from tests.backends import PROCESS_SHARED_BACKENDS
 from tests.pipeline_helpers import (
     dest_records,
     finalize_args,
@@ -33,7 +34,7 @@ from tests.reliability_figures import record_case
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=PROCESS_SHARED_BACKENDS)
 def locations(request: pytest.FixtureRequest, tmp_path) -> dict:
     """Store, destination and rollout-file locations with their (credential-free) options."""
     if request.param == "local":

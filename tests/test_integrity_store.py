@@ -30,6 +30,7 @@ from capture_core.errors import CaptureFencedError, CaptureRetiredError, Unreada
 from capture_core.records import TokenEntry
 from capture_core.storage import ByteStore, LocalStore
 from capture_core.store import TokenCaptureStore, call_key, encode_entry
+from tests.backends import PROCESS_SHARED_BACKENDS, store_location
 from tests.reliability_figures import record_case
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -101,11 +102,9 @@ def retired_key(key: str) -> bool:
     return key.endswith("/RETIRED")
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=PROCESS_SHARED_BACKENDS)
 def root(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict[str, object]]:
-    if request.param == "local":
-        return str(tmp_path / "store"), {}
-    return request.getfixturevalue("s3_url"), dict(request.getfixturevalue("s3_options"))
+    return store_location(request.param, request, tmp_path)
 
 
 # -- 2: drop against a concurrent loss report ----------------------------------------------
