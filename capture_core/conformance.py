@@ -1,21 +1,6 @@
 """Moved to `capture_core.testing.conformance`; this path keeps working for existing imports."""
 
-from capture_core.testing.conformance import (
-    CAPABILITY,
-    CHECKS,
-    ConformanceError,
-    applies,
-    check_conformance,
-    run_check,
-    run_conformance,
-)
+from capture_core.testing import conformance as _moved
+from capture_core.testing.conformance import *  # noqa: F403
 
-__all__ = [
-    "CAPABILITY",
-    "CHECKS",
-    "ConformanceError",
-    "applies",
-    "check_conformance",
-    "run_check",
-    "run_conformance",
-]
+__all__ = _moved.__all__

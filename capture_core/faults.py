@@ -1,5 +1,6 @@
 """Moved to `capture_core.testing.faults`; this path keeps working for existing imports."""
 
-from capture_core.testing.faults import CRASH_ENV, CRASH_POINTS, crash_point
+from capture_core.testing import faults as _moved
+from capture_core.testing.faults import *  # noqa: F403
 
-__all__ = ["CRASH_ENV", "CRASH_POINTS", "crash_point"]
+__all__ = _moved.__all__

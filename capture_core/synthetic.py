@@ -1,5 +1,6 @@
 """Moved to `capture_core.testing.synthetic`; this path keeps working for existing imports."""
 
-from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from capture_core.testing import synthetic as _moved
+from capture_core.testing.synthetic import *  # noqa: F403
 
-__all__ = ["RolloutShape", "rollout_record", "synthetic_rollout"]
+__all__ = _moved.__all__

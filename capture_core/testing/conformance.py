@@ -45,6 +45,8 @@ __all__ = [
     "CAPABILITY",
     "CHECKS",
     "ConformanceError",
+    "SinkFactory",
+    "SourceFactory",
     "applies",
     "check_conformance",
     "run_check",

@@ -19,6 +19,7 @@ CRASH_POINTS = (
     "mid-retire",
     "mid-clear",
 )
+__all__ = ["CRASH_ENV", "CRASH_POINTS", "crash_point"]
 
 
 def crash_point(name: str) -> None:

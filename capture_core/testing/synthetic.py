@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from capture_core.records import TokenEntry
 
+__all__ = ["VOCAB", "RolloutShape", "rollout_record", "synthetic_rollout"]
+
 VOCAB = 151_000
 
 
