@@ -25,7 +25,7 @@ from bench.finalize_bench import (
     stored_entry_blobs,
 )
 from capture_core.store import TokenCaptureStore
-from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
 
 def minimal_content(shape: RolloutShape) -> bytes:

@@ -27,7 +27,7 @@ import orjson
 
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.store import TokenCaptureStore, encode_entry
-from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ import orjson
 
 from capture_core.handoff import finalize_batch, handoff_batch, retire_receipt
 from capture_core.rollout_io import plan_rollout_file, read_batch
-from capture_core.store import TokenCaptureStore, open_byte_store
-from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
 SHAPE = RolloutShape(turns=4, prompt_tokens=128, generated_tokens=32, tool_tokens=16)
 

@@ -23,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bench.finalize_bench import PRESETS
 from bench.ratios import alternate, median
-from capture_core._bytestore import ByteStore
 from capture_core.handoff import HandoffReceipt, RolloutOutcome, retire_receipt, store_concurrency
-from capture_core.store import TokenCaptureStore, open_byte_store
-from capture_core.synthetic import synthetic_rollout
+from capture_core.storage import ByteStore, open_byte_store
+from capture_core.store import TokenCaptureStore
+from capture_core.testing.synthetic import synthetic_rollout
 
 REFERENCE_SECONDS = {"many": 1.07, "long": 0.13}
 

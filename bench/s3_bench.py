@@ -22,7 +22,7 @@ from bench.retire_bench import handed_off
 from capture_core.handoff import HandoffReceipt, finalize_batch, retire_receipt
 from capture_core.rollout_io import BatchPlan, ParsedLine
 from capture_core.store import TokenCaptureStore
-from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
 SHAPE = RolloutShape(turns=16, prompt_tokens=1024, generated_tokens=512, tool_tokens=256)
 

@@ -32,8 +32,9 @@ import orjson
 import psutil
 
 from capture_core.inbox import run_completed, run_id_for_file
-from capture_core.store import TokenCaptureStore, open_byte_store
-from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
 SHAPE = RolloutShape(turns=4, prompt_tokens=128, generated_tokens=32, tool_tokens=16)
 POOL = "tokcap-scaling-bench"

@@ -23,7 +23,7 @@ from bench.finalize_bench import PRESETS, stored_entry_blobs
 from bench.ratios import alternate, median
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore
-from capture_core.synthetic import synthetic_rollout
+from capture_core.testing.synthetic import synthetic_rollout
 
 SHAPE = PRESETS["many"].shape
 # The reference's puts/s and the raw durable creates/s measured beside it (2 cores, loaded).

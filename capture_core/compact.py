@@ -5,8 +5,9 @@ Stored schema 3 keeps every non-default `TokenEntry` field but the prompt, under
 tokens and a digest of the whole prompt (the first 128 bits of sha256 over its int64 bytes).
 Every object also ends with a seal: the same digest over all of its other bytes, so the
 delta, the generation, the log probs, routed experts and content items are all verified.
-Readers check each seal, then rebuild full prompts (sharing token objects with the parent)
-and check each prompt digest incrementally from the parent's, so both stay linear.
+Readers (`prompt_rebuild`) check each seal, then rebuild full prompts (sharing token objects
+with the parent) and check each prompt digest incrementally from the parent's, so both stay
+linear.
 A missing or altered parent makes the rollout incomplete; it never yields a wrong prompt.
 Objects of stored schemas 1 and 2 carry no seal: their tokens cannot be verified, so they
 are refused by name (the rollout masks). Older readers refuse schema 3 as newer.
@@ -27,6 +28,7 @@ import orjson
 
 from capture_core.prefix import PrefixKey, prefix_key
 from capture_core.records import TokenEntry, entry_fields
+from capture_core.stored_json import encode_json
 
 # Stored schema changelog:
 #   1: a whole `TokenEntry` per object (no digest).
@@ -37,7 +39,6 @@ STORED_SCHEMA_VERSION = 3
 # The seal is the object's last member: `,"s":"<22 base64url chars>"}`.
 _SEAL_HEAD, _SEAL_TAIL, _SEAL_CHARS = b',"s":"', b'"}', 22
 _SEAL_SIZE = len(_SEAL_HEAD) + _SEAL_CHARS + len(_SEAL_TAIL)
-_ENCODE = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
 # Fields equal to these defaults are left out of stored schemas 2 and 3; readers restore them.
 _DEFAULTS: dict[str, Any] = {
     "model": "",
@@ -90,7 +91,7 @@ def _pack(fields: dict[str, Any]) -> dict[str, Any]:
     return packed
 
 
-def _unpack(stored: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def unpack(stored: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Logical fields and the prompt block (`parent`, `shared`, `tail`, `sha256`)."""
     fields = {_LONG[key]: value for key, value in stored.items() if key in _LONG}
     extras = stored.get(_EXTRAS)
@@ -238,7 +239,7 @@ class EncodedEntry:
 
     @property
     def identity(self) -> tuple[bytes, str | None]:
-        return orjson.dumps(self.fields, option=_ENCODE), self.digest
+        return encode_json(self.fields), self.digest
 
 
 def encode(
@@ -283,9 +284,7 @@ def _sealed(
     rest: dict[str, Any], digest: str | None, parent: str | None, shared: int, tail: Any
 ) -> bytes:
     block = {"h": digest, "a": parent, "n": shared, "d": tail}
-    body = orjson.dumps(
-        {**_pack(rest), "schema_version": STORED_SCHEMA_VERSION, _PROMPT: block}, option=_ENCODE
-    )
+    body = encode_json({**_pack(rest), "schema_version": STORED_SCHEMA_VERSION, _PROMPT: block})
     return seal(body)
 
 
@@ -307,127 +306,11 @@ def stored_identity(data: bytes) -> tuple[bytes, str | None] | None:
         return None
     if _is_delta_schema(stored):
         try:
-            fields, block = _unpack(stored)
+            fields, block = unpack(stored)
         except ValueError:
             return None
-        return orjson.dumps(_normalized(fields), option=_ENCODE), block["sha256"]
+        return encode_json(_normalized(fields)), block["sha256"]
     prompt = stored.get("prompt_token_ids")
     raw = token_bytes(prompt) if isinstance(prompt, list) else None
     digest = digest_text(hashlib.sha256(raw)) if raw is not None else None
-    return orjson.dumps(_normalized(stored), option=_ENCODE), digest
-
-
-@dataclass
-class StoredEntry:
-    """A parsed stored object before its prompt is rebuilt."""
-
-    name: str
-    fields: dict[str, Any]
-    prompt: list[int] | None
-    parent: str | None = None
-    shared: int = 0
-    tail: list[int] | None = None
-    digest: str | None = None
-
-
-def parse_stored(name: str, data: bytes, stored: dict[str, Any]) -> StoredEntry:
-    """Verify a stored object's seal and split it into its fields and prompt parts.
-
-    Raises `ValueError` naming the cause: a newer or digest-less (legacy) stored schema,
-    a missing or failing seal, or a malformed prompt block.
-    """
-    version = stored.get("schema_version")
-    if isinstance(version, int) and version > STORED_SCHEMA_VERSION:
-        raise ValueError(
-            f"stored schema_version {version} is newer than this reader supports "
-            f"({STORED_SCHEMA_VERSION}); upgrade tokcap before reading it"
-        )
-    if version != STORED_SCHEMA_VERSION:
-        raise ValueError(
-            f"it was stored without a digest (stored schema {version}, written by an older "
-            "tokcap), so its tokens cannot be verified and the rollout is masked; upgrade "
-            "every writer of this store (the NeMo Gym sink too)"
-        )
-    problem = check_seal(data)
-    if problem is not None:
-        raise ValueError(problem)
-    fields, block = _unpack(stored)
-    tail = block.get("tail")
-    if not isinstance(tail, list):
-        raise ValueError("stored prompt delta has no token list")
-    parent = block.get("parent")
-    return StoredEntry(
-        name,
-        {**fields, "schema_version": 1},
-        tail if parent is None else None,
-        parent,
-        int(block.get("shared") or 0),
-        tail,
-        block.get("sha256"),
-    )
-
-
-def rebuild_prompts(entries: dict[str, StoredEntry]) -> list[str]:
-    """Fill in every delta entry's full prompt, parents first; return reasons for failures.
-
-    Entries whose prompt cannot be rebuilt exactly keep `prompt = None`.
-    """
-    children: dict[str, list[str]] = {}
-    ready: list[str] = []
-    for name, entry in entries.items():
-        if entry.prompt is not None:
-            ready.append(name)
-        else:
-            children.setdefault(entry.parent or "", []).append(name)
-    hashers: dict[str, Any] = {}
-    reasons: list[str] = []
-    while ready:
-        name = ready.pop()
-        entry = entries[name]
-        prompt_hasher = hashers.pop(name, None)
-        generation = entry.fields.get("generation_token_ids") or []
-        if prompt_hasher is None:
-            raw = token_bytes(entry.prompt or [])
-            if raw is None:
-                continue  # ids beyond int64: no prompt digest, the seal covers the prompt
-            prompt_hasher = hashlib.sha256(raw)
-            if entry.digest is None:
-                reasons.append(f"call {name}: stored prompt has no digest, which is required")
-                entry.prompt = None
-                continue
-            if digest_text(prompt_hasher) != entry.digest:
-                reasons.append(f"call {name}: stored prompt fails its digest check (altered?)")
-                entry.prompt = None
-                continue
-        cumulative = prompt_hasher.copy()
-        cumulative.update(token_bytes(generation) or b"")
-        parent_length = len(entry.prompt or []) + len(generation)
-        for child_name in children.pop(name, ()):
-            child = entries[child_name]
-            if child.shared != parent_length:
-                reasons.append(
-                    f"call {child_name}: prompt delta shares {child.shared} tokens "
-                    f"but its parent {name} has {parent_length}"
-                )
-                continue
-            child_hasher = cumulative.copy()
-            child_hasher.update(token_bytes(child.tail or []) or b"")
-            if digest_text(child_hasher) != child.digest:
-                reasons.append(
-                    f"call {child_name}: rebuilt prompt fails its digest check "
-                    f"(parent {name} altered?)"
-                )
-                continue
-            prompt = list(entry.prompt or [])
-            prompt.extend(generation)
-            prompt.extend(child.tail or [])
-            child.prompt = prompt
-            hashers[child_name] = child_hasher
-            ready.append(child_name)
-    for parent, orphans in children.items():
-        for orphan in orphans:
-            reasons.append(
-                f"call {orphan}: prompt refers to parent {parent or '?'}, which is "
-                "missing or unreadable"
-            )
-    return reasons
+    return encode_json(_normalized(stored)), digest

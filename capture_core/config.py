@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from capture_core.records import describe_validation_error
+from capture_core.storage import url_scheme
 
 CONFIG_KEY = "token_id_capture"
 FALLBACK_DIR_KEY = "model_call_capture_dir"
@@ -52,7 +53,7 @@ class TokenIdCaptureConfig(BaseModel):
                 "token_id_capture is enabled with rebuild_response but has neither `dir` nor "
                 "`sink`; set `dir` (an absolute path or a URL) or `sink` (module.path:ClassName)"
             )
-        if self.dir and "://" not in self.dir and not os.path.isabs(self.dir):
+        if self.dir and url_scheme(self.dir) is None and not os.path.isabs(self.dir):
             raise ValueError(
                 f"token_id_capture.dir {self.dir!r} is relative; use an absolute path or a URL"
             )
@@ -77,7 +78,7 @@ class TokenIdCaptureConfig(BaseModel):
         """The configured location, enabled or not: a `Path` locally, else the URL."""
         if not self.dir:
             return None
-        return self.dir if "://" in self.dir else Path(self.dir)
+        return self.dir if url_scheme(self.dir) is not None else Path(self.dir)
 
     def location(self) -> str | Path | None:
         """The enabled store location: a `Path` for local disk, the URL string otherwise."""

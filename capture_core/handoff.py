@@ -20,7 +20,6 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
-from capture_core._bytestore import ByteStore
 from capture_core.build_result import BuildResult
 from capture_core.config import load_capture_class
 from capture_core.delivery import finalize_rollout
@@ -30,12 +29,13 @@ from capture_core.errors import (
     TransientStoreError,
     is_transient,
 )
-from capture_core.faults import crash_point
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenCaptureSnapshot, TokenSource
 from capture_core.rollout_io import BatchPlan, ParsedLine
-from capture_core.store import TokenCaptureStore, local_path
+from capture_core.storage import ByteStore, local_path
+from capture_core.store import TokenCaptureStore
 from capture_core.terminal import abstention_reasons
+from capture_core.testing.faults import crash_point
 
 
 class RolloutOutcome(BaseModel):

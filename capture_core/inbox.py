@@ -22,10 +22,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel
 
-from capture_core._bytestore import ByteStore
 from capture_core.run_manifest import read_ledger
 from capture_core.run_report import summarize
-from capture_core.store import open_byte_store
+from capture_core.storage import ByteStore, open_byte_store
 
 logger = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from capture_core._local import TMP_DIR
 from capture_core.errors import CaptureConflictError, CaptureStoreError, UnreadableCaptureError
 from capture_core.ids import ROLLOUT_ID_PATTERN
 from capture_core.records import TokenEntry, describe_validation_error
+from capture_core.storage import TMP_DIR, local_path
 from capture_core.store import EVENT_KINDS, FROZEN, RETIRED
 
 logger = logging.getLogger(__name__)
@@ -235,12 +235,8 @@ _seen: dict[str, tuple[int, int, bool]] = {}  # root -> (mtime_ns, nlink, is NeM
 
 def local_directory(location: str | os.PathLike[str]) -> str | None:
     """The absolute local path of a location (plain, `file://`, `local://`), else `None`."""
-    text = os.fspath(location)
-    for scheme in ("file://", "local://"):
-        if text.startswith(scheme):
-            text = text[len(scheme) :]
-            break
-    if "://" in text or not os.path.isabs(text):
+    text = local_path(location)
+    if text is None or not os.path.isabs(text):
         return None
     return os.path.normpath(text)
 

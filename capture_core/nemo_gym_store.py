@@ -25,7 +25,6 @@ from typing import Any
 import orjson
 
 from capture_core import nemo_gym_layout as layout
-from capture_core._local import fsync_dir
 from capture_core.errors import (
     CaptureConflictError,
     CaptureFencedError,
@@ -41,6 +40,7 @@ from capture_core.nemo_gym_layout import (
 )
 from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.records import TokenEntry, coerce_token_entry
+from capture_core.storage import fsync_dir
 
 __all__ = ["MixedLayoutError", "NemoGymFileStore", "nemo_gym_store_for"]
 

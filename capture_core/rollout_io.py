@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
-from capture_core._fsspec import filesystem_for
 from capture_core.ids import maybe_rollout_id_from_run_body
+from capture_core.storage import filesystem_for
 
 READ_CHUNK = 1 << 20
 

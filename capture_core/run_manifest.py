@@ -10,10 +10,10 @@ from __future__ import annotations
 import orjson
 from pydantic import BaseModel
 
-from capture_core._bytestore import ByteStore
 from capture_core.handoff import LedgerLine
 from capture_core.ids import validate_rollout_id
 from capture_core.rollout_io import split_lines
+from capture_core.storage import ByteStore
 
 
 class RunManifest(BaseModel):

@@ -15,7 +15,7 @@ from capture_core.config import public_storage_options
 from capture_core.handoff import is_class_spec
 from capture_core.run_manifest import RunManifest, read_ledger, read_manifest, validate_run_id
 from capture_core.run_report import RunSummary, locate, summarize
-from capture_core.store import open_byte_store
+from capture_core.storage import open_byte_store, url_scheme
 
 
 class UsageError(ValueError):
@@ -23,7 +23,7 @@ class UsageError(ValueError):
 
 
 def is_local(location: str) -> bool:
-    return "://" not in location
+    return url_scheme(location) is None
 
 
 def absolute(location: str) -> str:

@@ -15,7 +15,7 @@ import orjson
 
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore
-from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
 DEMO_ROLLOUTS: list[tuple[str, RolloutShape, str]] = [
     ("0-0", RolloutShape(turns=6), "clean 6-turn agent episode"),

@@ -20,10 +20,10 @@ from pydantic import BaseModel, Field
 
 from capture_core.builder import BUILDERS
 from capture_core.config import public_storage_options
-from capture_core.faults import crash_point
 from capture_core.handoff import HandoffReceipt, RetireOutcome, RolloutOutcome, receipt_key
 from capture_core.run_manifest import validate_run_id
 from capture_core.run_report import RunSummary, reason_category
+from capture_core.testing.faults import crash_point
 from tasks.batches import (
     describe_batch,
     finalize_rollout_batch,

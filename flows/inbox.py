@@ -19,7 +19,6 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from capture_core._fsspec import filesystem_for
 from capture_core.config import public_storage_options
 from capture_core.inbox import (
     Claim,
@@ -31,7 +30,7 @@ from capture_core.inbox import (
     run_id_for_file,
     take_claim,
 )
-from capture_core.store import open_byte_store
+from capture_core.storage import filesystem_for, open_byte_store, url_scheme
 from flows.finalize import finalize_run
 from tasks.common import TRANSIENT_RETRIES
 
@@ -59,7 +58,8 @@ def scan_inbox(
 ) -> list[InboxFile]:
     """The inbox's rollout files, each with its run id and whether its run completed."""
     fs, root = filesystem_for(inbox, storage_options)
-    protocol = inbox.split("://", 1)[0] + "://" if "://" in inbox else ""
+    scheme = url_scheme(inbox)
+    protocol = f"{scheme}://" if scheme is not None else ""
     paths = sorted(fs.glob(f"{root.rstrip('/')}/{pattern}"))
     dest_store = open_byte_store(dest, storage_options)
     files = []

@@ -15,7 +15,6 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from capture_core.errors import RetirementFailedError, TransientStoreError
-from capture_core.faults import crash_point
 from capture_core.handoff import (
     FinalizedBatch,
     HandoffReceipt,
@@ -30,7 +29,8 @@ from capture_core.handoff import (
     store_identity,
 )
 from capture_core.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
-from capture_core.store import open_byte_store
+from capture_core.storage import open_byte_store
+from capture_core.testing.faults import crash_point
 from tasks.common import TRANSIENT_RETRIES, run_async
 from tasks.receipts import list_receipt_keys, read_receipt
 

@@ -9,9 +9,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from capture_core.consumer import rollout_ids_of
-from capture_core.faults import crash_point
 from capture_core.handoff import open_source
 from capture_core.rollout_io import read_records
+from capture_core.testing.faults import crash_point
 from tasks.common import TRANSIENT_RETRIES
 
 

@@ -19,10 +19,9 @@ import orjson
 from prefect.filesystems import RemoteFileSystem
 from prefect.results import ResultRecord
 
-from capture_core._fsspec import s3_options
 from capture_core.config import public_storage_options
 from capture_core.handoff import RECEIPT_KEY, HandoffReceipt, UnreadableReceiptError
-from capture_core.store import local_path, open_byte_store
+from capture_core.storage import is_s3, local_path, open_byte_store, s3_options
 
 RECEIPTS = "receipts"
 
@@ -37,7 +36,7 @@ def receipts_location(dest: str, run_id: str) -> str:
 
 def _remote_settings(dest: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
     settings = public_storage_options(storage_options)
-    return s3_options(settings) if dest.startswith(("s3://", "s3a://")) else settings
+    return s3_options(settings) if is_s3(dest) else settings
 
 
 def receipt_storage(dest: str, run_id: str, storage_options: Mapping[str, Any] | None) -> Any:

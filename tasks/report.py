@@ -25,7 +25,7 @@ from capture_core.run_report import (
     summarize,
     summary_table,
 )
-from capture_core.store import open_byte_store
+from capture_core.storage import open_byte_store
 from tasks.common import TRANSIENT_RETRIES
 
 

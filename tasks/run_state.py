@@ -12,7 +12,8 @@ from capture_core.handoff import LedgerLine, encode_ledger, is_class_spec, open_
 from capture_core.nemo_gym_store import NemoGymFileStore
 from capture_core.rollout_io import RolloutFilePlan
 from capture_core.run_manifest import RunManifest, claim_run, read_ledger, read_manifest
-from capture_core.store import TokenCaptureStore, open_byte_store
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
 from tasks.common import TRANSIENT_RETRIES
 
 

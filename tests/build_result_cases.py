@@ -22,7 +22,7 @@ from capture_core.consumer import _assemble, trajectories_from_source
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.records import TokenEntry
-from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from capture_core.terminal import TerminalInputs
 
 GOLDEN = Path(__file__).with_name("build_result_golden.json")

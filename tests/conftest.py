@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import backends
 from tests.servers import FAKE_AWS_ENV, moto_server
 
 _PREFECT_HOME = tempfile.mkdtemp(prefix="tokcap-prefect-home-")
@@ -20,8 +21,6 @@ for _name, _value in {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
 }.items():
     os.environ[_name] = _value
-
-BACKENDS = ["local", "memory", "s3"]
 
 
 @pytest.fixture(scope="session")
@@ -48,15 +47,18 @@ def s3_url(s3_options: dict[str, object]) -> str:
     return f"s3://{make_bucket(s3_options)}/captures"
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=backends.ALL_BACKENDS)
 def store_location(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict[str, object]]:
     """(root URL, storage options) for a fresh store on each backend."""
-    if request.param == "local":
-        return str(tmp_path / "store"), {}
-    if request.param == "memory":
-        return f"memory://tokcap-{uuid.uuid4().hex[:12]}", {}
-    options = request.getfixturevalue("s3_options")
-    return f"s3://{make_bucket(options)}/captures", dict(options)
+    return backends.store_location(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=backends.PROCESS_SHARED_BACKENDS)
+def shared_store_location(
+    request: pytest.FixtureRequest, tmp_path
+) -> tuple[str, dict[str, object]]:
+    """(root URL, storage options) for a fresh store that other processes can open."""
+    return backends.store_location(request.param, request, tmp_path)
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,9 @@ from typing import Any
 import orjson
 
 from capture_core.rollout_io import split_lines
-from capture_core.store import TokenCaptureStore, open_byte_store
-from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,7 +39,7 @@ def write_rollouts(
     if "://" in url:
         import fsspec
 
-        from capture_core._fsspec import filesystem_for
+        from capture_core.storage import filesystem_for
 
         fs, path = filesystem_for(url, options)
         fs.pipe_file(path, data)

@@ -17,7 +17,7 @@ from capture_core.builder import (
     run_builder,
 )
 from capture_core.records import TokenEntry
-from capture_core.synthetic import RolloutShape, synthetic_rollout
+from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
 
 
 def call(

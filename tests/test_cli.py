@@ -9,7 +9,8 @@ import orjson
 import pytest
 
 from capture_core.rollout_io import plan_rollout_file
-from capture_core.store import TokenCaptureStore, open_byte_store
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
 from tests.pipeline_helpers import finalize_args, make_batch, run_cli, write_rollouts
 
 pytestmark = pytest.mark.usefixtures("prefect_api")

@@ -14,7 +14,7 @@ from capture_core import compact
 from capture_core.errors import UnreadableCaptureError
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore, call_key, encode_entry
-from capture_core.synthetic import RolloutShape, synthetic_rollout
+from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
 
 
 def stored(store: TokenCaptureStore, rollout_id: str, call: str) -> dict:

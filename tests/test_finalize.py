@@ -24,7 +24,7 @@ from capture_core.delivery import (
 )
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore, call_key
-from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
 
 @pytest.fixture()

@@ -17,8 +17,9 @@ import pytest
 from capture_core.errors import CaptureRetiredError
 from capture_core.run_manifest import read_ledger, read_manifest
 from capture_core.run_report import reason_category
-from capture_core.store import TokenCaptureStore, open_byte_store
-from capture_core.synthetic import RolloutShape, synthetic_rollout
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
+from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
 from flows.inbox import InboxFailedError, finalize_inbox
 from tests.pipeline_helpers import REPO, finalize_args, make_batch, write_rollouts
 from tests.prefect_api_reads import (

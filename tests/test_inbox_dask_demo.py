@@ -11,17 +11,19 @@ from capture_core.handoff import receipt_key
 from capture_core.inbox import run_id_for_file
 from capture_core.rollout_io import plan_rollout_file
 from capture_core.run_manifest import read_ledger
-from capture_core.store import TokenCaptureStore, open_byte_store
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
 from flows.finalize import finalize_run
 from flows.inbox import InboxFailedError, finalize_inbox
 from flows.runners import task_runner_from_spec
 from tasks.receipts import read_receipt
+from tests.backends import PROCESS_SHARED_BACKENDS
 from tests.pipeline_helpers import dest_records, make_batch, run_cli, write_rollouts
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=PROCESS_SHARED_BACKENDS)
 def inbox_setup(request: pytest.FixtureRequest, tmp_path) -> dict:
     if request.param == "local":
         return {

@@ -18,7 +18,7 @@ from capture_core.delivery import (
     rollout_carries_token_ids,
 )
 from capture_core.store import TokenCaptureStore
-from capture_core.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.reliability_figures import record_case
 
 

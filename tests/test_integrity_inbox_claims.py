@@ -17,7 +17,8 @@ from capture_core.inbox import (
     run_id_for_file,
     take_claim,
 )
-from capture_core.store import TokenCaptureStore, open_byte_store
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
 from flows.inbox import finalize_inbox
 from tests.pipeline_helpers import dest_records, make_batch, rollout_ids, write_rollouts
 from tests.reliability_figures import record_case

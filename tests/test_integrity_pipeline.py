@@ -16,9 +16,11 @@ from capture_core.errors import is_transient
 from capture_core.handoff import receipt_key
 from capture_core.rollout_io import plan_rollout_file, read_batch
 from capture_core.run_manifest import read_ledger
-from capture_core.store import TokenCaptureStore, open_byte_store
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
 from tasks.receipts import read_receipt
+from tests.backends import PROCESS_SHARED_BACKENDS
 from tests.pipeline_helpers import (
     dest_records,
     finalize_args,
@@ -32,7 +34,7 @@ from tests.reliability_figures import record_case
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=PROCESS_SHARED_BACKENDS)
 def locations(request: pytest.FixtureRequest, tmp_path) -> dict:
     """Store, destination and rollout-file locations with their (credential-free) options."""
     if request.param == "local":

@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from capture_core._fsspec import FsspecStore
 from capture_core.errors import CaptureStoreError
+from capture_core.storage import FsspecStore
 from capture_core.store import TokenCaptureStore
 from tests.reliability_figures import record_case
 from tests.servers import FAKE_AWS_ENV

@@ -25,12 +25,12 @@ import orjson
 import pytest
 
 from capture_core import compact
-from capture_core._bytestore import ByteStore
-from capture_core._local import LocalStore
 from capture_core.consumer import trajectories_from_source
 from capture_core.errors import CaptureFencedError, CaptureRetiredError, UnreadableCaptureError
 from capture_core.records import TokenEntry
+from capture_core.storage import ByteStore, LocalStore
 from capture_core.store import TokenCaptureStore, call_key, encode_entry
+from tests.backends import PROCESS_SHARED_BACKENDS, store_location
 from tests.reliability_figures import record_case
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -102,11 +102,9 @@ def retired_key(key: str) -> bool:
     return key.endswith("/RETIRED")
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=PROCESS_SHARED_BACKENDS)
 def root(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict[str, object]]:
-    if request.param == "local":
-        return str(tmp_path / "store"), {}
-    return request.getfixturevalue("s3_url"), dict(request.getfixturevalue("s3_options"))
+    return store_location(request.param, request, tmp_path)
 
 
 # -- 2: drop against a concurrent loss report ----------------------------------------------
@@ -335,7 +333,7 @@ def test_permission_error_on_a_check_is_not_read_as_absent(shared_dir) -> None:
             os.chown(path, uid, -1)
     os.chmod(os.path.join(root, "r1"), 0o600)  # listable names, but nothing inside reachable
     script = (
-        "import sys\nfrom capture_core._local import LocalStore\n"
+        "import sys\nfrom capture_core.storage import LocalStore\n"
         "try:\n    print(LocalStore(sys.argv[1]).exists('r1/FROZEN'))\n"
         "except PermissionError as exc:\n    print('raised', exc)\n"
     )

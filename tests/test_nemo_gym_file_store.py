@@ -14,7 +14,6 @@ import pickle
 import orjson
 import pytest
 
-from capture_core.conformance import run_conformance
 from capture_core.consumer import (
     clear_token_captures_for_rollouts,
     token_id_capture_dirs_from_config,
@@ -28,10 +27,11 @@ from capture_core.delivery import (
 from capture_core.errors import CaptureFencedError, CaptureRetiredError
 from capture_core.nemo_gym_store import MixedLayoutError, NemoGymFileStore
 from capture_core.store import TokenCaptureStore
-from capture_core.synthetic import rollout_record
+from capture_core.testing.conformance import CHECKS, run_conformance
+from capture_core.testing.contracts import CaptureStoreContract
+from capture_core.testing.synthetic import rollout_record
 from tests.gym_file_writer import GymWriter, GymWriterRefused, entry_payload
 from tests.pipeline_helpers import dest_records, finalize_args, run_cli, write_rollouts
-from tests.test_store_contract import ALL_CHECKS
 
 
 def write_rollout(writer: GymWriter, rollout_id: str, calls: int = 3) -> list[dict]:
@@ -210,8 +210,24 @@ def test_a_recognised_directory_that_gains_tokcap_folders_is_refused(gym_dir) ->
 
 def test_the_nemo_gym_file_store_passes_the_capture_contract(gym_dir) -> None:
     passed = run_conformance(lambda: TokenCaptureStore(gym_dir), lambda: NemoGymFileStore(gym_dir))
-    assert set(passed) == ALL_CHECKS
+    assert set(passed) == set(CHECKS)
     assert tokcap_objects(gym_dir) == []
+
+
+class TestNemoGymFileStoreContract(CaptureStoreContract):
+    """Each behaviour on its own: written through the tokcap sink, read by the Gym store."""
+
+    @pytest.fixture(autouse=True)
+    def _gym_dir(self, gym_dir: str):
+        self.gym_dir = gym_dir
+        yield
+        assert tokcap_objects(gym_dir) == [], "no object of tokcap's own layout"
+
+    def make_sink(self) -> TokenCaptureStore:
+        return TokenCaptureStore(self.gym_dir)
+
+    def make_source(self) -> NemoGymFileStore:
+        return NemoGymFileStore(self.gym_dir)
 
 
 def test_schema_zero_records_in_a_gym_dir_are_read(gym_dir) -> None:

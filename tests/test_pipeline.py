@@ -10,15 +10,17 @@ import pytest
 
 from capture_core.rollout_io import plan_rollout_file
 from capture_core.run_manifest import read_ledger
-from capture_core.store import TokenCaptureStore, open_byte_store
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
 from flows.clear import dispatch_clear
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
+from tests.backends import PROCESS_SHARED_BACKENDS
 from tests.pipeline_helpers import dest_records, make_batch, rollout_ids, write_rollouts
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=PROCESS_SHARED_BACKENDS)
 def locations(request: pytest.FixtureRequest, tmp_path) -> dict:
     """Store, destination and rollout-file locations with their (credential-free) options."""
     if request.param == "local":

@@ -12,10 +12,12 @@ import pytest
 from capture_core.delivery import finalize_rollout_token_capture, retire_rollout_token_capture
 from capture_core.errors import StoreUnavailableError
 from capture_core.records import TokenEntry
-from capture_core.store import TokenCaptureStore, open_byte_store
-from capture_core.synthetic import rollout_record
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
+from capture_core.testing.synthetic import rollout_record
 from flows.finalize import RunFailedError, finalize_run, retrigger_failed
 from tests import workers
+from tests.backends import PROCESS_SHARED_BACKENDS
 from tests.conftest import make_bucket
 from tests.fault_proxy import FaultPlan, fault_proxy
 from tests.pipeline_helpers import (
@@ -96,7 +98,7 @@ def _late_writer(
     return outcome
 
 
-@pytest.mark.parametrize("backend", ["local", "s3"])
+@pytest.mark.parametrize("backend", PROCESS_SHARED_BACKENDS)
 def test_racing_writers_and_finalizer_never_let_a_late_write_go_unnoticed(
     backend: str, tmp_path, request: pytest.FixtureRequest
 ) -> None:

@@ -11,16 +11,14 @@ import pytest
 from capture_core.errors import CaptureFencedError
 from capture_core.store import TokenCaptureStore
 from tests import workers
+from tests.backends import PROCESS_SHARED_BACKENDS, store_location
 
 WRITERS = 8
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=PROCESS_SHARED_BACKENDS)
 def shared_root(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict[str, object]]:
-    if request.param == "local":
-        return str(tmp_path / "store"), {}
-    options = request.getfixturevalue("s3_options")
-    return request.getfixturevalue("s3_url"), dict(options)
+    return store_location(request.param, request, tmp_path)
 
 
 SPAWN = multiprocessing.get_context("spawn")

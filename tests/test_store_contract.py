@@ -1,4 +1,9 @@
-"""The capture-store contract on local disk, memory and S3 (moto server), plus bad input."""
+"""The capture-store contract on local disk, memory and S3 (moto server), plus bad input.
+
+`Test*CaptureStore` run the contract suite once per backend, one test per behaviour;
+`test_conformance_on_every_backend` runs the same checks as one `run_conformance` call,
+the way a user checks a store in one line.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,6 @@ import pytest
 
 from capture_core import compact
 from capture_core.compact import RecentCumulatives
-from capture_core.conformance import ConformanceError, run_conformance
 from capture_core.errors import (
     CaptureConflictError,
     CaptureFencedError,
@@ -22,20 +26,12 @@ from capture_core.errors import (
 )
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore, call_key
+from capture_core.testing.conformance import CHECKS, ConformanceError, run_conformance
+from capture_core.testing.contracts import CaptureStoreContract
+from tests.backends import OnBackend
 from tests.servers import free_port
 
-ALL_CHECKS = {
-    "round_trip",
-    "identical_reput",
-    "conflicting_reput",
-    "mark_incomplete",
-    "freeze_idempotent",
-    "write_after_freeze",
-    "conditional_retirement",
-    "tombstone",
-    "begin_call_custody",
-    "delete_allows_reuse",
-}
+ALL_CHECKS = set(CHECKS)
 
 
 def make_entry(rollout_id: str, call: str, prompt: list[int], gen: list[int]) -> TokenEntry:
@@ -46,6 +42,23 @@ def make_entry(rollout_id: str, call: str, prompt: list[int], gen: list[int]) ->
         generation_token_ids=gen,
         generation_log_probs=[-0.25] * len(gen),
     )
+
+
+class TokcapStoreContract(OnBackend, CaptureStoreContract):
+    def make_sink(self) -> TokenCaptureStore:
+        return TokenCaptureStore(self.root, self.options)
+
+
+class TestLocalCaptureStore(TokcapStoreContract):
+    backend = "local"
+
+
+class TestMemoryCaptureStore(TokcapStoreContract):
+    backend = "memory"
+
+
+class TestS3CaptureStore(TokcapStoreContract):
+    backend = "s3"
 
 
 def test_conformance_on_every_backend(store_location) -> None:

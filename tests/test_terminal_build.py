@@ -13,7 +13,6 @@ from capture_core.delivery import finalize_rollout_token_capture, mask_reason
 from capture_core.records import TokenEntry
 from capture_core.run_report import reason_category
 from capture_core.store import TokenCaptureStore
-from capture_core.synthetic import RolloutShape, synthetic_rollout
 from capture_core.terminal import (
     NOT_ATTRIBUTED,
     STRICT_CONTRADICTED,
@@ -21,6 +20,7 @@ from capture_core.terminal import (
     blocking_reason,
     check_strict_chain,
 )
+from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
 from tests.test_terminal import message, tool_result
 
 

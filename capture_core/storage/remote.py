@@ -10,44 +10,20 @@ Backend exceptions are translated here, so no caller catches botocore.
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import fsspec
 
-from capture_core._bytestore import ByteStore, check_key
 from capture_core.errors import CaptureStoreError, StoreUnavailableError
+from capture_core.storage.base import ByteStore, check_key, check_new_object, is_reserved
+from capture_core.storage.locations import S3_PROTOCOLS, is_s3, url_scheme
+from capture_core.storage.options import S3_CLIENT_RETRIES, s3_options
 
 _MEMORY_CREATE_LOCK = threading.Lock()
-S3_PROTOCOLS = ("s3", "s3a")
 ATOMIC_CREATE_PROTOCOLS = (*S3_PROTOCOLS, "memory")
-
-S3_DEFAULTS: dict[str, Any] = {
-    "use_listings_cache": False,
-    "config_kwargs": {
-        "connect_timeout": 5,
-        "read_timeout": 60,
-        "retries": {"max_attempts": 2, "mode": "standard"},
-    },
-}
-# s3fs's own retry loop multiplies botocore's attempts: 2 x 2 tries per request, which fails
-# an unreachable endpoint in about a second. Longer outages are the task-level retries' job.
-S3_CLIENT_RETRIES = 2
 S3_DELETE_BATCH = 1000  # the most keys one S3 DeleteObjects request takes
-
-
-def s3_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Options merged over the deliberate S3 defaults (config_kwargs merged key by key)."""
-    merged = copy.deepcopy(S3_DEFAULTS)
-    for key, value in options.items():
-        if key == "config_kwargs":
-            merged["config_kwargs"].update(value)
-        else:
-            merged[key] = value
-    merged["use_listings_cache"] = False
-    return merged
 
 
 def _is_connection_error(exc: BaseException) -> bool:
@@ -68,8 +44,7 @@ def _is_connection_error(exc: BaseException) -> bool:
 def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
     """The fsspec filesystem and path of a URL, with the deliberate S3 defaults applied."""
     options = dict(storage_options or {})
-    protocol = fsspec.core.split_protocol(url)[0] or "file"
-    s3 = protocol in ("s3", "s3a")
+    s3 = is_s3(url)
     fs, path = fsspec.core.url_to_fs(url, **(s3_options(options) if s3 else options))
     if s3:
         fs.retries = S3_CLIENT_RETRIES
@@ -82,7 +57,7 @@ class FsspecStore(ByteStore):
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.url = url.rstrip("/")
         self._options = dict(storage_options or {})
-        protocol = url.split("://", 1)[0] if "://" in url and "::" not in url else ""
+        protocol = url_scheme(url) if "::" not in url else None
         if protocol not in ATOMIC_CREATE_PROTOCOLS:
             raise ValueError(
                 f"storage at {url} cannot be used: tokcap needs an atomic create-only write "
@@ -170,11 +145,7 @@ class FsspecStore(ByteStore):
         return out
 
     def create(self, key: str, data: bytes) -> bool:
-        if not data:
-            raise ValueError(
-                f"refusing to create empty object {key}: empty creates are not exclusive"
-            )
-        path = self._path(key)
+        path = f"{self._root}/{check_new_object(key, data)}"
         try:
             if self._is_s3:
                 self.fs.pipe_file(path, data, mode="create")
@@ -206,7 +177,8 @@ class FsspecStore(ByteStore):
             return []
         except Exception as exc:
             raise self._translate(exc, f"list {prefix}") from exc
-        return sorted(self._relative(path) for path in found)
+        keys = (self._relative(path) for path in found)
+        return sorted(k for k in keys if not any(is_reserved(part) for part in k.split("/")))
 
     def list_children(self, prefix: str) -> list[str]:
         path = self._path(prefix) if prefix else self._root
@@ -216,7 +188,8 @@ class FsspecStore(ByteStore):
             return []
         except Exception as exc:
             raise self._translate(exc, f"list {prefix or 'the root'}") from exc
-        return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in found} - {""})
+        names = {p.rstrip("/").rsplit("/", 1)[-1] for p in found} - {""}
+        return sorted(name for name in names if not is_reserved(name))
 
     def delete(self, keys: Iterable[str], *, durable: bool = True) -> None:
         paths = [self._path(key) for key in keys]

@@ -6,7 +6,7 @@ A create writes a temporary file, fsyncs it, publishes it with `os.link` and fsy
 fewer, and a crash may leave it torn, which its readers detect.
 Temporary files live in `<root>/.tmp/`, never beside published objects; every path removes them.
 A folder or object that cannot be read is an error, never an omission; symlinks are refused.
-This module imports only the standard library.
+Beyond the interface and the errors, this module imports only the standard library.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 
-from capture_core._bytestore import ByteStore, check_key
 from capture_core.errors import CaptureStoreError, StoreUnavailableError, UnreadableCaptureError
+from capture_core.storage.base import ByteStore, check_key, check_new_object, is_reserved
 
 TMP_DIR = ".tmp"
 
@@ -160,7 +160,7 @@ class LocalStore(ByteStore):
         return tmp
 
     def create(self, key: str, data: bytes) -> bool:
-        target = self._path(key)
+        target = f"{self.root}/{check_new_object(key, data)}"
         tmp = self._write_temporary(data)
         try:
             return self._publish(tmp, target, os.path.dirname(target))
@@ -173,7 +173,7 @@ class LocalStore(ByteStore):
         Exclusive like `create`, with one journal commit fewer and no temporary file: the
         same syscalls as a raw durable create. A failed write removes its own torn object.
         """
-        target = self._path(key)
+        target = f"{self.root}/{check_new_object(key, data)}"
         folder = os.path.dirname(target)
         for _attempt in range(3):
             self._ensure_dir(folder)
@@ -255,7 +255,7 @@ class LocalStore(ByteStore):
             except OSError as exc:
                 raise _access_error(exc, f"list folder {folder_key}") from exc
             for item in found:
-                if item.name.startswith("."):
+                if is_reserved(item.name):
                     continue
                 key = f"{folder_key}/{item.name}"
                 kind = _kind(item, key)
@@ -268,7 +268,7 @@ class LocalStore(ByteStore):
     def list_children(self, prefix: str) -> list[str]:
         folder = self._path(prefix) if prefix else self.root
         try:
-            return sorted(name for name in os.listdir(folder) if not name.startswith("."))
+            return sorted(name for name in os.listdir(folder) if not is_reserved(name))
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:

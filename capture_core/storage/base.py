@@ -1,10 +1,17 @@
-"""The byte-store interface beneath the capture store.
+"""The byte-store interface beneath the capture store; every backend follows it.
 
 Keys are `/`-separated paths relative to the store root, built only from validated segments.
 A missing key reads as `None`; backend exceptions are translated into `capture_core.errors`.
 Capture and handoff writes are create-only, so concurrent writers never overwrite each other;
 `replace` exists for derived reports (ledgers) that are rewritten on every run.
 Listing reflects every other client's completed writes (no listing cache).
+
+Two rules hold on every backend (the contract suite checks both):
+- An empty create is refused with `ValueError`: an empty object cannot be told from a torn
+  one, and some backends cannot create an empty object exclusively.
+- A name starting with `.` is reserved for the backend's own bookkeeping (the local
+  backend's `.tmp/`) and for files other tools leave (`.nfs*`, `.DS_Store`): a key with
+  such a segment is refused, and listings never show one.
 """
 
 from __future__ import annotations
@@ -14,11 +21,34 @@ from collections.abc import Iterable, Iterator, Sequence
 
 
 def check_key(key: str) -> str:
-    """Refuse a key that could leave the store root; keys are built by us, so this is a guard."""
+    """Refuse a key that could leave the store root or names a reserved (dot) name.
+
+    Keys are built by us from validated segments, so this is a guard.
+    """
     parts = key.split("/")
     if "" in parts or "." in parts or ".." in parts:
         raise ValueError(f"store key {key!r} is not a relative path inside the store root")
+    if any(is_reserved(part) for part in parts):
+        raise ValueError(
+            f"store key {key!r} has a segment starting with '.'; such names are reserved for "
+            "the backend's own files and are never listed"
+        )
     return key
+
+
+def check_new_object(key: str, data: bytes) -> str:
+    """Refuse a create that no backend can make exclusive and durable: an empty object."""
+    if not data:
+        raise ValueError(
+            f"refusing to create empty object {key}: an empty object cannot be told from a "
+            "torn one, and empty creates are not exclusive on every backend"
+        )
+    return check_key(key)
+
+
+def is_reserved(name: str) -> bool:
+    """Whether a name is reserved (starts with `.`): never written, never listed."""
+    return name.startswith(".")
 
 
 class ByteStore(ABC):
@@ -44,6 +74,7 @@ class ByteStore(ABC):
         """Durably write `data` if `key` is absent. Return `False`, writing nothing, if present.
 
         A `False` may also mean our own earlier attempt landed; callers compare bytes.
+        Empty `data` raises `ValueError` (see `check_new_object`).
         """
 
     def create_in_place(self, key: str, data: bytes) -> bool:
@@ -66,11 +97,12 @@ class ByteStore(ABC):
 
     @abstractmethod
     def list_prefix(self, prefix: str) -> list[str]:
-        """Every key below `prefix/`, recursively, sorted."""
+        """Every key below `prefix/`, recursively, sorted; reserved (dot) names left out."""
 
     @abstractmethod
     def list_children(self, prefix: str) -> list[str]:
-        """Names of the immediate children (objects or folders) of `prefix` ('' is the root)."""
+        """Names of the immediate children (objects or folders) of `prefix` ('' is the root),
+        sorted, reserved (dot) names left out."""
 
     @abstractmethod
     def delete(self, keys: Iterable[str], *, durable: bool = True) -> None:
@@ -81,6 +113,25 @@ class ByteStore(ABC):
     @abstractmethod
     def probe(self, must_exist: bool) -> None:
         """Raise a clear error when the store cannot be used (missing root, bucket, endpoint)."""
+
+    def delete_prefix(self, prefix: str, keep: Iterable[str] = (), *, durable: bool = True) -> bool:
+        """Delete every key below `prefix` but `keep`, verified by listing; late keys go too.
+
+        Return whether nothing but `keep` is left after a few rounds (a writer racing the
+        delete can keep adding keys; the caller says what to do then).
+        """
+        kept = set(keep)
+        for _attempt in range(3):
+            doomed = [key for key in self.list_prefix(prefix) if key not in kept]
+            if not doomed:
+                return True
+            self.delete(doomed, durable=durable)
+        return False
+
+    def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
+        """Delete temporaries crashed writers left, older than `older_than_seconds`; return how
+        many. Backends whose writes leave no temporaries have none to remove."""
+        return 0
 
     def close(self) -> None:  # noqa: B027 - optional hook; most backends hold nothing
         """Release resources. Safe to repeat."""

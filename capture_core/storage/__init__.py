@@ -1,0 +1,48 @@
+"""Byte storage beneath the capture store and the run destination: one interface, two backends.
+
+`ByteStore` (base) is the contract; `LocalStore` (local) implements it on a POSIX disk and
+`FsspecStore` (remote) on S3 and `memory://`. `open_byte_store` maps a location to its
+backend, and `locations` reads location strings for every other module. Other modules
+import from this package only; docs/store.md describes the contract.
+"""
+
+from capture_core.storage.base import ByteStore, check_key, check_new_object, is_reserved
+from capture_core.storage.factory import open_byte_store
+from capture_core.storage.local import TMP_DIR, LocalStore, fsync_dir
+from capture_core.storage.locations import (
+    LOCAL_SCHEMES,
+    S3_PROTOCOLS,
+    is_s3,
+    local_path,
+    url_scheme,
+)
+from capture_core.storage.options import S3_CLIENT_RETRIES, S3_DEFAULTS, s3_options
+from capture_core.storage.remote import (
+    ATOMIC_CREATE_PROTOCOLS,
+    S3_DELETE_BATCH,
+    FsspecStore,
+    filesystem_for,
+)
+
+__all__ = [
+    "ATOMIC_CREATE_PROTOCOLS",
+    "LOCAL_SCHEMES",
+    "S3_CLIENT_RETRIES",
+    "S3_DEFAULTS",
+    "S3_DELETE_BATCH",
+    "S3_PROTOCOLS",
+    "TMP_DIR",
+    "ByteStore",
+    "FsspecStore",
+    "LocalStore",
+    "check_key",
+    "check_new_object",
+    "filesystem_for",
+    "fsync_dir",
+    "is_reserved",
+    "is_s3",
+    "local_path",
+    "open_byte_store",
+    "s3_options",
+    "url_scheme",
+]
