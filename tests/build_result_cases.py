@@ -22,8 +22,8 @@ from capture_core.consumer import _assemble, trajectories_from_source
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.records import TokenEntry
-from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from capture_core.terminal import TerminalInputs
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
 GOLDEN = Path(__file__).with_name("build_result_golden.json")
 SMALL = RolloutShape(turns=3, prompt_tokens=6, generated_tokens=3, tool_tokens=2)
