@@ -359,7 +359,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _may_show_progress(args: argparse.Namespace, error: BaseException) -> bool:
     """A failed finalize shows its run's ledger, unless the run id belongs to another run."""
-    from capture_core.run_manifest import RunIdInUseError
+    from capture_core.run_layout import RunIdInUseError
 
     if args.command != "finalize" or getattr(error, "summary", None) is not None:
         return False
