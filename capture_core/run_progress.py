@@ -205,9 +205,7 @@ def ledger_changes(
     return changes
 
 
-def retire_counts(
-    receipts: list[HandoffReceipt], outcomes: list[RetireOutcome]
-) -> dict[str, int]:
+def retire_counts(receipts: list[HandoffReceipt], outcomes: list[RetireOutcome]) -> dict[str, int]:
     """What a retire pass did: retired now, retired by an earlier run, and kept captures."""
     return {
         "receipts": len(receipts),

@@ -43,6 +43,8 @@ from tasks.receipts import find_receipts, receipt_storage
 from tasks.report import write_run_report
 from tasks.run_state import check_locations, claim_run_id, load_ledger, load_manifest, mark_retired
 
+Options = dict[str, Any] | None
+
 __all__ = ["RetriggerReport", "RunFailedError", "finalize_run", "retire_uploaded"]
 
 
@@ -239,8 +241,8 @@ def retrigger_failed(
     dest: str,
     run_id: str,
     store: str,
-    storage_options: dict[str, Any] | None = None,
-    source_kwargs: dict[str, Any] | None = None,
+    storage_options: Options = None,
+    source_kwargs: Options = None,
 ) -> RetriggerReport:
     """Re-run only what did not complete in a run (finalize, upload or retire) and report it."""
     options = public_storage_options(storage_options)
