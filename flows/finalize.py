@@ -45,8 +45,6 @@ from tasks.run_state import check_locations, claim_run_id, load_ledger, load_man
 
 Options = dict[str, Any] | None
 
-__all__ = ["RetriggerReport", "RunFailedError", "finalize_run", "retire_uploaded"]
-
 
 class RunFailedError(RuntimeError):
     """A run failed something: batches, input lines, or it was aborted; its ledger says which.
