@@ -101,25 +101,13 @@ class RunLayout:
     def __init__(self, dest: ByteStore, run_id: str) -> None:
         self.dest = dest
         self.run_id = validate_run_id(run_id)
+        self.manifest_key = self.key(MANIFEST)
+        self.ledger_key = self.key(LEDGER)
+        self.receipts_prefix = self.key(RECEIPTS)
+        self.attempts_prefix = self.key(ATTEMPTS)
 
     def key(self, *parts: str) -> str:
         return "/".join([self.run_id, *parts])
-
-    @property
-    def manifest_key(self) -> str:
-        return self.key(MANIFEST)
-
-    @property
-    def ledger_key(self) -> str:
-        return self.key(LEDGER)
-
-    @property
-    def receipts_prefix(self) -> str:
-        return self.key(RECEIPTS)
-
-    @property
-    def attempts_prefix(self) -> str:
-        return self.key(ATTEMPTS)
 
     def receipt_key(self, name: str) -> str:
         return self.key(RECEIPTS, name)

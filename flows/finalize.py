@@ -148,6 +148,7 @@ class RunSteps:
 
 
 def check_arguments(run_id: str, builder: str) -> None:
+    """Refuse a bad run id or builder before any task runs."""
     validate_run_id(run_id)
     if builder not in BUILDERS:
         raise ValueError(f"unknown builder {builder!r}; use one of {', '.join(BUILDERS)}")
