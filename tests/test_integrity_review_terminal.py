@@ -7,6 +7,8 @@ when that call is on another branch: the tokens cannot say which of the two was 
 
 from __future__ import annotations
 
+import pytest
+
 from capture_core.builder import prefix_merging
 from capture_core.terminal import abstention_reasons
 from tests.reliability_figures import record_case
@@ -47,3 +49,26 @@ def test_a_shallower_repeat_on_the_whole_path_still_yields_to_the_deeper_call() 
     merged = [message("Done."), tool_result("ok"), message("Done.")]
     verdict = attribute(entries, response={"output": merged})
     assert (verdict.method, verdict.call_id) == ("content", "d2")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="policy for the coordinator: the content witness takes 'a later call extended this "
+    "retry' as proof the harness kept it, but a validation call on the abandoned attempt "
+    "extends it just the same; the tokens cannot tell the two apart",
+)
+def test_a_validation_call_on_the_abandoned_attempt_does_not_make_it_the_scored_one() -> None:
+    """The harness checks attempt t1 with a judge call that continues it, rejects it, and
+    retries; t2 gives the same submit from other tokens and is the one scored."""
+    entries = [
+        call("root", [1], [2], [message("plan")]),
+        call("t1", [1, 2, 3], [4], [SUBMIT]),
+        call("judge-t1", [1, 2, 3, 4, 9], [6], [message("rejected: show your work")]),
+        call("t2", [1, 2, 3], [5], [SUBMIT]),
+    ]
+    verdict = attribute(entries, response={"output": TRANSCRIPT})
+    record_case(
+        "content witness: judge call on an abandoned same-answer retry",
+        wrong_tokens_delivered=int(verdict.call_id == "t1"),
+    )
+    assert verdict.call_id is None, f"guessed {verdict.call_id}; t2 was scored"
