@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_core.records import TokenEntry, response_items
-from capture_core.transcript import own_items, transcript_readings
+from capture_core.transcript import ends_in_silent_turn, own_items, transcript_readings
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +206,10 @@ def _content(entries: list[TokenEntry], response: Mapping[str, Any]) -> _Testimo
     break between turns). Matches with identical sequences collapse; different ones are
     settled by `_settle`, else ambiguous.
     """
-    full, trailing = transcript_readings(response_items(response))
+    items = response_items(response)
+    if ends_in_silent_turn(items):
+        return _Testimony("content", reason="final_turn_without_content")
+    full, trailing = transcript_readings(items)
     readings = {reading for reading in (full, trailing) if reading}
     own = {id(e): entry_fingerprint(e) for e in entries}
     matches = [e for e in entries if own[id(e)] and own[id(e)] in readings]

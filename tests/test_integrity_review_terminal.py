@@ -72,3 +72,36 @@ def test_a_validation_call_on_the_abandoned_attempt_does_not_make_it_the_scored_
         wrong_tokens_delivered=int(verdict.call_id == "t1"),
     )
     assert verdict.call_id is None, f"guessed {verdict.call_id}; t2 was scored"
+
+
+REASONING = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "thinking"}]}
+
+
+def test_a_final_turn_with_nothing_readable_is_not_pinned_on_the_call_before() -> None:
+    """The scored transcript ends in a turn that only reasoned (cut off while thinking):
+    that turn's call produced the response, so naming the previous call drops the scored
+    call from the delivered chain."""
+    for final_items in ([REASONING], [REASONING, message("")]):
+        entries = [
+            call("root", [1], [2], [message("plan")]),
+            call("c2", [1, 2, 3], [4], [SUBMIT]),
+            call("c3", [1, 2, 3, 4, 5], [6], final_items),
+        ]
+        output = [*TRANSCRIPT, tool_result("rejected"), *final_items]
+        verdict = attribute(entries, response={"output": output})
+        record_case(
+            "content witness: a silent final turn after the last readable one",
+            wrong_tokens_delivered=int(verdict.call_id == "c2"),
+        )
+        assert verdict.call_id is None, f"named {verdict.call_id}; c3 produced the response"
+        assert "final_turn_without_content" in abstention_reasons(verdict.reason)
+
+
+def test_a_transcript_ending_in_the_final_calls_tool_result_still_matches_that_call() -> None:
+    entries = [
+        call("root", [1], [2], [message("plan")]),
+        call("c2", [1, 2, 3], [4], [REASONING, SUBMIT]),
+    ]
+    output = [*TRANSCRIPT[:2], REASONING, SUBMIT, tool_result("accepted")]
+    verdict = attribute(entries, response={"output": output})
+    assert (verdict.method, verdict.call_id) == ("content", "c2")
