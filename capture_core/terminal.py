@@ -235,9 +235,9 @@ def _settle(
     model-authored items (or whose own items are all of them) beats calls that match only
     the trailing block, when those lie on its path (the same text earlier in the transcript).
     A trailing match on another branch is not outranked: its own path may only be unreadable
-    from the tokens (a re-rendered prompt), so the two are a tie. Then, among retries of one
-    prompt, the one a later call extended is the one the harness kept. Anything still tied
-    is ambiguous and never picked.
+    from the tokens (a re-rendered prompt), so the two are a tie. A later call that extended
+    one retry is no evidence: a judge of an abandoned attempt extends it just as a summary of
+    the kept one does. Anything still tied (identical sequences collapse) is never picked.
     """
     if len(matches) > PATH_CANDIDATES:
         return None
@@ -246,10 +246,7 @@ def _settle(
     if len(pool) < len(matches) and (chosen := collapse_identical(pool)) is not None:
         outranked = [m for m in matches if all(m is not p for p in pool)]
         return chosen if all(extends(chosen.prompt_token_ids, m) for m in outranked) else None
-    if any(m.prompt_token_ids != pool[0].prompt_token_ids for m in pool[1:]):
-        return None
-    extended = [m for m in pool if any(extends(e.prompt_token_ids, m) for e in entries)]
-    return collapse_identical(extended)
+    return collapse_identical(pool)
 
 
 def extends(prompt: Sequence[int], parent: TokenEntry) -> bool:

@@ -7,8 +7,6 @@ when that call is on another branch: the tokens cannot say which of the two was 
 
 from __future__ import annotations
 
-import pytest
-
 from capture_core.builder import prefix_merging
 from capture_core.terminal import abstention_reasons
 from tests.reliability_figures import record_case
@@ -51,12 +49,6 @@ def test_a_shallower_repeat_on_the_whole_path_still_yields_to_the_deeper_call() 
     assert (verdict.method, verdict.call_id) == ("content", "d2")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="policy for the coordinator: the content witness takes 'a later call extended this "
-    "retry' as proof the harness kept it, but a validation call on the abandoned attempt "
-    "extends it just the same; the tokens cannot tell the two apart",
-)
 def test_a_validation_call_on_the_abandoned_attempt_does_not_make_it_the_scored_one() -> None:
     """The harness checks attempt t1 with a judge call that continues it, rejects it, and
     retries; t2 gives the same submit from other tokens and is the one scored."""
