@@ -352,10 +352,10 @@ def _decidable(record: dict[str, Any], chain: list[TokenEntry], shapes: list[str
     """Whether anything in the capture or the record tells the scored chain from the others.
 
     Not for a same-answer retry of the final call (same parent and items, other tokens)
-    with no terminal named, no served id and no later call extending the kept attempt:
-    both attempts fit all the evidence alike, and the truth is the generator's coin flip.
+    with no terminal named and no served id: both attempts fit all the evidence alike (a
+    later call extending one is no evidence), and the truth is the generator's coin flip.
     """
-    if "same_answer_final_retry" not in shapes or "continuation" in shapes:
+    if "same_answer_final_retry" not in shapes:
         return True
     named = "_ng_terminal_model_call_id" in record or "terminal_response_id" in record
     return named or record["response"].get("id") == chain[-1].response_id

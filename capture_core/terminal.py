@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_core.records import TokenEntry, response_items
-from capture_core.transcript import own_items, transcript_readings
+from capture_core.transcript import ends_in_silent_turn, own_items, transcript_readings
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +206,10 @@ def _content(entries: list[TokenEntry], response: Mapping[str, Any]) -> _Testimo
     break between turns). Matches with identical sequences collapse; different ones are
     settled by `_settle`, else ambiguous.
     """
-    full, trailing = transcript_readings(response_items(response))
+    items = response_items(response)
+    if ends_in_silent_turn(items):
+        return _Testimony("content", reason="final_turn_without_content")
+    full, trailing = transcript_readings(items)
     readings = {reading for reading in (full, trailing) if reading}
     own = {id(e): entry_fingerprint(e) for e in entries}
     matches = [e for e in entries if own[id(e)] and own[id(e)] in readings]
@@ -230,19 +233,20 @@ def _settle(
 
     First the whole transcript: a call whose root-to-call path holds exactly the response's
     model-authored items (or whose own items are all of them) beats calls that match only
-    the trailing block. Then, among retries of one prompt, the one a later call extended is
-    the one the harness kept. Anything still tied is ambiguous and never picked.
+    the trailing block, when those lie on its path (the same text earlier in the transcript).
+    A trailing match on another branch is not outranked: its own path may only be unreadable
+    from the tokens (a re-rendered prompt), so the two are a tie. A later call that extended
+    one retry is no evidence: a judge of an abandoned attempt extends it just as a summary of
+    the kept one does. Anything still tied (identical sequences collapse) is never picked.
     """
     if len(matches) > PATH_CANDIDATES:
         return None
     whole = [m for m in matches if own[id(m)] == full or path_items(m, entries, own) == full]
     pool = whole or matches
     if len(pool) < len(matches) and (chosen := collapse_identical(pool)) is not None:
-        return chosen
-    if any(m.prompt_token_ids != pool[0].prompt_token_ids for m in pool[1:]):
-        return None
-    extended = [m for m in pool if any(extends(e.prompt_token_ids, m) for e in entries)]
-    return collapse_identical(extended)
+        outranked = [m for m in matches if all(m is not p for p in pool)]
+        return chosen if all(extends(chosen.prompt_token_ids, m) for m in outranked) else None
+    return collapse_identical(pool)
 
 
 def extends(prompt: Sequence[int], parent: TokenEntry) -> bool:

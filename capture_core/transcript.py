@@ -117,6 +117,26 @@ def transcript_readings(items: Sequence[Any]) -> tuple[tuple, tuple]:
     return tuple(full), tuple(trailing)
 
 
+def ends_in_silent_turn(items: Sequence[Any]) -> bool:
+    """Whether the transcript's last model turn (after any trailing tool results) authored
+    nothing readable: only reasoning, or an empty message (a call cut off while thinking).
+
+    Such a turn was produced by a call the readings cannot see, so no call can be matched
+    to the transcript's end by content.
+    """
+    seen_turn = False
+    for item in reversed(items):
+        keys = _item_keys(item)
+        if keys is _BREAK:
+            if seen_turn or not is_tool_output(item):
+                break
+            continue
+        if keys:
+            return False
+        seen_turn = True
+    return seen_turn
+
+
 def own_items(output_items: Sequence[Any]) -> tuple:
     """A call's own model-authored keys, from its captured content items."""
     return transcript_readings(output_items)[0]

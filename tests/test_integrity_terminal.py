@@ -228,8 +228,8 @@ def test_an_off_path_call_naming_a_lost_parent_masks_the_attributed_rollout(tmp_
 def test_same_answer_attempts_that_were_both_continued_are_not_guessed() -> None:
     """A later call extends each attempt of a same-answer final retry: no kept one stands out.
 
-    Extension settles a retry only when exactly one attempt was continued; with both, the
-    build masks rather than deliver either chain.
+    A continuation is no evidence of the kept attempt (a judge of an abandoned attempt
+    continues it too), so with one or both continued the build masks rather than guess.
     """
     output = [message("plan"), tool_result("ok"), tool_call("submit", answer=42)]
     entries = same_answer_twins(extend=("t1", "t2"))
@@ -243,12 +243,6 @@ def test_same_answer_attempts_that_were_both_continued_are_not_guessed() -> None
     )
     assert verdict["call_id"] is None and "content:content_ambiguous" in verdict["reason"]
     assert result["mask_sample"] is True
-    kept = same_answer_twins(extend=("t2",))
-    settled = _assemble(
-        "r", kept, "prefix_merging", "", TerminalInputs(response={"output": output})
-    )
-    generated = [i for i in settled["rebuilt_response"]["output"] if "generation_token_ids" in i]
-    assert not settled["mask_sample"] and [i["generation_token_ids"] for i in generated] == [
-        [2],
-        [5],
-    ]
+    one = same_answer_twins(extend=("t2",))
+    single = _assemble("r", one, "prefix_merging", "", TerminalInputs(response={"output": output}))
+    assert single["mask_sample"] is True, "one continued attempt is no evidence either"

@@ -65,11 +65,13 @@ def test_a_same_answer_retry_nothing_tells_apart_is_ambiguous() -> None:
     assert (served.method, served.call_id) == ("response_id", "t2")
 
 
-def test_the_retry_a_later_call_extended_is_the_kept_one() -> None:
+def test_a_later_call_extending_one_retry_does_not_make_it_the_kept_one() -> None:
+    """A summary of the kept attempt and a judge of an abandoned one look alike."""
     output = [message("plan"), tool_result("ok"), tool_call("submit", answer=42)]
-    for kept in ("t1", "t2"):
-        verdict = attribute(same_answer_twins(extend=(kept,)), response={"output": output})
-        assert (verdict.method, verdict.call_id) == ("content", kept)
+    for extended in ("t1", "t2"):
+        verdict = attribute(same_answer_twins(extend=(extended,)), response={"output": output})
+        assert verdict.call_id is None
+        assert "content_ambiguous" in abstention_reasons(verdict.reason)
 
 
 def test_extension_settles_only_retries_of_one_prompt() -> None:
