@@ -192,3 +192,28 @@ def test_ids_beyond_int64_are_stored_whole_and_still_sealed(tmp_path) -> None:
     snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r7")
     assert not snapshot.incomplete, snapshot.incomplete_reasons
     assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
+
+
+def test_a_generation_beyond_int64_after_a_parent_is_stored_whole_with_its_whole_digest(
+    tmp_path,
+) -> None:
+    """Such a call cannot be a parent, so it is stored whole; its digest covers the whole
+    prompt (not only the part it would have added to a parent)."""
+    big = 2**63 + 5
+    entries = [
+        TokenEntry(
+            rollout_id="r8",
+            model_call_id=call,
+            prompt_token_ids=prompt,
+            generation_token_ids=gen,
+            generation_log_probs=[-0.5] * len(gen),
+        )
+        for call, prompt, gen in (("a", [1, 2], [3]), ("b", [1, 2, 3, 4], [big]))
+    ]
+    store = TokenCaptureStore(str(tmp_path))
+    for entry in entries:
+        store.put_now(entry)
+    assert stored(store, "r8", "b")["p"]["a"] is None, "stored whole"
+    snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r8")
+    assert not snapshot.incomplete, snapshot.incomplete_reasons
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
