@@ -15,7 +15,7 @@ are refused by name (the rollout masks). Older readers refuse schema 3 as newer.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import struct
 import threading
@@ -35,8 +35,11 @@ from capture_core.stored_json import encode_json
 #   3: schema 2 plus a seal over every byte of the object; the seal and the prompt digest
 #      are required.
 STORED_SCHEMA_VERSION = 3
-# The seal is the object's last member: `,"s":"<22 base64url chars>"}`.
-_SEAL_HEAD, _SEAL_TAIL, _SEAL_CHARS = b',"s":"', b'"}', 22
+# A digest is 128 bits in base64url without padding: 22 characters.
+_DIGEST_CHARS = 22
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+# The seal is the object's last member: `,"s":"<digest>"}`.
+_SEAL_HEAD, _SEAL_TAIL, _SEAL_CHARS = b',"s":"', b'"}', _DIGEST_CHARS
 _SEAL_SIZE = len(_SEAL_HEAD) + _SEAL_CHARS + len(_SEAL_TAIL)
 # Fields equal to these defaults are left out of stored schemas 2 and 3; readers restore them.
 _DEFAULTS: dict[str, Any] = {
@@ -156,7 +159,8 @@ def check_seal(data: bytes) -> str | None:
 
 def digest_text(hasher: Any) -> str:
     """A prompt digest as stored: the first 128 bits of sha256, base64url without padding."""
-    return base64.urlsafe_b64encode(hasher.digest()[:16]).rstrip(b"=").decode("ascii")
+    text = binascii.b2a_base64(hasher.digest()[:16], newline=False)[:_DIGEST_CHARS]
+    return text.translate(_URLSAFE).decode("ascii")
 
 
 def token_bytes(tokens: Sequence[int]) -> bytes | None:
