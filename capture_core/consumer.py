@@ -28,6 +28,7 @@ from capture_core.builder import (
     project_main_chain_response,
     run_builder,
 )
+from capture_core.capture_source import clear_captures
 from capture_core.config import TokenIdCaptureConfig
 from capture_core.ids import maybe_rollout_id_from_run_body, validate_rollout_id
 from capture_core.protocols import TokenSource
@@ -315,9 +316,7 @@ def clear_token_captures_for_rollouts(
     if not token_capture_dirs:
         return
     rollout_ids, malformed, _without_id = rollout_ids_of(records)
-    store = TokenCaptureStore(token_capture_dirs[0])
-    for rollout_id in rollout_ids:
-        store.delete(rollout_id)
+    clear_captures(TokenCaptureStore(token_capture_dirs[0]), rollout_ids)
     if malformed:
         raise ValueError(
             f"{len(malformed)} record(s) have malformed rollout ids and were not cleared: "

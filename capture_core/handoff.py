@@ -1,6 +1,6 @@
 """Batches of rollouts: finalize, durable handoff to a destination, and retirement by receipt.
 
-A batch is finalized through `finalize_rollout_token_capture`, the one finalize path.
+A batch is finalized through `delivery.finalize_rollout`, the one finalize path.
 Lines refused as input (unparsable, or a rollout id repeated in the file) are never finalized.
 A storage failure while freezing fails the batch (retry it); it never becomes a masked record.
 The part file is written create-only, durably, and verified by reading it back.
@@ -14,14 +14,12 @@ import asyncio
 import hashlib
 import os
 import re
-from collections.abc import Mapping
-from typing import Any
 
 import orjson
 from pydantic import BaseModel, Field
 
+from capture_core import run_layout
 from capture_core.build_result import BuildResult
-from capture_core.config import load_capture_class
 from capture_core.delivery import finalize_rollout
 from capture_core.errors import (
     CaptureStoreError,
@@ -32,8 +30,7 @@ from capture_core.errors import (
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenCaptureSnapshot, TokenSource
 from capture_core.rollout_io import BatchPlan, ParsedLine
-from capture_core.storage import ByteStore, local_path
-from capture_core.store import TokenCaptureStore
+from capture_core.storage import ByteStore
 from capture_core.terminal import abstention_reasons
 from capture_core.testing.faults import crash_point
 
@@ -110,7 +107,7 @@ def receipt_key(batch: BatchPlan) -> str:
 
 
 def part_key(run_id: str, batch: BatchPlan) -> str:
-    return f"{run_id}/records/part-{batch.index:05d}-{batch.sha256[:16]}.jsonl"
+    return run_layout.part_key(run_id, batch.index, batch.sha256)
 
 
 STORE_CONCURRENCY_ENV = "TOKCAP_STORE_CONCURRENCY"
@@ -288,6 +285,26 @@ def verify_part(dest: ByteStore, receipt: HandoffReceipt) -> None:
     )
 
 
+def retirable(receipt: HandoffReceipt) -> list[RolloutOutcome]:
+    """The rollouts a receipt permits retiring: rebuilt or redundant, at a known snapshot."""
+    return [
+        r
+        for r in receipt.rollouts
+        if r.rollout_id and r.can_retire and r.snapshot_id is not None and r.version is not None
+    ]
+
+
+def kept_as_evidence(receipt: HandoffReceipt) -> int:
+    """Captures a receipt never retires: those of masked or unfinished rollouts."""
+    return sum(1 for r in receipt.rollouts if r.rollout_id and not r.can_retire)
+
+
+KEPT_CHANGED = (
+    "not retired: this store holds no capture at its frozen snapshot (it changed "
+    "since it was frozen, or this is another store); anything there is kept"
+)
+
+
 async def retire_receipt(
     receipt: HandoffReceipt,
     source: TokenSource,
@@ -302,12 +319,8 @@ async def retire_receipt(
     rollout does not stop the others.
     """
     outcome = RetireOutcome(receipt_key=receipt.receipt_key)
-    retirable = [
-        r
-        for r in receipt.rollouts
-        if r.rollout_id and r.can_retire and r.snapshot_id is not None and r.version is not None
-    ]
-    if not retirable:
+    rollouts = retirable(receipt)
+    if not rollouts:
         return outcome
     verify_part(dest, receipt)
     limit = asyncio.Semaphore(concurrency or store_concurrency())
@@ -326,21 +339,19 @@ async def retire_receipt(
                 crash_point("mid-retire")
             return retired
 
-    for rollout, retired in zip(
-        retirable, await asyncio.gather(*map(drop, retirable)), strict=True
-    ):
-        rollout_id = rollout.rollout_id or ""
-        if isinstance(retired, Exception):
-            outcome.failed[rollout_id] = f"{type(retired).__name__}: {retired}"
-            outcome.transient = outcome.transient and is_transient(retired)
-        elif retired:
-            outcome.retired.append(rollout_id)
-        else:
-            outcome.kept[rollout_id] = (
-                "not retired: this store holds no capture at its frozen snapshot (it changed "
-                "since it was frozen, or this is another store); anything there is kept"
-            )
+    for rollout, retired in zip(rollouts, await asyncio.gather(*map(drop, rollouts)), strict=True):
+        _record_drop(outcome, rollout.rollout_id or "", retired)
     return outcome
+
+
+def _record_drop(outcome: RetireOutcome, rollout_id: str, retired: bool | Exception) -> None:
+    if isinstance(retired, Exception):
+        outcome.failed[rollout_id] = f"{type(retired).__name__}: {retired}"
+        outcome.transient = outcome.transient and is_transient(retired)
+    elif retired:
+        outcome.retired.append(rollout_id)
+    else:
+        outcome.kept[rollout_id] = KEPT_CHANGED
 
 
 def store_concurrency() -> int:
@@ -356,114 +367,3 @@ def store_concurrency() -> int:
             "number of rollouts to finalize or retire at once (for example 16)"
         )
     return number
-
-
-class LedgerLine(BaseModel):
-    """One rollout's fate in a run."""
-
-    rollout_id: str | None
-    line: int
-    finalized: bool
-    handed_off: bool
-    masked: bool
-    mask_reason: str | None = None
-    retired: bool = False
-    error: str | None = None
-    delivered_fraction: float | None = None
-    terminal_method: str | None = None
-    terminal_abstentions: list[str] = Field(default_factory=list)
-
-
-def ledger_lines(
-    receipts: list[HandoffReceipt],
-    retirements: Mapping[str, RetireOutcome],
-    failed_batches: Mapping[int, tuple[list[RolloutOutcome], str]],
-) -> list[LedgerLine]:
-    """The run ledger, in input order: handed-off batches and failed ones."""
-    lines: list[LedgerLine] = []
-    for receipt in receipts:
-        retire = retirements.get(receipt.receipt_key, RetireOutcome(receipt_key=""))
-        for rollout in receipt.rollouts:
-            rid = rollout.rollout_id
-            error = rollout.error or retire.failed.get(rid or "") or retire.kept.get(rid or "")
-            lines.append(
-                LedgerLine(
-                    rollout_id=rid,
-                    line=rollout.line,
-                    finalized=rollout.emitted,
-                    handed_off=rollout.emitted,
-                    masked=rollout.masked,
-                    mask_reason=rollout.mask_reason,
-                    retired=rid in retire.retired,
-                    error=error,
-                    delivered_fraction=rollout.delivered_fraction,
-                    terminal_method=rollout.terminal_method,
-                    terminal_abstentions=rollout.terminal_abstentions,
-                )
-            )
-    for outcomes, error in failed_batches.values():
-        for rollout in outcomes:
-            lines.append(
-                LedgerLine(
-                    rollout_id=rollout.rollout_id,
-                    line=rollout.line,
-                    finalized=rollout.emitted,
-                    handed_off=False,
-                    masked=rollout.masked,
-                    mask_reason=rollout.mask_reason,
-                    error=rollout.error or error,
-                )
-            )
-    return sorted(lines, key=lambda line: line.line)
-
-
-def encode_ledger(lines: list[LedgerLine]) -> bytes:
-    return b"".join(orjson.dumps(line.model_dump()) + b"\n" for line in lines)
-
-
-def open_source(
-    store: str,
-    storage_options: Mapping[str, Any] | None = None,
-    source_kwargs: Mapping[str, Any] | None = None,
-) -> TokenSource:
-    """A `TokenCaptureStore` at a path or URL, or a `module.path:ClassName` source class."""
-    if is_class_spec(store):
-        return load_capture_class(store, source_kwargs, TokenSource)
-    return TokenCaptureStore(store, storage_options)
-
-
-def store_identity(
-    store: str,
-    storage_options: Mapping[str, Any] | None = None,
-    source_kwargs: Mapping[str, Any] | None = None,
-) -> str:
-    """A digest of what names a capture store: location or class, endpoint, source arguments.
-
-    Results recorded against one store (a retirement) are never reused for another, and
-    spellings of one location (`/x/`, `file:///x`, `s3://b/p/`) are one store, so a retire
-    through another spelling reports the earlier work instead of claiming it again.
-    """
-    named = [canonical_location(store), dict(storage_options or {}), dict(source_kwargs or {})]
-    encoded = orjson.dumps(named, option=orjson.OPT_SORT_KEYS, default=str)
-    return hashlib.sha256(encoded).hexdigest()[:16]
-
-
-def canonical_location(store: str) -> str:
-    """One spelling per location: a normalized local path, or a URL without trailing slashes."""
-    if is_class_spec(store):
-        return store
-    path = local_path(store)
-    if path is not None:
-        return os.path.normpath(path)
-    return store.rstrip("/")
-
-
-def is_class_spec(store: str) -> bool:
-    """Whether `store` names a class (`pkg.module:Class`) rather than a location."""
-    module, sep, name = store.partition(":")
-    return (
-        bool(sep)
-        and "/" not in store
-        and module.replace(".", "").replace("_", "").isalnum()
-        and name.isidentifier()
-    )

@@ -19,16 +19,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
 
-import orjson
 from pydantic import BaseModel
 
-from capture_core.run_manifest import read_ledger
+from capture_core.run_layout import RunLayout
 from capture_core.run_report import summarize
 from capture_core.storage import ByteStore, open_byte_store
 
 logger = logging.getLogger(__name__)
-
-ATTEMPTS = "attempts"
 
 
 def run_id_for_file(url: str) -> str:
@@ -39,8 +36,9 @@ def run_id_for_file(url: str) -> str:
 
 
 def run_completed(dest: ByteStore, run_id: str) -> bool:
-    ledger = read_ledger(dest, run_id)
-    return ledger is not None and summarize(run_id, ledger).ok and dest.exists(f"{run_id}/run.json")
+    layout = RunLayout(dest, run_id)
+    ledger = layout.read_ledger()
+    return ledger is not None and summarize(run_id, ledger).ok and dest.exists(layout.manifest_key)
 
 
 class Claim(BaseModel):
@@ -68,18 +66,9 @@ class ClaimDecision(BaseModel):
     held_by: str | None = None
 
 
-def _key(run_id: str, number: int, kind: str) -> str:
-    return f"{run_id}/{ATTEMPTS}/{number:04d}.{kind}"
-
-
 def claim_numbers(dest: ByteStore, run_id: str) -> list[int]:
     """The numbers of every claim (attempt) made on a run, ascending."""
-    numbers = []
-    for key in dest.list_prefix(f"{run_id}/{ATTEMPTS}"):
-        stem, _, kind = key.rsplit("/", 1)[-1].partition(".")
-        if kind == "claim" and stem.isdigit():
-            numbers.append(int(stem))
-    return sorted(numbers)
+    return RunLayout(dest, run_id).attempt_numbers()
 
 
 def attempts(dest: ByteStore, run_id: str) -> int:
@@ -88,16 +77,17 @@ def attempts(dest: ByteStore, run_id: str) -> int:
 
 
 def read_claim(dest: ByteStore, run_id: str, number: int) -> Claim | None:
-    data = dest.get(_key(run_id, number, "claim"))
-    return None if data is None else Claim.model_validate(orjson.loads(data))
+    body = RunLayout(dest, run_id).read_attempt(number, "claim")
+    return None if body is None else Claim.model_validate(body)
 
 
 def claim_is_live(dest: ByteStore, claim: Claim, now: float) -> bool:
     """Whether the claim is unreleased and renewed within its lease."""
-    if dest.exists(_key(claim.run_id, claim.number, "end")):
+    layout = RunLayout(dest, claim.run_id)
+    if dest.exists(layout.attempt_key(claim.number, "end")):
         return False
-    beat = dest.get(_key(claim.run_id, claim.number, "beat"))
-    last = max(claim.claimed_at, orjson.loads(beat)["at"] if beat else 0.0)
+    beat = layout.read_attempt(claim.number, "beat")
+    last = max(claim.claimed_at, beat["at"] if beat else 0.0)
     return now - last < claim.lease_seconds
 
 
@@ -133,8 +123,7 @@ def take_claim(
         lease_seconds=lease_seconds,
         claimed_at=now,
     )
-    body = orjson.dumps(claim.model_dump(), option=orjson.OPT_SORT_KEYS)
-    if not dest.create(_key(run_id, claim.number, "claim"), body):
+    if not RunLayout(dest, run_id).create_attempt(claim.number, "claim", claim.model_dump()):
         winner = read_claim(dest, run_id, claim.number)
         if winner is None or winner.token != token:
             return ClaimDecision(
@@ -151,13 +140,13 @@ def take_claim(
 def renew_claim(dest: ByteStore, claim: Claim, now: float | None = None) -> None:
     """Extend the claim's lease from now."""
     at = time.time() if now is None else now
-    dest.replace(_key(claim.run_id, claim.number, "beat"), orjson.dumps({"at": at}))
+    RunLayout(dest, claim.run_id).replace_attempt(claim.number, "beat", {"at": at})
 
 
 def release_claim(dest: ByteStore, claim: Claim, ok: bool) -> None:
     """End the claim, so the next pass need not wait for its lease to lapse."""
-    body = orjson.dumps({"owner": claim.owner, "ok": ok, "at": time.time()})
-    dest.create(_key(claim.run_id, claim.number, "end"), body)
+    body = {"owner": claim.owner, "ok": ok, "at": time.time()}
+    RunLayout(dest, claim.run_id).create_attempt(claim.number, "end", body)
 
 
 @contextmanager

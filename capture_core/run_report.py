@@ -13,7 +13,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
-from capture_core.handoff import LedgerLine
+from capture_core.run_layout import LEDGER, RECORDS, LedgerLine, run_location
 
 
 class RunSummary(BaseModel):
@@ -112,8 +112,8 @@ def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
 
 def locate(summary: RunSummary, dest: str) -> RunSummary:
     """Fill in where the run's records and ledger are at `dest`."""
-    summary.records_prefix = f"{dest.rstrip('/')}/{summary.run_id}/records/"
-    summary.ledger = f"{dest.rstrip('/')}/{summary.run_id}/ledger.jsonl"
+    summary.records_prefix = run_location(dest, summary.run_id, RECORDS) + "/"
+    summary.ledger = run_location(dest, summary.run_id, LEDGER)
     return summary
 
 

@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--inbox", required=True, help="folder URL of rollout files to finalize")
     serve.add_argument("--store", required=True, help=STORE_HELP)
     serve.add_argument("--dest", required=True, help=DEST_HELP)
-    serve.add_argument("--cron", default="*/10 * * * *")
+    serve.add_argument("--cron", help="schedule of the inbox deployment (default: prefect.yaml's)")
 
     deployments = commands.add_parser(
         "deployments", help="print the path of the shipped prefect.yaml, for prefect deploy"
@@ -212,7 +212,8 @@ def check_args(args: argparse.Namespace) -> None:
         known_run(args.dest, args.run_id, args.options, need_ledger=args.command == "status")
     if args.command == "serve":
         args.inbox = absolute(args.inbox)
-        check_cron(args.cron)
+        if args.cron is not None:
+            check_cron(args.cron)
     if args.command == "demo":
         check_workdir(args)
 
@@ -267,30 +268,24 @@ def cmd_clear(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_on_run_id(flow: Any, args: argparse.Namespace) -> Any:
+    """Run a flow over an existing run: `--dest`, `--run-id` and `--store`."""
+    return run_flow(
+        flow, dest=args.dest, run_id=args.run_id, store=args.store, **_flow_options(args)
+    )
+
+
 def cmd_retire(args: argparse.Namespace) -> int:
     from flows.finalize import retire_uploaded
 
-    counts = run_flow(
-        retire_uploaded,
-        dest=args.dest,
-        run_id=args.run_id,
-        store=args.store,
-        **_flow_options(args),
-    )
-    print_retired(args.run_id, counts)
+    print_retired(args.run_id, _run_on_run_id(retire_uploaded, args))
     return 0
 
 
 def cmd_retrigger(args: argparse.Namespace) -> int:
     from flows.finalize import retrigger_failed
 
-    report = run_flow(
-        retrigger_failed,
-        dest=args.dest,
-        run_id=args.run_id,
-        store=args.store,
-        **_flow_options(args),
-    )
+    report = _run_on_run_id(retrigger_failed, args)
     print_retriggered(report)
     return 0 if not report.still_failing else 1
 
@@ -359,7 +354,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _may_show_progress(args: argparse.Namespace, error: BaseException) -> bool:
     """A failed finalize shows its run's ledger, unless the run id belongs to another run."""
-    from capture_core.run_manifest import RunIdInUseError
+    from capture_core.run_layout import RunIdInUseError
 
     if args.command != "finalize" or getattr(error, "summary", None) is not None:
         return False

@@ -1,38 +1,24 @@
 """`tokcap serve` and `tokcap deployments`: run the deployments here, or locate their file.
 
-`serve` is for one machine without a work pool: the scheduled inbox deployment plus
-on-demand ones. Stop it with Ctrl-C; flow runs appear in the Prefect UI like any other.
+`serve` is for one machine without a work pool. It serves the deployments `prefect.yaml`
+defines (the one definition of their names, parameters and schedules), with the inbox,
+store and destination given on the command line in place of the file's `{{ $TOKCAP_* }}`
+placeholders. Stop it with Ctrl-C; flow runs appear in the Prefect UI like any other.
 The `prefect.yaml` that work pools deploy ships inside the package as `flows.deployments`.
 """
 
 from __future__ import annotations
 
+import re
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
+import yaml
 from prefect import serve
+from prefect.utilities.importtools import import_object
 
-from flows.clear import dispatch_clear
-from flows.finalize import finalize_run, retire_uploaded, retrigger_failed
-from flows.inbox import finalize_inbox
-
-DEFAULT_CRON = "*/10 * * * *"
-
-
-def serve_deployments(inbox: str, store: str, dest: str, cron: str = DEFAULT_CRON) -> None:
-    """Serve `finalize_inbox` on `cron`, and the other flows for triggered runs."""
-    serve(
-        finalize_inbox.to_deployment(
-            name="inbox",
-            cron=cron,
-            parameters={"inbox": inbox, "store": store, "dest": dest},
-            tags=["tokcap"],
-        ),
-        finalize_run.to_deployment(name="on-demand", tags=["tokcap"]),
-        dispatch_clear.to_deployment(name="on-demand", tags=["tokcap"]),
-        retire_uploaded.to_deployment(name="on-demand", tags=["tokcap"]),
-        retrigger_failed.to_deployment(name="on-demand", tags=["tokcap"]),
-    )
+PLACEHOLDER = re.compile(r"\{\{\s*\$([A-Z_]+)\s*\}\}")
 
 
 def prefect_file() -> Path:
@@ -43,3 +29,35 @@ def prefect_file() -> Path:
             f"{path} is missing: this tokcap installation is incomplete; reinstall tokcap"
         )
     return path
+
+
+def deployment_specs() -> list[dict[str, Any]]:
+    """The deployments of the shipped `prefect.yaml`, with its anchors merged."""
+    return yaml.safe_load(prefect_file().read_text(encoding="utf-8"))["deployments"]
+
+
+def fill(value: Any, env: dict[str, str]) -> Any:
+    """A parameter value with each `{{ $NAME }}` placeholder replaced from `env`."""
+    if not isinstance(value, str):
+        return value
+    return PLACEHOLDER.sub(lambda match: env[match.group(1)], value)
+
+
+def served_deployment(spec: dict[str, Any], env: dict[str, str], cron: str | None) -> Any:
+    """One deployment of the file as a served deployment; `cron` replaces its schedule."""
+    flow = import_object(spec["entrypoint"])
+    parameters = {name: fill(value, env) for name, value in spec.get("parameters", {}).items()}
+    schedules = spec.get("schedules") or []
+    return flow.to_deployment(
+        name=spec["name"],
+        description=spec.get("description"),
+        parameters=parameters,
+        tags=spec.get("tags") or [],
+        cron=(cron or schedules[0]["cron"]) if schedules else None,
+    )
+
+
+def serve_deployments(inbox: str, store: str, dest: str, cron: str | None = None) -> None:
+    """Serve every deployment of `prefect.yaml`; the scheduled inbox one runs on `cron`."""
+    env = {"TOKCAP_INBOX": inbox, "TOKCAP_STORE": store, "TOKCAP_DEST": dest}
+    serve(*(served_deployment(spec, env, cron) for spec in deployment_specs()))

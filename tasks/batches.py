@@ -7,13 +7,14 @@ The upload task's persisted result is the handoff receipt, keyed by the batch it
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from capture_core.capture_source import open_source, store_identity
 from capture_core.errors import RetirementFailedError, TransientStoreError
 from capture_core.handoff import (
     FinalizedBatch,
@@ -23,16 +24,29 @@ from capture_core.handoff import (
     finalize_batch,
     handoff_batch,
     input_error,
-    open_source,
+    kept_as_evidence,
     plain_rollout_id,
     retire_receipt,
-    store_identity,
 )
 from capture_core.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
 from capture_core.storage import open_byte_store
 from capture_core.testing.faults import crash_point
 from tasks.common import TRANSIENT_RETRIES, run_async
-from tasks.receipts import list_receipt_keys, read_receipt
+from tasks.receipts import read_receipt
+
+StorageOptions = Mapping[str, Any] | None
+
+
+def persisted_task(name: str, run_name: Callable[..., str], key: Callable[..., str]) -> Any:
+    """A retried task whose JSON result is persisted under `key(context, parameters)`."""
+    return task(
+        name=name,
+        task_run_name=run_name,
+        cache_key_fn=key,
+        persist_result=True,
+        result_serializer="json",
+        **TRANSIENT_RETRIES,
+    )
 
 
 @task(name="plan-rollouts", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
@@ -45,14 +59,6 @@ def plan_rollouts(
         "planned %d rollouts of %s into %d batches", plan.rollouts, rollouts, len(plan.batches)
     )
     return plan
-
-
-@task(name="find-receipt", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
-def find_receipt(
-    dest: str, run_id: str, key: str, storage_options: Mapping[str, Any] | None = None
-) -> HandoffReceipt | None:
-    """The receipt of a batch already handed off, if any."""
-    return read_receipt(dest, run_id, key, storage_options)
 
 
 def line_range(outcomes: list[RolloutOutcome]) -> str:
@@ -105,23 +111,13 @@ def finalize_rollout_batch(
     return finalized
 
 
-def _receipt_key(parameters: Mapping[str, Any]) -> str:
+def _receipt_key(context: Any, parameters: Mapping[str, Any]) -> str:
     return parameters["finalized"].receipt_key
 
 
-@task(
-    name="upload-batch",
-    task_run_name=upload_run_name,
-    persist_result=True,
-    result_serializer="json",
-    cache_key_fn=lambda context, parameters: _receipt_key(parameters),
-    **TRANSIENT_RETRIES,
-)
+@persisted_task("upload-batch", upload_run_name, _receipt_key)
 def upload_batch(
-    run_id: str,
-    finalized: FinalizedBatch,
-    dest: str,
-    storage_options: Mapping[str, Any] | None = None,
+    run_id: str, finalized: FinalizedBatch, dest: str, storage_options: StorageOptions = None
 ) -> HandoffReceipt:
     """Write the batch's part durably, verify it, and return the receipt Prefect persists."""
     receipt = handoff_batch(run_id, finalized, open_byte_store(dest, storage_options))
@@ -138,7 +134,7 @@ def upload_batch(
     return receipt
 
 
-def _retired_key(parameters: Mapping[str, Any]) -> str:
+def _retired_key(context: Any, parameters: Mapping[str, Any]) -> str:
     """A retirement is valid for this receipt against this capture store only."""
     store = store_identity(
         parameters["store"], parameters.get("storage_options"), parameters.get("source_kwargs")
@@ -146,14 +142,7 @@ def _retired_key(parameters: Mapping[str, Any]) -> str:
     return f"{parameters['receipt'].receipt_key}-retired-{store}"
 
 
-@task(
-    name="retire-batch",
-    task_run_name=retire_run_name,
-    persist_result=True,
-    result_serializer="json",
-    cache_key_fn=lambda context, parameters: _retired_key(parameters),
-    **TRANSIENT_RETRIES,
-)
+@persisted_task("retire-batch", retire_run_name, _retired_key)
 def retire_batch(
     receipt: HandoffReceipt,
     dest: str,
@@ -201,27 +190,6 @@ def publish_receipt(receipt: HandoffReceipt) -> None:
         ],
         description=f"handoff receipt of batch {receipt.batch} of run {receipt.run_id}",
     )
-
-
-def kept_as_evidence(receipt: HandoffReceipt) -> int:
-    """Captures a receipt never retires: those of masked or unfinished rollouts."""
-    return sum(1 for r in receipt.rollouts if r.rollout_id and not r.can_retire)
-
-
-@task(name="find-receipts", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
-def find_receipts(
-    dest: str,
-    run_id: str,
-    keys: list[str] | None,
-    storage_options: Mapping[str, Any] | None = None,
-) -> dict[str, HandoffReceipt]:
-    """Receipts of these batches (every receipt persisted for the run when `keys` is None)."""
-    found = {}
-    for key in list_receipt_keys(dest, run_id, storage_options) if keys is None else keys:
-        receipt = read_receipt(dest, run_id, key, storage_options)
-        if receipt is not None:
-            found[key] = receipt
-    return found
 
 
 @task(name="describe-failed-batch", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)

@@ -8,10 +8,10 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from capture_core.capture_source import clear_captures as clear_captures_of
+from capture_core.capture_source import open_source
 from capture_core.consumer import rollout_ids_of
-from capture_core.handoff import open_source
 from capture_core.rollout_io import read_records
-from capture_core.testing.faults import crash_point
 from tasks.common import TRANSIENT_RETRIES
 
 
@@ -24,14 +24,9 @@ def clear_captures(
 ) -> int:
     """Delete each rollout's capture, tombstone included; safe to repeat. Returns the count."""
     source = open_source(store, storage_options, source_kwargs)
-    delete = getattr(source, "delete", None)
-    if delete is None:
-        raise ValueError(f"source {store} has no delete(rollout_id); it cannot clear captures")
-    for rollout_id in rollout_ids:
-        delete(rollout_id)
-        crash_point("mid-clear")
-    get_run_logger().info("cleared captures of %d rollouts in %s", len(rollout_ids), store)
-    return len(rollout_ids)
+    cleared = clear_captures_of(source, rollout_ids, store)
+    get_run_logger().info("cleared captures of %d rollouts in %s", cleared, store)
+    return cleared
 
 
 @task(name="read-rollout-ids", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)

@@ -1,4 +1,5 @@
-"""Where handoff receipts live: Prefect result storage under `<dest>/<run_id>/receipts`.
+"""Handoff receipts: their Prefect result storage under `<dest>/<run_id>/receipts`, and the
+tasks that prepare that storage and find the receipts persisted there.
 
 A local destination uses a path; any other URL uses a saved `RemoteFileSystem` block that
 holds only the location and public settings (credentials stay in the environment).
@@ -16,22 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 from prefect.filesystems import RemoteFileSystem
 from prefect.results import ResultRecord
 
 from capture_core.config import public_storage_options
 from capture_core.handoff import RECEIPT_KEY, HandoffReceipt, UnreadableReceiptError
+from capture_core.run_layout import RECEIPTS, RunLayout, run_location
 from capture_core.storage import is_s3, local_path, open_byte_store, s3_options
-
-RECEIPTS = "receipts"
-
-
-def _local_root(dest: str) -> str | None:
-    return local_path(dest)
+from tasks.common import TRANSIENT_RETRIES
 
 
 def receipts_location(dest: str, run_id: str) -> str:
-    return f"{dest.rstrip('/')}/{run_id}/{RECEIPTS}"
+    return run_location(dest, run_id, RECEIPTS)
 
 
 def _remote_settings(dest: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -39,9 +38,12 @@ def _remote_settings(dest: str, storage_options: Mapping[str, Any] | None) -> di
     return s3_options(settings) if is_s3(dest) else settings
 
 
-def receipt_storage(dest: str, run_id: str, storage_options: Mapping[str, Any] | None) -> Any:
+@task(name="prepare-receipt-storage", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+def receipt_storage(
+    dest: str, run_id: str, storage_options: Mapping[str, Any] | None = None
+) -> Any:
     """Result storage for the upload task: a path, or a saved block for other filesystems."""
-    local = _local_root(dest)
+    local = local_path(dest)
     if local is not None:
         return Path(local, run_id, RECEIPTS)
     basepath = receipts_location(dest, run_id)
@@ -62,7 +64,8 @@ def read_receipt(
     propagates (the calling task retries a transient one) and never reads as "absent".
     An object that exists but is not this batch's receipt raises `UnreadableReceiptError`.
     """
-    data = open_byte_store(dest, storage_options).get(f"{run_id}/{RECEIPTS}/{key}")
+    layout = RunLayout(open_byte_store(dest, storage_options), run_id)
+    data = layout.dest.get(layout.receipt_key(key))
     if data is None:
         return None
     location = f"{receipts_location(dest, run_id)}/{key}"
@@ -93,7 +96,22 @@ def list_receipt_keys(
     dest: str, run_id: str, storage_options: Mapping[str, Any] | None
 ) -> list[str]:
     """Keys of every batch receipt persisted for a run."""
-    byte_store = open_byte_store(dest, storage_options)
-    prefix = f"{run_id}/{RECEIPTS}"
-    names = [key.rsplit("/", 1)[-1] for key in byte_store.list_prefix(prefix)]
+    layout = RunLayout(open_byte_store(dest, storage_options), run_id)
+    names = [key.rsplit("/", 1)[-1] for key in layout.dest.list_prefix(layout.receipts_prefix)]
     return sorted(name for name in names if RECEIPT_KEY.fullmatch(name))
+
+
+@task(name="find-receipts", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+def find_receipts(
+    dest: str,
+    run_id: str,
+    keys: list[str] | None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> dict[str, HandoffReceipt]:
+    """Receipts of these batches (every receipt persisted for the run when `keys` is None)."""
+    found = {}
+    for key in list_receipt_keys(dest, run_id, storage_options) if keys is None else keys:
+        receipt = read_receipt(dest, run_id, key, storage_options)
+        if receipt is not None:
+            found[key] = receipt
+    return found

@@ -10,14 +10,8 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from capture_core.handoff import (
-    HandoffReceipt,
-    LedgerLine,
-    RetireOutcome,
-    RolloutOutcome,
-    encode_ledger,
-    ledger_lines,
-)
+from capture_core.run_layout import LedgerLine, RunLayout
+from capture_core.run_progress import RunTally
 from capture_core.run_report import (
     RunSummary,
     locate,
@@ -36,24 +30,16 @@ def artifact_key(run_id: str, kind: str) -> str:
 
 @task(name="write-run-report", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
 def write_run_report(
-    run_id: str,
-    dest: str,
-    receipts: list[HandoffReceipt],
-    retirements: dict[str, RetireOutcome],
-    failed_batches: dict[int, tuple[list[RolloutOutcome], str]],
-    batch_seconds: dict[int, float],
-    already_handed_off: int,
-    errors: list[str],
-    storage_options: Mapping[str, Any] | None = None,
+    run_id: str, dest: str, tally: RunTally, storage_options: Mapping[str, Any] | None = None
 ) -> RunSummary:
-    """Write `<dest>/<run_id>/ledger.jsonl`, publish the table and markdown artifacts."""
-    ledger = ledger_lines(receipts, retirements, failed_batches)
-    open_byte_store(dest, storage_options).replace(f"{run_id}/ledger.jsonl", encode_ledger(ledger))
+    """Write the run's ledger from its tally, publish the table and markdown artifacts."""
+    ledger = tally.ledger()
+    RunLayout(open_byte_store(dest, storage_options), run_id).write_ledger(ledger)
     summary = summarize(run_id, ledger)
-    summary.already_handed_off = already_handed_off
-    summary.errors = errors
+    summary.already_handed_off = tally.earlier
+    summary.errors = tally.all_errors()
     locate(summary, dest)
-    publish_artifacts(summary, ledger, batch_seconds)
+    publish_artifacts(summary, ledger, tally.seconds)
     get_run_logger().info(
         "run %s: %d handed off, %d masked, %d retired, %d failed, %d malformed input lines",
         run_id,

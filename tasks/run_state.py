@@ -8,10 +8,10 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from capture_core.handoff import LedgerLine, encode_ledger, is_class_spec, open_source
+from capture_core.capture_source import is_class_spec, open_source
 from capture_core.nemo_gym_store import NemoGymFileStore
 from capture_core.rollout_io import RolloutFilePlan
-from capture_core.run_manifest import RunManifest, claim_run, read_ledger, read_manifest
+from capture_core.run_layout import MANIFEST, LedgerLine, RunLayout, RunManifest, run_location
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from tasks.common import TRANSIENT_RETRIES
@@ -59,17 +59,19 @@ def claim_run_id(
         max_mask_fraction=max_mask_fraction,
         mask_fraction_min_samples=mask_fraction_min_samples,
     )
-    return claim_run(open_byte_store(dest, storage_options), manifest)
+    return RunLayout(open_byte_store(dest, storage_options), run_id).claim(manifest)
 
 
 @task(name="load-manifest", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
 def load_manifest(
     dest: str, run_id: str, storage_options: Mapping[str, Any] | None = None
 ) -> RunManifest:
-    manifest = read_manifest(open_byte_store(dest, storage_options), run_id)
+    layout = RunLayout(open_byte_store(dest, storage_options), run_id)
+    manifest = layout.read_manifest()
     if manifest is None:
         raise ValueError(
-            f"unknown run id {run_id}: no {dest}/{run_id}/run.json; check --dest and --run-id"
+            f"unknown run id {run_id}: no {run_location(dest, run_id, MANIFEST)}; check --dest "
+            "and --run-id"
         )
     return manifest
 
@@ -78,7 +80,7 @@ def load_manifest(
 def load_ledger(
     dest: str, run_id: str, storage_options: Mapping[str, Any] | None = None
 ) -> list[LedgerLine]:
-    return read_ledger(open_byte_store(dest, storage_options), run_id) or []
+    return RunLayout(open_byte_store(dest, storage_options), run_id).read_ledger() or []
 
 
 @task(name="mark-retired", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
@@ -86,15 +88,4 @@ def mark_retired(
     dest: str, run_id: str, rollout_ids: list[str], storage_options: Mapping[str, Any] | None = None
 ) -> int:
     """Record retirements done outside `finalize_run` in the run's ledger."""
-    byte_store = open_byte_store(dest, storage_options)
-    ledger = read_ledger(byte_store, run_id)
-    if ledger is None:
-        return 0
-    retired = set(rollout_ids)
-    for line in ledger:
-        if line.rollout_id in retired:
-            line.retired = True
-            if line.error and "kept" not in line.error:
-                line.error = None
-    byte_store.replace(f"{run_id}/ledger.jsonl", encode_ledger(ledger))
-    return len(retired)
+    return RunLayout(open_byte_store(dest, storage_options), run_id).mark_retired(rollout_ids)

@@ -98,6 +98,29 @@ class _Checks:
         finally:
             await source.close()
 
+    async def stored(self, name: str) -> str:
+        """A fresh rollout id holding one stored call, its sink closed."""
+        rid = self.rid(name)
+        sink = await self.sink()
+        await sink.put(_entry(rid, "a", [1], [2]))
+        await sink.close()
+        return rid
+
+    async def frozen_with_open_sink(self, name: str) -> tuple[str, Any, TokenCaptureSnapshot]:
+        """A fresh rollout with one call, frozen, and its writer's sink still open."""
+        rid = self.rid(name)
+        sink = await self.sink()
+        await sink.put(_entry(rid, "a", [1], [2]))
+        return rid, sink, await self.freeze_fresh(rid)
+
+    async def drop_fresh(self, rollout_id: str, snapshot_id: str, version: int) -> bool:
+        """`drop` through a new source, so no client state can vouch for the snapshot."""
+        source = await self.source()
+        try:
+            return await source.drop(rollout_id, snapshot_id=snapshot_id, version=version)
+        finally:
+            await source.close()
+
     async def round_trip(self) -> None:
         rid = self.rid("round-trip")
         sink = await self.sink()
@@ -142,16 +165,11 @@ class _Checks:
         after = await self.freeze_fresh(rid)
         _expect(after.incomplete, "mark_incomplete", "marker not visible to a fresh client")
         _expect(after.version != before.version, "mark_incomplete", "version did not change")
-        source = await self.source()
-        dropped = await source.drop(rid, snapshot_id=before.snapshot_id, version=before.version)
-        await source.close()
+        dropped = await self.drop_fresh(rid, before.snapshot_id, before.version)
         _expect(not dropped, "mark_incomplete", "retired a snapshot older than the marker")
 
     async def freeze_idempotent(self) -> None:
-        rid = self.rid("idempotent")
-        sink = await self.sink()
-        await sink.put(_entry(rid, "a", [1], [2]))
-        await sink.close()
+        rid = await self.stored("idempotent")
         first, second = await asyncio.gather(self.freeze_fresh(rid), self.freeze_fresh(rid))
         third = await self.freeze_fresh(rid)
         for other in (second, third):
@@ -163,24 +181,16 @@ class _Checks:
             _expect(same, "freeze_idempotent", "a repeated freeze returned another snapshot")
 
     async def write_after_freeze(self) -> None:
-        rid = self.rid("late-write")
-        sink = await self.sink()
-        await sink.put(_entry(rid, "a", [1], [2]))
-        snap = await self.freeze_fresh(rid)
+        rid, sink, snap = await self.frozen_with_open_sink("late-write")
         raised = await _raises(sink.put(_entry(rid, "late", [1, 2, 3], [4])))
         await sink.close()
         if raised:
             return
-        source = await self.source()
-        dropped = await source.drop(rid, snapshot_id=snap.snapshot_id, version=snap.version)
-        await source.close()
+        dropped = await self.drop_fresh(rid, snap.snapshot_id, snap.version)
         _expect(not dropped, "write_after_freeze", "a late put slipped in silently")
 
     async def conditional_retirement(self) -> None:
-        rid = self.rid("retire")
-        sink = await self.sink()
-        await sink.put(_entry(rid, "a", [1], [2]))
-        await sink.close()
+        rid = await self.stored("retire")
         snap = await self.freeze_fresh(rid)
         source = await self.source()
         stale = await source.drop(rid, snapshot_id=snap.snapshot_id, version=snap.version + 1)
@@ -203,23 +213,15 @@ class _Checks:
         _expect(not (await self.freeze_fresh(kept)).incomplete, "begin_call", "kept intent masked")
 
     async def tombstone(self) -> None:
-        rid = self.rid("tombstone")
-        sink = await self.sink()
-        await sink.put(_entry(rid, "a", [1], [2]))
-        snap = await self.freeze_fresh(rid)
-        source = await self.source()
-        dropped = await source.drop(rid, snapshot_id=snap.snapshot_id, version=snap.version)
-        await source.close()
+        rid, sink, snap = await self.frozen_with_open_sink("tombstone")
+        dropped = await self.drop_fresh(rid, snap.snapshot_id, snap.version)
         _expect(dropped, "tombstone", "could not retire")
         raised = await _raises(sink.put(_entry(rid, "late", [1, 2], [3])))
         await sink.close()
         _expect(raised, "tombstone", "a late writer was accepted after retirement")
 
     async def delete_allows_reuse(self) -> None:
-        rid = self.rid("reuse")
-        sink = await self.sink()
-        await sink.put(_entry(rid, "a", [1], [2]))
-        snap = await self.freeze_fresh(rid)
+        rid, sink, snap = await self.frozen_with_open_sink("reuse")
         source = await self.source()
         await source.drop(rid, snapshot_id=snap.snapshot_id, version=snap.version)
         await asyncio.to_thread(source.delete, rid)

@@ -1,0 +1,86 @@
+"""Which capture store a run reads: open it from its location or class, and name it.
+
+A store is a path or URL (a `TokenCaptureStore`) or a `module.path:ClassName` source class.
+Its identity digest keys results recorded against one store, such as a retirement.
+This module does not import Prefect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from capture_core.config import load_capture_class
+from capture_core.protocols import TokenSource
+from capture_core.storage import local_path
+from capture_core.store import TokenCaptureStore
+from capture_core.testing.faults import crash_point
+
+
+def open_source(
+    store: str,
+    storage_options: Mapping[str, Any] | None = None,
+    source_kwargs: Mapping[str, Any] | None = None,
+) -> TokenSource:
+    """A `TokenCaptureStore` at a path or URL, or a `module.path:ClassName` source class."""
+    if is_class_spec(store):
+        return load_capture_class(store, source_kwargs, TokenSource)
+    return TokenCaptureStore(store, storage_options)
+
+
+def clear_captures(source: Any, rollout_ids: list[str], name: str = "") -> int:
+    """Delete each rollout's capture, tombstone included; safe to repeat. Returns the count.
+
+    This is the one dispatch-time clear: the seed API and the clear task both call it.
+    """
+    delete = getattr(source, "delete", None)
+    if delete is None:
+        raise ValueError(
+            f"source {name or type(source).__name__} has no delete(rollout_id); it cannot "
+            "clear captures"
+        )
+    for rollout_id in rollout_ids:
+        delete(rollout_id)
+        crash_point("mid-clear")
+    return len(rollout_ids)
+
+
+def store_identity(
+    store: str,
+    storage_options: Mapping[str, Any] | None = None,
+    source_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """A digest of what names a capture store: location or class, endpoint, source arguments.
+
+    Results recorded against one store (a retirement) are never reused for another, and
+    spellings of one location (`/x/`, `file:///x`, `s3://b/p/`) are one store, so a retire
+    through another spelling reports the earlier work instead of claiming it again.
+    """
+    named = [canonical_location(store), dict(storage_options or {}), dict(source_kwargs or {})]
+    encoded = orjson.dumps(named, option=orjson.OPT_SORT_KEYS, default=str)
+    return hashlib.sha256(encoded).hexdigest()[:16]
+
+
+def canonical_location(store: str) -> str:
+    """One spelling per location: a normalized local path, or a URL without trailing slashes."""
+    if is_class_spec(store):
+        return store
+    path = local_path(store)
+    if path is not None:
+        return os.path.normpath(path)
+    return store.rstrip("/")
+
+
+def is_class_spec(store: str) -> bool:
+    """Whether `store` names a class (`pkg.module:Class`) rather than a location."""
+    module, sep, name = store.partition(":")
+    return (
+        bool(sep)
+        and "/" not in store
+        and module.replace(".", "").replace("_", "").isalnum()
+        and name.isidentifier()
+    )

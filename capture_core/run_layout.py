@@ -1,0 +1,217 @@
+"""One run's layout at the destination, and the bookkeeping files it owns.
+
+Under `<dest>/<run_id>/`: `run.json` (the manifest), `ledger.jsonl` (each rollout's fate),
+`records/` (the handed-off part files), `receipts/` (the upload task's persisted results)
+and `attempts/` (the inbox claims). This module is the only one that spells those names.
+The manifest binds a run id to one input (by digest) and its settings, create-only, so a run
+id cannot silently mix two inputs; retrigger and status read it back. It never holds storage
+options or credentials. This module does not import Prefect.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, Field, model_validator
+
+from capture_core.ids import validate_rollout_id
+from capture_core.rollout_io import split_lines
+from capture_core.storage import ByteStore
+
+MANIFEST = "run.json"
+LEDGER = "ledger.jsonl"
+RECORDS = "records"
+RECEIPTS = "receipts"
+ATTEMPTS = "attempts"
+
+
+def validate_run_id(run_id: str) -> str:
+    """Run ids follow the rollout-id rules: they are path segments under the destination."""
+    try:
+        return validate_rollout_id(run_id)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("rollout id", "run id")) from exc
+
+
+def run_location(dest: str, run_id: str, *parts: str) -> str:
+    """The path or URL of a run's item under the destination location `dest`."""
+    return "/".join([dest.rstrip("/"), run_id, *parts])
+
+
+def part_key(run_id: str, index: int, sha256: str) -> str:
+    """The part file of batch `index` of the input whose batch digest is `sha256`."""
+    return f"{run_id}/{RECORDS}/part-{index:05d}-{sha256[:16]}.jsonl"
+
+
+class RunManifest(BaseModel):
+    """What a run finalizes and how."""
+
+    run_id: str
+    rollouts: str
+    rollouts_sha256: str
+    store: str
+    builder: str
+    batch_size: int
+    batches: int
+    max_mask_fraction: float | None = None
+    mask_fraction_min_samples: int = 50
+
+
+class RunIdInUseError(ValueError):
+    """The run id already holds another input or other settings; nothing of this run ran."""
+
+
+class LedgerLine(BaseModel):
+    """One rollout's fate in a run.
+
+    `kept` says the capture was deliberately not retired (it changed since it was frozen);
+    a later retirement never clears its reason. Lines written before `kept` existed are read
+    with it derived from their error text, the way they were interpreted then.
+    """
+
+    rollout_id: str | None
+    line: int
+    finalized: bool
+    handed_off: bool
+    masked: bool
+    mask_reason: str | None = None
+    retired: bool = False
+    kept: bool = False
+    error: str | None = None
+    delivered_fraction: float | None = None
+    terminal_method: str | None = None
+    terminal_abstentions: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_kept(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "kept" not in data:
+            data = {**data, "kept": "kept" in (data.get("error") or "")}
+        return data
+
+
+def encode_ledger(lines: list[LedgerLine]) -> bytes:
+    return b"".join(orjson.dumps(line.model_dump()) + b"\n" for line in lines)
+
+
+class RunLayout:
+    """Every key of one run under a destination byte store, and its manifest and ledger."""
+
+    def __init__(self, dest: ByteStore, run_id: str) -> None:
+        self.dest = dest
+        self.run_id = validate_run_id(run_id)
+        self.manifest_key = self.key(MANIFEST)
+        self.ledger_key = self.key(LEDGER)
+        self.receipts_prefix = self.key(RECEIPTS)
+        self.attempts_prefix = self.key(ATTEMPTS)
+
+    def key(self, *parts: str) -> str:
+        return "/".join([self.run_id, *parts])
+
+    def receipt_key(self, name: str) -> str:
+        return self.key(RECEIPTS, name)
+
+    def attempt_key(self, number: int, kind: str) -> str:
+        """An inbox claim marker: `attempts/NNNN.claim`, `.beat` or `.end`."""
+        return self.key(ATTEMPTS, f"{number:04d}.{kind}")
+
+    def create_attempt(self, number: int, kind: str, body: dict[str, Any]) -> bool:
+        """Create an inbox marker create-only; `False` when it already exists."""
+        return self.dest.create(self.attempt_key(number, kind), _encode(body))
+
+    def replace_attempt(self, number: int, kind: str, body: dict[str, Any]) -> None:
+        self.dest.replace(self.attempt_key(number, kind), _encode(body))
+
+    def read_attempt(self, number: int, kind: str) -> dict[str, Any] | None:
+        data = self.dest.get(self.attempt_key(number, kind))
+        return None if data is None else orjson.loads(data)
+
+    def attempt_numbers(self) -> list[int]:
+        """The numbers of every claim (attempt) made on the run, ascending."""
+        numbers = []
+        for key in self.dest.list_prefix(self.attempts_prefix):
+            stem, _, kind = key.rsplit("/", 1)[-1].partition(".")
+            if kind == "claim" and stem.isdigit():
+                numbers.append(int(stem))
+        return sorted(numbers)
+
+    def claim(self, manifest: RunManifest) -> bool:
+        """Record the manifest; `False` when this run id already holds the same input.
+
+        Raises `RunIdInUseError` naming each changed setting when the run id was used for
+        another input, batch size or builder.
+        """
+        if self.dest.create(self.manifest_key, _encode(manifest.model_dump())):
+            return True
+        changed = _changed_settings(self.read_manifest(), manifest)
+        if changed:
+            raise RunIdInUseError(
+                f"run id {self.run_id} at {self.dest.url} was used for other input or "
+                f"settings: {'; '.join(changed)}. Rerun with the original input and settings, "
+                "or pick a new run id"
+            )
+        return False
+
+    def read_manifest(self) -> RunManifest | None:
+        data = self.dest.get(self.manifest_key)
+        return None if data is None else RunManifest.model_validate(orjson.loads(data))
+
+    def read_ledger(self) -> list[LedgerLine] | None:
+        data = self.dest.get(self.ledger_key)
+        if data is None:
+            return None
+        return [
+            LedgerLine.model_validate(orjson.loads(line))
+            for line in split_lines([data])
+            if line.strip()
+        ]
+
+    def write_ledger(self, lines: list[LedgerLine]) -> None:
+        self.dest.replace(self.ledger_key, encode_ledger(lines))
+
+    def mark_retired(self, rollout_ids: list[str]) -> int:
+        """Record retirements done outside a finalize run; a kept line keeps its reason."""
+        ledger = self.read_ledger()
+        if ledger is None:
+            return 0
+        retired = set(rollout_ids)
+        for line in ledger:
+            if line.rollout_id in retired:
+                line.retired = True
+                if not line.kept:
+                    line.error = None
+        self.write_ledger(ledger)
+        return len(retired)
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    """The one encoding of the run's JSON objects: keys sorted, so equal content is equal bytes."""
+    return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+
+
+def _changed_settings(existing: RunManifest | None, new: RunManifest) -> list[str]:
+    """What differs between a run's recorded manifest and a new claim, in words."""
+    if existing is None:
+        return [f"the recorded {MANIFEST} is unreadable"]
+    changed = []
+    if existing.rollouts_sha256 != new.rollouts_sha256:
+        changed.append(
+            f"input digest {existing.rollouts_sha256[:12]} ({existing.rollouts}) is now "
+            f"{new.rollouts_sha256[:12]} ({new.rollouts})"
+        )
+    for name in ("batch_size", "builder"):
+        old, now = getattr(existing, name), getattr(new, name)
+        if old != now:
+            changed.append(f"{name.replace('_', ' ')} {old} is now {now}")
+    return changed
+
+
+def read_manifest(dest: ByteStore, run_id: str) -> RunManifest | None:
+    """The run's manifest, or `None` when the run id was never claimed at `dest`."""
+    return RunLayout(dest, run_id).read_manifest()
+
+
+def read_ledger(dest: ByteStore, run_id: str) -> list[LedgerLine] | None:
+    """The run's ledger, or `None` when the run wrote none yet."""
+    return RunLayout(dest, run_id).read_ledger()

@@ -1,0 +1,38 @@
+"""`tokcap serve` serves the deployments `prefect.yaml` defines, with the given locations."""
+
+from __future__ import annotations
+
+import yaml
+
+from flows.serve import deployment_specs, prefect_file, served_deployment
+
+ENV = {"TOKCAP_INBOX": "/in", "TOKCAP_STORE": "/store", "TOKCAP_DEST": "/dest"}
+
+
+def test_served_deployments_are_the_files_deployments() -> None:
+    spec = yaml.safe_load(prefect_file().read_text())
+    served = [served_deployment(d, ENV, None) for d in deployment_specs()]
+    assert [d.name for d in served] == [d["name"] for d in spec["deployments"]]
+
+
+def test_placeholders_are_filled_with_the_given_locations() -> None:
+    inbox = next(d for d in deployment_specs() if d["name"] == "inbox")
+    parameters = served_deployment(inbox, ENV, None).parameters
+    assert (parameters["inbox"], parameters["store"], parameters["dest"]) == (
+        "/in",
+        "/store",
+        "/dest",
+    )
+
+
+def test_the_inbox_schedule_is_the_files_unless_overridden() -> None:
+    inbox = next(d for d in deployment_specs() if d["name"] == "inbox")
+    cron = inbox["schedules"][0]["cron"]
+    assert [s.schedule.cron for s in served_deployment(inbox, ENV, None).schedules] == [cron]
+    overridden = served_deployment(inbox, ENV, "0 * * * *")
+    assert [s.schedule.cron for s in overridden.schedules] == ["0 * * * *"]
+
+
+def test_on_demand_deployments_have_no_schedule() -> None:
+    clear = next(d for d in deployment_specs() if d["name"] == "dispatch-clear")
+    assert served_deployment(clear, ENV, None).schedules == []
