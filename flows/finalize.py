@@ -193,7 +193,7 @@ def finalize_run(
     for done, batch in enumerate(plan.batches, start=1):
         steps.run_batch(batch, earlier.get(receipt_key(batch)), finalizing, tally, gate)
         update_progress_artifact(progress, 100.0 * done / max(1, len(plan.batches)))
-    summary = write_run_report(run_id, dest, tally, options)
+    summary = write_run_report(run_id, dest, quote(tally), options)  # quote: see hand_off
     raise_if_failed(summary, tally)
     return summary
 
