@@ -1,9 +1,10 @@
 """Orchestration overhead: `finalize_run` versus the same work through plain capture_core calls.
 
-Both sides plan, finalize, hand off and retire the same rollouts (two identical stores built
-from the same seeds), in the same run. The Prefect server is started first and its start-up
-is reported separately. Prints figures and the ratio; asserts nothing.
-Usage: .venv/bin/python -m bench.pipeline_bench [--rollouts N] [--batch-size B]
+Both sides plan, finalize, hand off and retire the same rollouts (stores built from the same
+seeds, captured afresh before each side, not timed), alternated over the repetitions in the
+same run. The Prefect server is started first and its start-up is reported separately.
+Prints the time ratio flow/plain (median and range); asserts nothing.
+Usage: .venv/bin/python -m bench.pipeline_bench [--rollouts N] [--batch-size B] [--repetitions R]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
+from bench.ratios import alternate, median
 from capture_core.handoff import finalize_batch, handoff_batch, retire_receipt
 from capture_core.rollout_io import plan_rollout_file, read_batch
 from capture_core.storage import open_byte_store
@@ -46,10 +48,29 @@ def plain_run(rollouts: str, store_root: str, dest: str, run_id: str, batch_size
         asyncio.run(retire_receipt(receipt, store, dest_store))
 
 
+def timed_side(work: str, side: str, rep: int, rollouts: str, args: argparse.Namespace) -> float:
+    """Capture a fresh store (not timed), then time one side's whole run over it."""
+    base = os.path.join(work, f"{side}-{rep}")
+    count, store, dest = args.rollouts, os.path.join(base, "store"), os.path.join(base, "dest")
+    capture(store, count)
+    start = time.perf_counter()
+    if side == "plain":
+        plain_run(rollouts, store, dest, f"bench-{rep}", args.batch_size)
+    else:
+        from flows.finalize import finalize_run
+
+        summary = finalize_run(rollouts, store, dest, f"bench-{rep}", batch_size=args.batch_size)
+        assert summary.handed_off == count and summary.retired == count, summary
+    seconds = time.perf_counter() - start
+    shutil.rmtree(base, ignore_errors=True)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rollouts", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--repetitions", type=int, default=3)
     args = parser.parse_args()
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -61,39 +82,26 @@ def main() -> None:
             f.write(
                 b"".join(orjson.dumps(rollout_record(i, 0)) + b"\n" for i in range(args.rollouts))
             )
-        for side in ("plain", "flow"):
-            capture(os.path.join(work, side, "store"), args.rollouts)
         print(f"{args.rollouts} rollouts x {SHAPE.turns} calls, batch size {args.batch_size}")
 
         from prefect.testing.utilities import prefect_test_harness
 
-        from flows.finalize import finalize_run
-
         started = time.perf_counter()
         with prefect_test_harness(server_startup_timeout=120):
             print(f"Prefect server start (one-time): {time.perf_counter() - started:.1f}s")
-            start = time.perf_counter()
-            plain_run(
-                rollouts,
-                os.path.join(work, "plain", "store"),
-                os.path.join(work, "plain", "dest"),
-                "bench",
-                args.batch_size,
+            reps = iter(range(1000))
+            ratio = alternate(
+                lambda: timed_side(work, "plain", next(reps), rollouts, args),
+                lambda: timed_side(work, "flow", next(reps), rollouts, args),
+                args.repetitions,
             )
-            plain = time.perf_counter() - start
-            start = time.perf_counter()
-            summary = finalize_run(
-                rollouts,
-                os.path.join(work, "flow", "store"),
-                os.path.join(work, "flow", "dest"),
-                "bench",
-                batch_size=args.batch_size,
-            )
-            flow = time.perf_counter() - start
-        assert summary.handed_off == args.rollouts
-        print(f"plain capture_core calls: {plain:.2f}s")
-        print(f"finalize_run flow:        {flow:.2f}s ({summary.retired} retired)")
-        print(f"ratio flow/plain = {flow / plain:.2f}x (goal <= 1.2x)")
+        for name, seconds in (
+            ("plain capture_core calls", ratio.baseline),
+            ("finalize_run flow", ratio.measured),
+        ):
+            best = median(seconds)
+            print(f"{name}: {best:.2f}s median ({args.rollouts / best:.0f} rollouts/s)")
+        print(f"time flow/plain = {ratio.describe()} (goal <= 1.15x)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

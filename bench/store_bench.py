@@ -1,9 +1,12 @@
 """Durable put throughput of the capture store, against raw durable creates in the same run.
 
 Workload: agentic rollouts (16 turns, prompts growing from 1,024 tokens), each rollout's
-calls put in order by one writer, `concurrency` writers at once. Baseline, alternated with
-the puts over the repetitions: the same stored bytes written as new files with O_EXCL create,
-write, fsync of the file and fsync of its folder (durable, like a put), by as many writers.
+calls put in order by one writer, `concurrency` writers at once. Every entry is parsed from
+its JSON before the timed region, as a served response is: its token ids are distinct int
+objects, never the ones of the call before it (no identity shortcut in comparisons).
+Baseline, alternated with the puts over the repetitions: the same stored bytes written as
+new files with O_EXCL create, write, fsync of the file and fsync of its folder (durable,
+like a put), by as many writers.
 Prints puts/s, the time ratio put/raw (median and range) and the reference's figure scaled
 by this run's raw baseline. Asserts nothing.
 Usage: .venv/bin/python -m bench.store_bench [--rollouts N] [--repetitions R] [--s3]
@@ -32,7 +35,14 @@ GOALS = {16: 1.5, 1: 1.3}
 
 
 def workload(rollouts: int) -> list[list[TokenEntry]]:
-    return [synthetic_rollout(f"{i}-0", SHAPE, seed=i) for i in range(rollouts)]
+    """Seeded rollouts, each entry parsed from its own JSON (fresh token objects)."""
+    return [
+        [
+            TokenEntry.model_validate_json(e.model_dump_json())
+            for e in synthetic_rollout(f"{i}-0", SHAPE, seed=i)
+        ]
+        for i in range(rollouts)
+    ]
 
 
 def run_writers(concurrency: int, jobs: list[Callable[[], None]]) -> float:

@@ -15,7 +15,7 @@ are refused by name (the rollout masks). Older readers refuse schema 3 as newer.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import struct
 import threading
@@ -26,7 +26,6 @@ from typing import Any
 
 import orjson
 
-from capture_core.prefix import PrefixKey, prefix_key
 from capture_core.records import TokenEntry, entry_fields
 from capture_core.stored_json import encode_json
 
@@ -36,8 +35,11 @@ from capture_core.stored_json import encode_json
 #   3: schema 2 plus a seal over every byte of the object; the seal and the prompt digest
 #      are required.
 STORED_SCHEMA_VERSION = 3
-# The seal is the object's last member: `,"s":"<22 base64url chars>"}`.
-_SEAL_HEAD, _SEAL_TAIL, _SEAL_CHARS = b',"s":"', b'"}', 22
+# A digest is 128 bits in base64url without padding: 22 characters.
+_DIGEST_CHARS = 22
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+# The seal is the object's last member: `,"s":"<digest>"}`.
+_SEAL_HEAD, _SEAL_TAIL, _SEAL_CHARS = b',"s":"', b'"}', _DIGEST_CHARS
 _SEAL_SIZE = len(_SEAL_HEAD) + _SEAL_CHARS + len(_SEAL_TAIL)
 # Fields equal to these defaults are left out of stored schemas 2 and 3; readers restore them.
 _DEFAULTS: dict[str, Any] = {
@@ -157,7 +159,8 @@ def check_seal(data: bytes) -> str | None:
 
 def digest_text(hasher: Any) -> str:
     """A prompt digest as stored: the first 128 bits of sha256, base64url without padding."""
-    return base64.urlsafe_b64encode(hasher.digest()[:16]).rstrip(b"=").decode("ascii")
+    text = binascii.b2a_base64(hasher.digest()[:16], newline=False)[:_DIGEST_CHARS]
+    return text.translate(_URLSAFE).decode("ascii")
 
 
 def token_bytes(tokens: Sequence[int]) -> bytes | None:
@@ -170,18 +173,17 @@ def token_bytes(tokens: Sequence[int]) -> bytes | None:
 
 @dataclass(frozen=True)
 class _Cumulative:
-    """A stored call's prompt plus generation: a private copy of the tokens (a tuple, which
-    the garbage collector stops scanning) and the sha256 state after hashing them, so a
-    child's prompt digest costs only its new tokens."""
+    """A stored call's prompt plus generation as int64 bytes (a private copy: one object the
+    garbage collector never scans, and no hold on the caller's token objects), and the
+    sha256 state after hashing them, so a child's prompt digest costs only its new tokens."""
 
     call_key: str
-    tokens: tuple[int, ...]
-    fingerprint: PrefixKey
+    tokens: bytes
     hasher: Any
 
     @property
     def length(self) -> int:
-        return len(self.tokens)
+        return len(self.tokens) // 8
 
 
 class RecentCumulatives:
@@ -199,11 +201,19 @@ class RecentCumulatives:
         self._tokens = 0
         self._lock = threading.Lock()
 
-    def candidates(self, rollout_id: str, prompt: Sequence[int]) -> list[_Cumulative]:
+    def longest_prefix_of(self, rollout_id: str, prompt_raw: bytes) -> _Cumulative | None:
+        """The longest remembered sequence whose int64 bytes start `prompt_raw`, exactly.
+
+        Equal int64 bytes are equal token ids, so this is an exact comparison (a memcmp
+        over the whole shared prefix), never a sampled fingerprint.
+        """
         with self._lock:
             known = list(self._index.get(rollout_id, ()))
-        n = len(prompt)
-        return [c for c in known if c.length <= n and prefix_key(prompt, c.length) == c.fingerprint]
+        known.sort(key=_byte_length, reverse=True)
+        for candidate in known:
+            if prompt_raw.startswith(candidate.tokens):
+                return candidate
+        return None
 
     def remember(self, rollout_id: str, cumulative: _Cumulative) -> None:
         with self._lock:
@@ -247,36 +257,34 @@ def encode(
 ) -> EncodedEntry:
     """Encode an entry as a delta against the longest known parent, or with its full prompt.
 
-    A parent is used only when the prompt starts with exactly its tokens (compared, not
-    sampled); the prompt digest then continues the parent's sha256 over the new tokens only.
-    `use_parent(call_key)` may veto a parent (for example one that no longer exists).
+    A parent is used only when the prompt's int64 bytes start with exactly its tokens'
+    (compared, not sampled); the prompt digest then continues the parent's sha256 over the
+    new tokens only. `use_parent(call_key)` may veto a parent (for example one that no
+    longer exists).
     """
     prompt = entry.prompt_token_ids
     rest = _normalized(entry_fields(entry))
+    prompt_raw = token_bytes(prompt)
     gen_raw = token_bytes(entry.generation_token_ids)
-    parent = _longest_parent(index.candidates(entry.rollout_id, prompt), prompt)
-    if parent is not None and use_parent is not None and not use_parent(parent.call_key):
-        parent = None
-    tail_raw = token_bytes(prompt[parent.length :]) if parent is not None else None
-    if parent is None or tail_raw is None:
-        parent, tail_raw = None, token_bytes(prompt)
-    if tail_raw is None or gen_raw is None:
+    if prompt_raw is None or gen_raw is None:
         # Stored whole, never a parent. A prompt beyond int64 has no prompt digest; the seal
         # still covers it.
-        digest = digest_text(hashlib.sha256(tail_raw)) if tail_raw is not None else None
+        digest = digest_text(hashlib.sha256(prompt_raw)) if prompt_raw is not None else None
         return EncodedEntry(_sealed(rest, digest, None, 0, prompt), rest, digest)
+    parent = index.longest_prefix_of(entry.rollout_id, prompt_raw)
+    if parent is not None and use_parent is not None and not use_parent(parent.call_key):
+        parent = None
+    shared = parent.length if parent is not None else 0
     hasher = parent.hasher.copy() if parent is not None else hashlib.sha256()
-    hasher.update(tail_raw)
+    hasher.update(memoryview(prompt_raw)[shared * 8 :])
     digest = digest_text(hasher)
-    shared = parent.length if parent else 0
-    parent_key = parent.call_key if parent else None
-    data = _sealed(rest, digest, parent_key, shared, prompt[shared:])
-    tokens = (*prompt, *entry.generation_token_ids)  # a tuple of ints: the GC skips it
+    parent_key = parent.call_key if parent is not None else None
+    data = _sealed(rest, digest, parent_key, shared, prompt[shared:] if shared else prompt)
     remember = None
-    if tokens:
+    if prompt_raw or gen_raw:
         cumulative = hasher.copy()
         cumulative.update(gen_raw)
-        remember = _Cumulative(call_key, tokens, prefix_key(tokens, len(tokens)), cumulative)
+        remember = _Cumulative(call_key, prompt_raw + gen_raw, cumulative)
     return EncodedEntry(data, rest, digest, parent_key, remember)
 
 
@@ -288,12 +296,8 @@ def _sealed(
     return seal(body)
 
 
-def _longest_parent(candidates: list[_Cumulative], prompt: Sequence[int]) -> _Cumulative | None:
-    """The longest candidate whose tokens are exactly the prompt's start."""
-    for candidate in sorted(candidates, key=lambda c: c.length, reverse=True):
-        if tuple(prompt[: candidate.length]) == candidate.tokens:
-            return candidate
-    return None
+def _byte_length(cumulative: _Cumulative) -> int:
+    return len(cumulative.tokens)
 
 
 def stored_identity(data: bytes) -> tuple[bytes, str | None] | None:

@@ -3,8 +3,8 @@
 A key is a prefix's length plus three of its tokens (first, middle, last). Equal keys are
 necessary for a prefix match, never sufficient: every user verifies a candidate by comparing
 whole token lists. The builder indexes calls by the key of their prompt plus generation to
-find parents; the store indexes recently stored sequences by it to find delta parents.
-Both are hot paths, so a key reads three tokens and never slices or concatenates.
+find parents. It is a hot path, so a key reads three tokens and never slices or concatenates.
+(The store finds delta parents by comparing int64 token bytes instead: `compact`.)
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any
 from prefect import Task, flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.futures import PrefectFuture
+from prefect.utilities.annotations import quote
 
 from capture_core.builder import BUILDERS
 from capture_core.config import public_storage_options
@@ -128,7 +129,9 @@ class RunSteps:
         if not tally.may_hand_off(gate, batch.index, finalized.outcomes):
             return None
         try:
-            return self.upload(self.run_id, finalized, self.dest, self.options)
+            # quote: Prefect would otherwise walk every outcome and the part looking for
+            # futures, twice per task; a finished batch holds none.
+            return self.upload(self.run_id, quote(finalized), self.dest, self.options)
         except Exception as exc:
             message = f"batch {batch.index}: upload failed: {exc}"
             tally.batch_failed(batch.index, finalized.outcomes, message)
@@ -136,7 +139,7 @@ class RunSteps:
 
     def retire(self, receipt: HandoffReceipt, tally: RunTally) -> RetireOutcome:
         """Retire a handed-off batch and record the outcome (cached: an earlier run's)."""
-        args = (receipt, self.dest, self.store, self.options, self.source_kwargs)
+        args = (quote(receipt), self.dest, self.store, self.options, self.source_kwargs)
         try:
             state = self.retire_task(*args, return_state=True)
             outcome: RetireOutcome = state.result()
@@ -190,7 +193,7 @@ def finalize_run(
     for done, batch in enumerate(plan.batches, start=1):
         steps.run_batch(batch, earlier.get(receipt_key(batch)), finalizing, tally, gate)
         update_progress_artifact(progress, 100.0 * done / max(1, len(plan.batches)))
-    summary = write_run_report(run_id, dest, tally, options)
+    summary = write_run_report(run_id, dest, quote(tally), options)  # quote: see hand_off
     raise_if_failed(summary, tally)
     return summary
 

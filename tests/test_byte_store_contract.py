@@ -8,9 +8,24 @@ from __future__ import annotations
 
 import os
 
-from capture_core.storage import ByteStore, FsspecStore, LocalStore, open_byte_store
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from capture_core.storage import ByteStore, FsspecStore, LocalStore, check_key, open_byte_store
 from capture_core.testing.contracts import ByteStoreContract
 from tests.backends import OnBackend
+
+
+@given(st.text(alphabet="a./", max_size=8))
+def test_check_key_accepts_exactly_keys_of_non_empty_undotted_segments(key: str) -> None:
+    """The fast path of `check_key` decides as the segment-by-segment rule does."""
+    valid = all(part and not part.startswith(".") for part in key.split("/"))
+    if valid:
+        assert check_key(key) == key
+    else:
+        with pytest.raises(ValueError):
+            check_key(key)
 
 
 class BackendByteStoreContract(OnBackend, ByteStoreContract):

@@ -173,22 +173,43 @@ def test_unknown_extra_fields_never_collide_with_short_stored_names(tmp_path) ->
     assert got == entry and got.model_dump()["g"] == "extra named like a short key"
 
 
-def test_ids_beyond_int64_are_stored_whole_and_still_sealed(tmp_path) -> None:
-    big = 2**63 + 5
-    entries = [
+def calls_of(rollout_id: str, *calls: tuple[str, list[int], list[int]]) -> list[TokenEntry]:
+    """Entries `(call id, prompt, generation)` of one rollout."""
+    return [
         TokenEntry(
-            rollout_id="r7",
+            rollout_id=rollout_id,
             model_call_id=call,
             prompt_token_ids=prompt,
             generation_token_ids=gen,
             generation_log_probs=[-0.5] * len(gen),
         )
-        for call, prompt, gen in (("a", [1, big], [2]), ("b", [1, 2], [big]))
+        for call, prompt, gen in calls
     ]
+
+
+def test_ids_beyond_int64_are_stored_whole_and_still_sealed(tmp_path) -> None:
+    big = 2**63 + 5
+    entries = calls_of("r7", ("a", [1, big], [2]), ("b", [1, 2], [big]))
     store = TokenCaptureStore(str(tmp_path))
     for entry in entries:
         store.put_now(entry)
         store.put_now(entry)
     snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r7")
+    assert not snapshot.incomplete, snapshot.incomplete_reasons
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
+
+
+def test_a_generation_beyond_int64_after_a_parent_is_stored_whole_with_its_whole_digest(
+    tmp_path,
+) -> None:
+    """Such a call cannot be a parent, so it is stored whole; its digest covers the whole
+    prompt (not only the part it would have added to a parent)."""
+    big = 2**63 + 5
+    entries = calls_of("r8", ("a", [1, 2], [3]), ("b", [1, 2, 3, 4], [big]))
+    store = TokenCaptureStore(str(tmp_path))
+    for entry in entries:
+        store.put_now(entry)
+    assert stored(store, "r8", "b")["p"]["a"] is None, "stored whole"
+    snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r8")
     assert not snapshot.incomplete, snapshot.incomplete_reasons
     assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries

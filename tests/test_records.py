@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import orjson
 import pytest
 from pydantic import ValidationError
@@ -64,6 +66,13 @@ def test_token_item_index_must_index_output_items() -> None:
 def test_non_finite_log_probs_are_refused() -> None:
     with pytest.raises(ValidationError, match="NaN or infinite"):
         TokenEntry(**entry(generation_log_probs=[float("-inf")]))
+    with pytest.raises(ValidationError, match="NaN or infinite"):
+        TokenEntry(**entry(generation_token_ids=[3, 4], generation_log_probs=[-math.inf, math.inf]))
+
+
+def test_finite_log_probs_whose_sum_overflows_are_accepted() -> None:
+    """The finite check sums first; an overflowing sum of finite values is still finite."""
+    assert TokenEntry(**entry(generation_token_ids=[3, 4], generation_log_probs=[-1e308] * 2))
 
 
 def test_unknown_fields_round_trip_unchanged() -> None:

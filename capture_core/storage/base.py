@@ -23,8 +23,19 @@ from collections.abc import Iterable, Iterator, Sequence
 def check_key(key: str) -> str:
     """Refuse a key that could leave the store root or names a reserved (dot) name.
 
-    Keys are built by us from validated segments, so this is a guard.
+    Keys are built by us from validated segments, so this is a guard. It runs on every
+    store call, so the common case is decided by a few substring tests: a key has an empty
+    segment exactly when it is empty, starts or ends with `/` or holds `//`, and a segment
+    starting with `.` exactly when it starts with `.` or holds `/.`.
     """
+    if (
+        key
+        and not key.startswith(("/", "."))
+        and not key.endswith("/")
+        and "//" not in key
+        and "/." not in key
+    ):
+        return key
     parts = key.split("/")
     if "" in parts or "." in parts or ".." in parts:
         raise ValueError(f"store key {key!r} is not a relative path inside the store root")

@@ -174,7 +174,7 @@ class LocalStore(ByteStore):
         same syscalls as a raw durable create. A failed write removes its own torn object.
         """
         target = f"{self.root}/{check_new_object(key, data)}"
-        folder = os.path.dirname(target)
+        folder = target.rpartition("/")[0]
         for _attempt in range(3):
             self._ensure_dir(folder)
             try:
