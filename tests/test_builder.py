@@ -18,6 +18,7 @@ from capture_core.builder import (
 )
 from capture_core.records import TokenEntry
 from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
+from tests.token_calls import token_call
 
 
 def call(
@@ -29,15 +30,8 @@ def call(
     items: list[dict] | None = None,
     index: int | None = None,
 ) -> TokenEntry:
-    return TokenEntry(
-        rollout_id="r",
-        model_call_id=cid,
-        prompt_token_ids=prompt,
-        generation_token_ids=gen,
-        generation_log_probs=[-0.5] * len(gen),
-        output_items=items or [],
-        token_item_index=index,
-        created_at=created_at,
+    return token_call(
+        cid, prompt, gen, output_items=items or [], token_item_index=index, created_at=created_at
     )
 
 

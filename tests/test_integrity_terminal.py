@@ -24,6 +24,7 @@ from capture_core.terminal import TerminalInputs
 from tests.reliability_figures import record_case
 from tests.test_terminal import message, tool_call, tool_result
 from tests.test_terminal_content import same_answer_twins
+from tests.token_calls import token_call
 
 
 def finalize(store: TokenCaptureStore, rollout: AgentRollout) -> tuple[dict, bool]:
@@ -202,14 +203,7 @@ def test_an_off_path_call_naming_a_lost_parent_masks_the_attributed_rollout(tmp_
     store = TokenCaptureStore(str(tmp_path / "store"))
 
     def entry(cid: str, prompt: list[int], gen: list[int], **lineage: str) -> TokenEntry:
-        return TokenEntry(
-            rollout_id="9-1",
-            model_call_id=cid,
-            prompt_token_ids=prompt,
-            generation_token_ids=gen,
-            generation_log_probs=[-0.5] * len(gen),
-            **lineage,
-        )
+        return token_call(cid, prompt, gen, rollout_id="9-1", **lineage)
 
     store.put_now(entry("a", [1], [2], parent_resolution="root"))
     store.put_now(entry("t", [1, 2, 3, 4, 5], [6], parent_resolution="unresolved"))

@@ -22,15 +22,16 @@ from capture_core.terminal import (
 )
 from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
 from tests.test_terminal import message, tool_result
+from tests.token_calls import token_call
 
 
 def call(cid: str, prompt: list[int], gen: list[int], **extra: Any) -> TokenEntry:
-    return TokenEntry(
+    return token_call(
+        cid,
+        prompt,
+        gen,
         rollout_id="3-4",
-        model_call_id=cid,
-        prompt_token_ids=prompt,
-        generation_token_ids=gen,
-        generation_log_probs=[-0.3] * len(gen),
+        log_prob=-0.3,
         output_items=[message(f"text of {cid}")],
         response_id=f"resp_{cid}",
         **extra,
