@@ -1,10 +1,14 @@
-"""Captured model calls for builder and terminal tests, spelled by their tokens alone."""
+"""Builder and terminal test helpers: captured calls spelled by their tokens, a deep rollout."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from capture_core.records import TokenEntry
+from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
 
 
 def token_call(
@@ -25,3 +29,23 @@ def token_call(
         generation_log_probs=[log_prob] * len(generation),
         **fields,
     )
+
+
+DEEP_TURNS = 1500
+
+
+def deep_rollout() -> list[TokenEntry]:
+    """A `DEEP_TURNS`-turn rollout `r`: ten times deeper than `shallow_stack` allows frames."""
+    shape = RolloutShape(turns=DEEP_TURNS, prompt_tokens=16, generated_tokens=2, tool_tokens=1)
+    return synthetic_rollout("r", shape)
+
+
+@contextmanager
+def shallow_stack(limit: int = 150) -> Iterator[None]:
+    """Lower the recursion limit for the block, so a build that recurses per call fails."""
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(previous)
