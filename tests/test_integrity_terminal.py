@@ -34,6 +34,16 @@ def finalize(store: TokenCaptureStore, rollout: AgentRollout) -> tuple[dict, boo
     return record, delivered and not record.get("mask_sample")
 
 
+def stored_without_middle_call(rollout: AgentRollout, root: str) -> TokenCaptureStore:
+    """Lose the scored chain's second call silently: the rest is captured at `root`."""
+    lost = rollout.scored_chain[1]
+    rollout.entries = [e for e in rollout.entries if e is not lost]
+    store = TokenCaptureStore(root)
+    for entry in rollout.entries:
+        store.put_now(entry)
+    return store
+
+
 @pytest.mark.parametrize("parent_fields", [True, False])
 def test_agent_captures_deliver_every_attributed_healthy_rollout_and_only_the_scored_chain(
     parent_fields: bool,
@@ -151,11 +161,7 @@ def test_a_silently_lost_middle_call_is_caught_by_the_recorded_parent(tmp_path) 
         if len((r := agent_rollout(6, i, seed=2, parent_fields=True)).scored_chain) >= 3
         and r.healthy
     )
-    lost = rollout.scored_chain[1]
-    rollout.entries = [e for e in rollout.entries if e is not lost]
-    store = TokenCaptureStore(str(tmp_path / "store"))
-    for entry in rollout.entries:
-        store.put_now(entry)
+    store = stored_without_middle_call(rollout, str(tmp_path / "store"))
     record, delivered = finalize(store, rollout)
     record_case(
         "silently lost middle call with writer parents",
@@ -181,11 +187,7 @@ def test_without_a_record_a_call_the_writer_evidence_quarantines_masks_the_rollo
         if len((r := agent_rollout(6, i, seed=2, parent_fields=True)).scored_chain) >= 3
         and r.shapes == ["plain"]
     )
-    lost = rollout.scored_chain[1]
-    rollout.entries = [e for e in rollout.entries if e is not lost]
-    store = TokenCaptureStore(str(tmp_path / "store"))
-    for entry in rollout.entries:
-        store.put_now(entry)
+    store = stored_without_middle_call(rollout, str(tmp_path / "store"))
     built = asyncio.run(trajectories_from_source(rollout.rollout_id, store))
     assert built is not None
     delivered = built["rebuilt_response"] is not None and not built["mask_sample"]
