@@ -1,4 +1,4 @@
-"""Session fixtures: real S3 (a moto server subprocess), stores on every backend."""
+"""Session fixtures: real S3 (a moto server subprocess), stores on every backend, run locations."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from capture_core.store import TokenCaptureStore
 from tests import backends
 from tests.servers import FAKE_AWS_ENV, moto_server
 
@@ -53,12 +54,47 @@ def store_location(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict[
     return backends.store_location(request.param, request, tmp_path)
 
 
+@pytest.fixture()
+def store(store_location: tuple[str, dict[str, object]]) -> TokenCaptureStore:
+    """A fresh, empty capture store on each backend."""
+    root, options = store_location
+    return TokenCaptureStore(root, options)
+
+
 @pytest.fixture(params=backends.PROCESS_SHARED_BACKENDS)
 def shared_store_location(
     request: pytest.FixtureRequest, tmp_path
 ) -> tuple[str, dict[str, object]]:
     """(root URL, storage options) for a fresh store that other processes can open."""
     return backends.store_location(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=backends.PROCESS_SHARED_BACKENDS)
+def locations(request: pytest.FixtureRequest, tmp_path) -> dict:
+    """Store, destination, rollout-file and inbox locations that other processes can open.
+
+    Their `options` carry no credentials: on S3 those come from the AWS environment, as they
+    would for a user, so the CLI and Prefect task runs see the same locations.
+    """
+    names = {"store": "store", "dest": "dest", "rollouts": "in/rollouts.jsonl", "inbox": "inbox"}
+    if request.param == "local":
+        return {**{key: str(tmp_path / name) for key, name in names.items()}, "options": None}
+    bucket = make_bucket(request.getfixturevalue("s3_options"))
+    return {
+        **{key: f"s3://{bucket}/{name}" for key, name in names.items()},
+        "options": {"endpoint_url": request.getfixturevalue("s3_endpoint")},
+    }
+
+
+@pytest.fixture()
+def run_inputs(tmp_path) -> dict[str, str]:
+    """A local store with 4 captured rollouts (one masked), their rollout file, a dest path."""
+    from tests.pipeline_helpers import make_batch, write_rollouts  # imports Prefect: not at load
+
+    store = str(tmp_path / "store")
+    records = make_batch(TokenCaptureStore(store), 4, masked={1})
+    rollouts = write_rollouts(str(tmp_path / "in.jsonl"), records)
+    return {"store": store, "dest": str(tmp_path / "dest"), "rollouts": rollouts}
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,24 @@ from typing import Any
 import orjson
 
 from capture_core.rollout_io import split_lines
+from capture_core.run_report import RunSummary
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from flows.finalize import finalize_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class FailingDropStore(TokenCaptureStore):
+    """A source whose drops fail permanently, so a run ends with receipts but no retirement."""
+
+    def drop_now(self, rollout_id: str, snapshot_id: str, version: int) -> bool:
+        raise PermissionError("retirement not allowed in this test")
+
+
+FAILING_DROP_SOURCE = "tests.pipeline_helpers:FailingDropStore"
+"""The `source` spec that opens a `FailingDropStore` (pass its root in `source_kwargs`)."""
 
 
 def make_batch(
@@ -51,6 +64,18 @@ def write_rollouts(
     return url
 
 
+def finalize_locations(locations: dict, run_id: str, **settings: Any) -> RunSummary:
+    """`finalize_run` over the rollout file, store and destination of a `locations` fixture."""
+    return finalize_run(
+        locations["rollouts"],
+        locations["store"],
+        locations["dest"],
+        run_id,
+        storage_options=locations["options"],
+        **settings,
+    )
+
+
 def dest_records(dest: str, run_id: str, options: dict | None = None) -> list[dict]:
     """Every finalized record in the run's part files, in part order."""
     byte_store = open_byte_store(dest, options)
@@ -59,6 +84,11 @@ def dest_records(dest: str, run_id: str, options: dict | None = None) -> list[di
         data = byte_store.get(key) or b""
         records.extend(orjson.loads(line) for line in split_lines([data]) if line.strip())
     return records
+
+
+def receipt_args(command: str, dest: str, run_id: str, store: str) -> list[str]:
+    """`tokcap retire` or `tokcap retrigger` arguments for one run against one store."""
+    return [command, "--dest", dest, "--run-id", run_id, "--store", store]
 
 
 def rollout_ids(records: list[dict]) -> list[str]:
@@ -81,14 +111,23 @@ def finalize_args(rollouts: str, store: str, dest: str, run_id: str, *extra: str
     ]
 
 
+def finalize_args_for(inputs: dict[str, str], run_id: str, *extra: str) -> list[str]:
+    """`tokcap finalize` arguments for one run over `inputs` (its rollouts, store and dest)."""
+    return finalize_args(inputs["rollouts"], inputs["store"], inputs["dest"], run_id, *extra)
+
+
 def run_cli(
-    args: list[str], api_url: str, env: dict[str, str] | None = None, timeout: float = 300
+    args: list[str],
+    api_url: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    cwd: str = REPO,
 ) -> subprocess.CompletedProcess:
-    """Run `tokcap` as a real subprocess against the session's Prefect server."""
-    full_env = {**os.environ, "PREFECT_API_URL": api_url, **(env or {})}
+    """Run `tokcap ARGS` as a real subprocess in `cwd`, against the session's Prefect server."""
+    full_env = {**os.environ, "PREFECT_API_URL": api_url, "PYTHONPATH": REPO, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", *args],
-        cwd=REPO,
+        cwd=cwd,
         env=full_env,
         capture_output=True,
         text=True,

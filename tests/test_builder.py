@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +16,7 @@ from capture_core.builder import (
 )
 from capture_core.records import TokenEntry
 from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
+from tests.token_calls import deep_rollout, shallow_stack, token_call
 
 
 def call(
@@ -29,15 +28,8 @@ def call(
     items: list[dict] | None = None,
     index: int | None = None,
 ) -> TokenEntry:
-    return TokenEntry(
-        rollout_id="r",
-        model_call_id=cid,
-        prompt_token_ids=prompt,
-        generation_token_ids=gen,
-        generation_log_probs=[-0.5] * len(gen),
-        output_items=items or [],
-        token_item_index=index,
-        created_at=created_at,
+    return token_call(
+        cid, prompt, gen, output_items=items or [], token_item_index=index, created_at=created_at
     )
 
 
@@ -62,17 +54,10 @@ def test_linear_rollout_is_one_contiguous_main_chain() -> None:
 
 
 def test_fifteen_hundred_turns_build_without_recursion() -> None:
-    entries = synthetic_rollout(
-        "r", RolloutShape(turns=1500, prompt_tokens=16, generated_tokens=2, tool_tokens=1)
-    )
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(150)
-    try:
-        built = prefix_merging(entries)
+    with shallow_stack():
+        built = prefix_merging(deep_rollout())
         response = project_main_chain_response("r", built)
         assert_prefix_contiguity(response)
-    finally:
-        sys.setrecursionlimit(limit)
     assert len(built.chains[0].links) == 1500
 
 

@@ -10,25 +10,13 @@ import pytest
 
 from capture_core.rollout_io import plan_rollout_file
 from capture_core.storage import open_byte_store
-from capture_core.store import TokenCaptureStore
-from tests.pipeline_helpers import finalize_args, make_batch, run_cli, write_rollouts
+from tests.pipeline_helpers import finalize_args, finalize_args_for, receipt_args, run_cli
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
-@pytest.fixture()
-def run_inputs(tmp_path) -> dict[str, str]:
-    store = str(tmp_path / "store")
-    rollouts = write_rollouts(
-        str(tmp_path / "in.jsonl"), make_batch(TokenCaptureStore(store), 4, masked={1})
-    )
-    return {"store": store, "dest": str(tmp_path / "dest"), "rollouts": rollouts}
-
-
 def run_args(run_inputs: dict[str, str], run_id: str) -> list[str]:
-    return finalize_args(
-        run_inputs["rollouts"], run_inputs["store"], run_inputs["dest"], run_id, "--batch-size", "2"
-    )
+    return finalize_args_for(run_inputs, run_id, "--batch-size", "2")
 
 
 def test_finalize_then_status(run_inputs, prefect_api: str) -> None:
@@ -54,29 +42,13 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
     assert failed.returncode == 1 and "already exists with other content" in failed.stderr
     open_byte_store(run_inputs["dest"]).delete([blocker])
     again = run_cli(
-        [
-            "retrigger",
-            "--dest",
-            run_inputs["dest"],
-            "--run-id",
-            "cli-2",
-            "--store",
-            run_inputs["store"],
-        ],
+        receipt_args("retrigger", run_inputs["dest"], "cli-2", run_inputs["store"]),
         prefect_api,
     )
     assert again.returncode == 0, again.stderr[-2000:]
     assert "2 newly handed off, 1 newly retired, 0 still failing" in again.stdout
     retire = run_cli(
-        [
-            "retire",
-            "--dest",
-            run_inputs["dest"],
-            "--run-id",
-            "cli-2",
-            "--store",
-            run_inputs["store"],
-        ],
+        receipt_args("retire", run_inputs["dest"], "cli-2", run_inputs["store"]),
         prefect_api,
     )
     assert retire.returncode == 0
@@ -90,58 +62,28 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
     ("args", "code", "message"),
     [
         (
-            [
-                "finalize",
-                "--rollouts",
-                "{rollouts}",
-                "--store",
-                "{missing}",
-                "--dest",
-                "{dest}",
-                "--run-id",
-                "x",
-            ],
+            finalize_args("{rollouts}", "{missing}", "{dest}", "x"),
             2,
             "--store .*missing is not a directory",
         ),
         (
-            [
-                "finalize",
-                "--rollouts",
-                "nope://bucket/in.jsonl",
-                "--store",
-                "{store}",
-                "--dest",
-                "{dest}",
-                "--run-id",
-                "x",
-            ],
+            finalize_args("nope://bucket/in.jsonl", "{store}", "{dest}", "x"),
             1,
             "Protocol not known: nope",
         ),
         (["status", "--dest", "{dest}", "--run-id", "never"], 2, "unknown run id never"),
         (
-            ["retrigger", "--dest", "{dest}", "--run-id", "never", "--store", "{store}"],
+            receipt_args("retrigger", "{dest}", "never", "{store}"),
             2,
             "unknown run id never",
         ),
         (
-            ["retire", "--dest", "{dest}", "--run-id", "never-ran", "--store", "{store}"],
+            receipt_args("retire", "{dest}", "never-ran", "{store}"),
             2,
             "unknown run id never-ran",
         ),
         (
-            [
-                "finalize",
-                "--rollouts",
-                "{rollouts}",
-                "--store",
-                "{store}",
-                "--dest",
-                "{dest}",
-                "--run-id",
-                "../up",
-            ],
+            finalize_args("{rollouts}", "{store}", "{dest}", "../up"),
             2,
             "malformed run id",
         ),
@@ -157,17 +99,7 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
         ),
         (["demo", "--workdir", "{rollouts}/demo"], 2, r"--workdir .* cannot be created: .* file"),
         (
-            [
-                "finalize",
-                "--rollouts",
-                "{rollouts}",
-                "--store",
-                "{store}",
-                "--dest",
-                "{rollouts}/out",
-                "--run-id",
-                "r",
-            ],
+            finalize_args("{rollouts}", "{store}", "{rollouts}/out", "r"),
             2,
             r"--dest .* cannot be created: .* is a file",
         ),

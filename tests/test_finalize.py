@@ -28,12 +28,6 @@ from capture_core.testing.synthetic import RolloutShape, rollout_record, synthet
 
 
 @pytest.fixture()
-def store(store_location) -> TokenCaptureStore:
-    root, options = store_location
-    return TokenCaptureStore(root, options)
-
-
-@pytest.fixture()
 def env_store_root(store_location, monkeypatch) -> str:
     """A root usable without storage options: S3 settings come from the AWS environment."""
     root, options = store_location

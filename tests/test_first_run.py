@@ -21,7 +21,15 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
 from flows.inbox import InboxFailedError, finalize_inbox
-from tests.pipeline_helpers import REPO, finalize_args, make_batch, write_rollouts
+from tests.pipeline_helpers import (
+    REPO,
+    finalize_args,
+    finalize_args_for,
+    make_batch,
+    receipt_args,
+    run_cli,
+    write_rollouts,
+)
 from tests.prefect_api_reads import (
     artifacts_of,
     eventually,
@@ -35,33 +43,9 @@ from tests.servers import free_port
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
-def tokcap(
-    args: list[str], api_url: str, cwd: str = REPO, timeout: float = 300, **env_extra: str
-) -> subprocess.CompletedProcess:
-    """`tokcap ARGS` as a subprocess in `cwd`, against the session's Prefect server."""
-    env = {**os.environ, "PREFECT_API_URL": api_url, "PYTHONPATH": REPO, **env_extra}
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def flow_run_id_from(stderr: str) -> str:
     line = next(line for line in stderr.splitlines() if "prefect flow-run logs" in line)
     return line.rsplit(None, 1)[-1]
-
-
-@pytest.fixture()
-def inputs(tmp_path) -> dict[str, str]:
-    store = str(tmp_path / "store")
-    rollouts = write_rollouts(
-        str(tmp_path / "in.jsonl"), make_batch(TokenCaptureStore(store), 4, masked={1})
-    )
-    return {"store": store, "dest": str(tmp_path / "dest"), "rollouts": rollouts}
 
 
 @pytest.mark.parametrize(
@@ -75,20 +59,20 @@ def inputs(tmp_path) -> dict[str, str]:
     ],
 )
 def test_bad_parameters_exit_2_in_two_lines_before_any_flow_run(
-    inputs, prefect_api: str, extra: list[str], expected: str
+    run_inputs, prefect_api: str, extra: list[str], expected: str
 ) -> None:
     run_id = f"usage-{abs(hash(tuple(extra))) % 10**8}"
-    args = finalize_args(inputs["rollouts"], inputs["store"], inputs["dest"], run_id, *extra)
-    result = tokcap(args, prefect_api)
+    args = finalize_args_for(run_inputs, run_id, *extra)
+    result = run_cli(args, prefect_api)
     assert result.returncode == 2, result.stderr[-1500:]
     assert expected in result.stderr
     assert len(result.stderr.strip().splitlines()) <= 2 and result.stdout == ""
-    assert flow_runs_named(f"finalize {run_id} from {inputs['rollouts']}") == []
-    assert not os.path.exists(inputs["dest"]), "nothing was written"
+    assert flow_runs_named(f"finalize {run_id} from {run_inputs['rollouts']}") == []
+    assert not os.path.exists(run_inputs["dest"]), "nothing was written"
 
 
 def test_help_lists_the_builders(prefect_api: str) -> None:
-    result = tokcap(["finalize", "--help"], prefect_api)
+    result = run_cli(["finalize", "--help"], prefect_api)
     assert result.returncode == 0
     assert "prefix_merging" in result.stdout and "per_request" in result.stdout
 
@@ -98,13 +82,13 @@ def test_relative_paths_are_resolved_and_stored_absolute(tmp_path, prefect_api: 
     store = TokenCaptureStore(str(work / "store"))
     write_rollouts(str(work / "in.jsonl"), make_batch(store, 2))
     args = finalize_args("in.jsonl", "store", "dest", "rel", "--batch-size", "1")
-    done = tokcap(args, prefect_api, cwd=str(work))
+    done = run_cli(args, prefect_api, cwd=str(work))
     assert done.returncode == 0, done.stderr[-2000:]
     manifest = read_manifest(open_byte_store(str(work / "dest")), "rel")
     assert manifest is not None and manifest.rollouts == str(work / "in.jsonl")
     assert manifest.store == str(work / "store")
-    elsewhere = tokcap(
-        ["retrigger", "--dest", str(work / "dest"), "--run-id", "rel", "--store", "store"],
+    elsewhere = run_cli(
+        receipt_args("retrigger", str(work / "dest"), "rel", "store"),
         prefect_api,
         cwd=str(work),
     )
@@ -112,11 +96,11 @@ def test_relative_paths_are_resolved_and_stored_absolute(tmp_path, prefect_api: 
     assert "0 still failing" in elsewhere.stdout
 
 
-def test_a_file_as_dest_is_named_as_the_destination(inputs, tmp_path, prefect_api: str) -> None:
+def test_a_file_as_dest_is_named_as_the_destination(run_inputs, tmp_path, prefect_api: str) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
-    args = finalize_args(inputs["rollouts"], inputs["store"], str(blocker), "file-dest")
-    result = tokcap(args, prefect_api)
+    args = finalize_args(run_inputs["rollouts"], run_inputs["store"], str(blocker), "file-dest")
+    result = run_cli(args, prefect_api)
     assert result.returncode == 2
     assert f"--dest {blocker} is a file" in result.stderr
     assert "store location" not in result.stderr and "store root" not in result.stderr
@@ -126,12 +110,12 @@ def test_malformed_lines_fail_finalize_status_and_the_inbox_alike(tmp_path, pref
     inbox, dest, store = (str(tmp_path / name) for name in ("inbox", "dest", "store"))
     records = make_batch(TokenCaptureStore(store), 2)
     bad = write_rollouts(f"{inbox}/bad.jsonl", records, extra_lines=[b"{oops\n"])
-    result = tokcap(finalize_args(bad, store, dest, "bad-line"), prefect_api)
+    result = run_cli(finalize_args(bad, store, dest, "bad-line"), prefect_api)
     assert result.returncode == 1, result.stderr[-2000:]
     assert f"{bad} line 3: malformed JSON" in result.stderr
     assert "Traceback" not in result.stderr
     assert re.search(r"^malformed input lines\s+1$", result.stdout, re.MULTILINE)
-    status = tokcap(["status", "--dest", dest, "--run-id", "bad-line"], prefect_api)
+    status = run_cli(["status", "--dest", dest, "--run-id", "bad-line"], prefect_api)
     assert status.returncode == 1
     state = flow_run(flow_run_id_from(result.stderr)).state
     assert state.is_failed(), state
@@ -150,17 +134,19 @@ def test_malformed_lines_fail_finalize_status_and_the_inbox_alike(tmp_path, pref
 
 
 def test_finalizing_a_retired_capture_says_so_and_names_tokcap_clear(
-    inputs, prefect_api: str
+    run_inputs, prefect_api: str
 ) -> None:
-    first = tokcap(
-        finalize_args(inputs["rollouts"], inputs["store"], inputs["dest"], "r1"), prefect_api
+    first = run_cli(
+        finalize_args_for(run_inputs, "r1"),
+        prefect_api,
     )
     assert first.returncode == 0, first.stderr[-2000:]
-    again = tokcap(
-        finalize_args(inputs["rollouts"], inputs["store"], inputs["dest"], "r2"), prefect_api
+    again = run_cli(
+        finalize_args_for(run_inputs, "r2"),
+        prefect_api,
     )
     assert again.returncode == 0, again.stderr[-2000:]
-    ledger = read_ledger(open_byte_store(inputs["dest"]), "r2") or []
+    ledger = read_ledger(open_byte_store(run_inputs["dest"]), "r2") or []
     reasons = [line.mask_reason or "" for line in ledger if line.rollout_id == "7-0"]
     assert "already retired after an earlier handoff" in reasons[0]
     assert "tokcap clear" in reasons[0] and "retired tombstone" in reasons[0]
@@ -186,19 +172,19 @@ def test_retired_capture_reasons_of_different_rollouts_group_as_one(tmp_path) ->
     assert groups == {"was already retired after an earlier handoff"}
 
 
-def test_retire_of_an_unknown_run_id_is_a_usage_error(inputs, prefect_api: str) -> None:
-    args = ["retire", "--dest", inputs["dest"], "--run-id", "never-ran", "--store", inputs["store"]]
-    os.makedirs(inputs["dest"])
-    result = tokcap(args, prefect_api)
+def test_retire_of_an_unknown_run_id_is_a_usage_error(run_inputs, prefect_api: str) -> None:
+    args = receipt_args("retire", run_inputs["dest"], "never-ran", run_inputs["store"])
+    os.makedirs(run_inputs["dest"])
+    result = run_cli(args, prefect_api)
     assert result.returncode == 2
     assert "unknown run id never-ran" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_run_id_reuse_names_the_changed_setting(inputs, prefect_api: str) -> None:
-    args = finalize_args(inputs["rollouts"], inputs["store"], inputs["dest"], "reuse")
-    assert tokcap([*args, "--batch-size", "2"], prefect_api).returncode == 0
-    other = tokcap([*args, "--batch-size", "3", "--builder", "per_request"], prefect_api)
+def test_run_id_reuse_names_the_changed_setting(run_inputs, prefect_api: str) -> None:
+    args = finalize_args_for(run_inputs, "reuse")
+    assert run_cli([*args, "--batch-size", "2"], prefect_api).returncode == 0
+    other = run_cli([*args, "--batch-size", "3", "--builder", "per_request"], prefect_api)
     assert other.returncode == 1
     assert other.stdout == "", "the earlier run's summary is not shown as this command's"
     assert (
@@ -223,7 +209,7 @@ def test_unreachable_s3_fails_with_one_line_and_traces_in_the_run_logs(
         "--storage-option",
         f"endpoint_url={endpoint}",
     )
-    result = tokcap(args, prefect_api, PREFECT_LOGGING_LEVEL="INFO")
+    result = run_cli(args, prefect_api, env={"PREFECT_LOGGING_LEVEL": "INFO"})
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     mentions = [line for line in result.stderr.splitlines() if "is unreachable" in line]
@@ -239,13 +225,16 @@ def test_unreachable_s3_fails_with_one_line_and_traces_in_the_run_logs(
     assert any("EndpointConnectionError" in log.message for log in logs)
 
 
-def test_runs_name_batches_show_receipts_and_list_masked_rollouts(inputs, prefect_api) -> None:
-    args = finalize_args(
-        inputs["rollouts"], inputs["store"], inputs["dest"], "named", "--batch-size", "2"
+def test_runs_name_batches_show_receipts_and_list_masked_rollouts(run_inputs, prefect_api) -> None:
+    args = finalize_args_for(
+        run_inputs,
+        "named",
+        "--batch-size",
+        "2",
     )
-    done = tokcap(args, prefect_api)
+    done = run_cli(args, prefect_api)
     assert done.returncode == 0, done.stderr[-2000:]
-    run = flow_runs_named(f"finalize named from {inputs['rollouts']}")[0]
+    run = flow_runs_named(f"finalize named from {run_inputs['rollouts']}")[0]
     tasks = eventually(
         lambda: {t.name: t for t in task_runs_of(run.id)},
         lambda names: {"upload batch 0 (lines 1-2)", "upload batch 1 (lines 3-4)"} <= set(names),
@@ -270,22 +259,22 @@ def test_runs_name_batches_show_receipts_and_list_masked_rollouts(inputs, prefec
     )
     markdown = next(a.data for a in report if a.type == "markdown")
     assert "## Masked rollouts (1)" in markdown and "| 7-1 | 2 | 2 roots" in markdown
-    retire = tokcap(
-        ["retire", "--dest", inputs["dest"], "--run-id", "named", "--store", inputs["store"]],
+    retire = run_cli(
+        receipt_args("retire", run_inputs["dest"], "named", run_inputs["store"]),
         prefect_api,
     )
     assert retire.returncode == 0 and "; 1 kept as evidence)" in retire.stdout, retire.stdout
 
 
-def test_status_json_says_where_the_records_are(inputs, prefect_api: str) -> None:
-    args = finalize_args(inputs["rollouts"], inputs["store"], inputs["dest"], "where")
-    assert tokcap(args, prefect_api).returncode == 0
-    status = tokcap(
-        ["status", "--dest", inputs["dest"], "--run-id", "where", "--json"], prefect_api
+def test_status_json_says_where_the_records_are(run_inputs, prefect_api: str) -> None:
+    args = finalize_args_for(run_inputs, "where")
+    assert run_cli(args, prefect_api).returncode == 0
+    status = run_cli(
+        ["status", "--dest", run_inputs["dest"], "--run-id", "where", "--json"], prefect_api
     )
     summary = orjson.loads(status.stdout)["summary"]
-    assert summary["records_prefix"] == f"{inputs['dest']}/where/records/"
-    assert summary["ledger"] == f"{inputs['dest']}/where/ledger.jsonl"
+    assert summary["records_prefix"] == f"{run_inputs['dest']}/where/records/"
+    assert summary["ledger"] == f"{run_inputs['dest']}/where/ledger.jsonl"
 
 
 BURN_SECONDS = 300
@@ -366,7 +355,7 @@ def test_a_server_that_cannot_start_says_what_to_do_in_one_line(tmp_path) -> Non
 
 
 def test_the_demo_points_at_the_configured_server(tmp_path, prefect_api: str) -> None:
-    result = tokcap(["demo", "--workdir", str(tmp_path)], prefect_api)
+    result = run_cli(["demo", "--workdir", str(tmp_path)], prefect_api)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"open {prefect_api.removesuffix('/api')} " in result.stdout
     assert (

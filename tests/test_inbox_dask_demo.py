@@ -17,35 +17,13 @@ from flows.finalize import finalize_run
 from flows.inbox import InboxFailedError, finalize_inbox
 from flows.runners import task_runner_from_spec
 from tasks.receipts import read_receipt
-from tests.backends import PROCESS_SHARED_BACKENDS
 from tests.pipeline_helpers import dest_records, make_batch, run_cli, write_rollouts
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
-@pytest.fixture(params=PROCESS_SHARED_BACKENDS)
-def inbox_setup(request: pytest.FixtureRequest, tmp_path) -> dict:
-    if request.param == "local":
-        return {
-            "inbox": str(tmp_path / "inbox"),
-            "store": str(tmp_path / "store"),
-            "dest": str(tmp_path / "dest"),
-            "options": None,
-        }
-    from tests.conftest import make_bucket
-
-    options = request.getfixturevalue("s3_options")
-    bucket = make_bucket(options)
-    return {
-        "inbox": f"s3://{bucket}/inbox",
-        "store": f"s3://{bucket}/store",
-        "dest": f"s3://{bucket}/dest",
-        "options": {"endpoint_url": options["endpoint_url"]},
-    }
-
-
-def test_inbox_finalizes_new_files_once_and_picks_up_later_ones(inbox_setup) -> None:
-    s = inbox_setup
+def test_inbox_finalizes_new_files_once_and_picks_up_later_ones(locations) -> None:
+    s = locations
     store = TokenCaptureStore(s["store"], s["options"])
     first = write_rollouts(f"{s['inbox']}/a.jsonl", make_batch(store, 2, task=1), s["options"])
     report = finalize_inbox(s["inbox"], s["store"], s["dest"], storage_options=s["options"])

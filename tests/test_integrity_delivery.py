@@ -17,15 +17,8 @@ from capture_core.delivery import (
     retire_rollout_token_capture,
     rollout_carries_token_ids,
 )
-from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.reliability_figures import record_case
-
-
-@pytest.fixture()
-def store(store_location) -> TokenCaptureStore:
-    root, options = store_location
-    return TokenCaptureStore(root, options)
 
 
 def _empty_arrays_record(chat: bool) -> dict:

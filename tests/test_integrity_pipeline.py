@@ -20,11 +20,13 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
 from tasks.receipts import read_receipt
-from tests.backends import PROCESS_SHARED_BACKENDS
 from tests.pipeline_helpers import (
+    FAILING_DROP_SOURCE,
     dest_records,
     finalize_args,
+    finalize_locations,
     make_batch,
+    receipt_args,
     rollout_ids,
     run_cli,
     write_rollouts,
@@ -32,35 +34,6 @@ from tests.pipeline_helpers import (
 from tests.reliability_figures import record_case
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
-
-
-@pytest.fixture(params=PROCESS_SHARED_BACKENDS)
-def locations(request: pytest.FixtureRequest, tmp_path) -> dict:
-    """Store, destination and rollout-file locations with their (credential-free) options."""
-    if request.param == "local":
-        return {
-            "store": str(tmp_path / "store"),
-            "dest": str(tmp_path / "dest"),
-            "rollouts": str(tmp_path / "rollouts.jsonl"),
-            "options": None,
-        }
-    from tests.conftest import make_bucket
-
-    bucket = make_bucket(request.getfixturevalue("s3_options"))
-    endpoint = request.getfixturevalue("s3_endpoint")
-    return {
-        "store": f"s3://{bucket}/store",
-        "dest": f"s3://{bucket}/dest",
-        "rollouts": f"s3://{bucket}/in/rollouts.jsonl",
-        "options": {"endpoint_url": endpoint},
-    }
-
-
-class FailingDropStore(TokenCaptureStore):
-    """A source whose drops fail permanently, so a run ends with receipts but no retirement."""
-
-    def drop_now(self, rollout_id: str, snapshot_id: str, version: int) -> bool:
-        raise PermissionError("retirement not allowed in this test")
 
 
 def handed_off_not_retired(locations: dict, run_id: str, count: int = 4) -> list[dict]:
@@ -72,7 +45,7 @@ def handed_off_not_retired(locations: dict, run_id: str, count: int = 4) -> list
     with pytest.raises(RunFailedError, match="retirements failed"):
         finalize_run(
             locations["rollouts"],
-            "tests.test_integrity_pipeline:FailingDropStore",
+            FAILING_DROP_SOURCE,
             locations["dest"],
             run_id,
             batch_size=2,
@@ -80,6 +53,14 @@ def handed_off_not_retired(locations: dict, run_id: str, count: int = 4) -> list
             source_kwargs=kwargs,
         )
     return records
+
+
+def finalized(locations: dict, run_id: str, count: int) -> None:
+    """Capture `count` rollouts and finalize them in batches of 2: every capture retired."""
+    options = locations["options"]
+    records = make_batch(TokenCaptureStore(locations["store"], options), count)
+    write_rollouts(locations["rollouts"], records, options)
+    finalize_locations(locations, run_id, batch_size=2)
 
 
 def captured(locations: dict, count: int = 4) -> list[bool]:
@@ -111,14 +92,7 @@ def test_duplicate_rollout_ids_are_input_errors_and_no_copy_is_finalized(locatio
     copies = [records[0], records[1], records[2], records[1], records[3], records[1]]
     write_rollouts(locations["rollouts"], copies, options)
     with pytest.raises(RunFailedError, match=r"rollout id 7-1 appears on lines 2, 4, 6"):
-        finalize_run(
-            locations["rollouts"],
-            locations["store"],
-            locations["dest"],
-            "dup",
-            batch_size=2,
-            storage_options=options,
-        )
+        finalize_locations(locations, "dup", batch_size=2)
     out = dest_records(locations["dest"], "dup", options)
     record_case(
         "duplicate rollout ids in one input file",
@@ -224,8 +198,8 @@ def test_retire_with_an_unreadable_receipt_exits_non_zero(tmp_path, prefect_api:
     handed_off_not_retired(locations, "rcpt-cli")
     damaged = receipt_path(locations, "rcpt-cli", 1)
     overwrite(locations, damaged, b"not a receipt")
-    args = ["retire", "--dest", locations["dest"], "--run-id", "rcpt-cli"]
-    done = run_cli([*args, "--store", locations["store"]], prefect_api)
+    args = receipt_args("retire", locations["dest"], "rcpt-cli", locations["store"])
+    done = run_cli(args, prefect_api)
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert damaged.rsplit("/", 1)[-1] in done.stderr and "cannot be read" in done.stderr
     kept = captured(locations)
@@ -297,16 +271,7 @@ def test_retire_reverifies_the_part_before_dropping(locations, damage: str) -> N
 
 def test_retire_against_another_store_claims_nothing(locations) -> None:
     options = locations["options"]
-    records = make_batch(TokenCaptureStore(locations["store"], options), 3)
-    write_rollouts(locations["rollouts"], records, options)
-    finalize_run(
-        locations["rollouts"],
-        locations["store"],
-        locations["dest"],
-        "cache",
-        batch_size=2,
-        storage_options=options,
-    )
+    finalized(locations, "cache", count=3)
     other = locations["store"] + "-other"
     if "://" not in other:
         os.makedirs(other)
@@ -322,16 +287,7 @@ def test_retire_against_the_same_store_spelled_differently_claims_no_new_work(
 ) -> None:
     """`/x/store/` and `file:///x/store` are `/x/store`: the earlier retirement is reported."""
     options = locations["options"]
-    records = make_batch(TokenCaptureStore(locations["store"], options), 3)
-    write_rollouts(locations["rollouts"], records, options)
-    finalize_run(
-        locations["rollouts"],
-        locations["store"],
-        locations["dest"],
-        "spelled",
-        batch_size=2,
-        storage_options=options,
-    )
+    finalized(locations, "spelled", count=3)
     spellings = [locations["store"] + "/"]
     if "://" not in locations["store"]:
         spellings.append("file://" + locations["store"])
@@ -351,9 +307,7 @@ def test_retire_cli_against_another_store_prints_no_earlier_count(
     assert done.returncode == 0, done.stderr[-2000:]
     other = str(tmp_path / "other-store")
     os.makedirs(other)
-    retire = run_cli(
-        ["retire", "--dest", dest, "--run-id", "cache-cli", "--store", other], prefect_api
-    )
+    retire = run_cli(receipt_args("retire", dest, "cache-cli", other), prefect_api)
     assert retire.returncode == 0, retire.stderr[-2000:]
     record_case("retire cache hit against another store")
     assert "0 captures retired" in retire.stdout, retire.stdout

@@ -24,6 +24,7 @@ from capture_core.terminal import TerminalInputs
 from tests.reliability_figures import record_case
 from tests.test_terminal import message, tool_call, tool_result
 from tests.test_terminal_content import same_answer_twins
+from tests.token_calls import token_call
 
 
 def finalize(store: TokenCaptureStore, rollout: AgentRollout) -> tuple[dict, bool]:
@@ -31,6 +32,16 @@ def finalize(store: TokenCaptureStore, rollout: AgentRollout) -> tuple[dict, boo
     built = asyncio.run(finalize_rollout_token_capture(record, store))
     delivered = built is not None and built.get("rebuilt_response") is not None
     return record, delivered and not record.get("mask_sample")
+
+
+def stored_without_middle_call(rollout: AgentRollout, root: str) -> TokenCaptureStore:
+    """Lose the scored chain's second call silently: the rest is captured at `root`."""
+    lost = rollout.scored_chain[1]
+    rollout.entries = [e for e in rollout.entries if e is not lost]
+    store = TokenCaptureStore(root)
+    for entry in rollout.entries:
+        store.put_now(entry)
+    return store
 
 
 @pytest.mark.parametrize("parent_fields", [True, False])
@@ -150,11 +161,7 @@ def test_a_silently_lost_middle_call_is_caught_by_the_recorded_parent(tmp_path) 
         if len((r := agent_rollout(6, i, seed=2, parent_fields=True)).scored_chain) >= 3
         and r.healthy
     )
-    lost = rollout.scored_chain[1]
-    rollout.entries = [e for e in rollout.entries if e is not lost]
-    store = TokenCaptureStore(str(tmp_path / "store"))
-    for entry in rollout.entries:
-        store.put_now(entry)
+    store = stored_without_middle_call(rollout, str(tmp_path / "store"))
     record, delivered = finalize(store, rollout)
     record_case(
         "silently lost middle call with writer parents",
@@ -180,11 +187,7 @@ def test_without_a_record_a_call_the_writer_evidence_quarantines_masks_the_rollo
         if len((r := agent_rollout(6, i, seed=2, parent_fields=True)).scored_chain) >= 3
         and r.shapes == ["plain"]
     )
-    lost = rollout.scored_chain[1]
-    rollout.entries = [e for e in rollout.entries if e is not lost]
-    store = TokenCaptureStore(str(tmp_path / "store"))
-    for entry in rollout.entries:
-        store.put_now(entry)
+    store = stored_without_middle_call(rollout, str(tmp_path / "store"))
     built = asyncio.run(trajectories_from_source(rollout.rollout_id, store))
     assert built is not None
     delivered = built["rebuilt_response"] is not None and not built["mask_sample"]
@@ -202,14 +205,7 @@ def test_an_off_path_call_naming_a_lost_parent_masks_the_attributed_rollout(tmp_
     store = TokenCaptureStore(str(tmp_path / "store"))
 
     def entry(cid: str, prompt: list[int], gen: list[int], **lineage: str) -> TokenEntry:
-        return TokenEntry(
-            rollout_id="9-1",
-            model_call_id=cid,
-            prompt_token_ids=prompt,
-            generation_token_ids=gen,
-            generation_log_probs=[-0.5] * len(gen),
-            **lineage,
-        )
+        return token_call(cid, prompt, gen, rollout_id="9-1", **lineage)
 
     store.put_now(entry("a", [1], [2], parent_resolution="root"))
     store.put_now(entry("t", [1, 2, 3, 4, 5], [6], parent_resolution="unresolved"))

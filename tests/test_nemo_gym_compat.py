@@ -16,6 +16,7 @@ from capture_core.delivery import (
 )
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from tests.build_result_cases import FixedSource
 
 BUILD_KEYS = {
     "rollout_id",
@@ -61,20 +62,6 @@ class ForeignEntry:
 
     def model_dump(self, **_: Any) -> dict:
         return dict(self.payload)
-
-
-class ForeignSource:
-    def __init__(self, snapshot: Any) -> None:
-        self.snapshot = snapshot
-
-    async def freeze(self, rollout_id: str) -> Any:
-        return self.snapshot
-
-    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
-        return True
-
-    async def close(self) -> None:
-        return None
 
 
 def foreign_snapshot(incomplete: bool, turns: int = 3) -> ForeignSnapshot:
@@ -153,16 +140,14 @@ def test_chat_messages_carry_token_ids_only_when_non_empty() -> None:
 
 
 def test_foreign_snapshot_types_build_like_our_own() -> None:
-    clean = asyncio.run(trajectories_from_source("3-4", ForeignSource(foreign_snapshot(False))))
+    clean = asyncio.run(trajectories_from_source("3-4", FixedSource(foreign_snapshot(False))))
     assert clean["mask_sample"] is False and set(clean) == BUILD_KEYS
-    incomplete = asyncio.run(trajectories_from_source("3-4", ForeignSource(foreign_snapshot(True))))
+    incomplete = asyncio.run(trajectories_from_source("3-4", FixedSource(foreign_snapshot(True))))
     assert incomplete["mask_sample"] is True
     assert incomplete["metrics"]["capture_incomplete"] is True
     assert incomplete["_capture_snapshot"] == {"snapshot_id": "s1", "version": 3}
     record = rollout_record(3, 4)
-    built = asyncio.run(
-        finalize_rollout_token_capture(record, ForeignSource(foreign_snapshot(True)))
-    )
+    built = asyncio.run(finalize_rollout_token_capture(record, FixedSource(foreign_snapshot(True))))
     assert built["mask_sample"] and record["mask_sample"] is True
 
 
@@ -172,6 +157,6 @@ def test_an_unreadable_foreign_snapshot_is_a_failed_build() -> None:
         entries = None
         incomplete = True
 
-    built = asyncio.run(trajectories_from_source("3-4", ForeignSource(Broken())))
+    built = asyncio.run(trajectories_from_source("3-4", FixedSource(Broken())))
     assert built["mask_sample"] and built["rebuilt_response"] is None
     assert built["error"].startswith("unreadable snapshot")

@@ -31,7 +31,13 @@ from capture_core.testing.conformance import CHECKS, run_conformance
 from capture_core.testing.contracts import CaptureStoreContract
 from capture_core.testing.synthetic import rollout_record
 from tests.gym_file_writer import GymWriter, GymWriterRefused, entry_payload
-from tests.pipeline_helpers import dest_records, finalize_args, run_cli, write_rollouts
+from tests.pipeline_helpers import (
+    dest_records,
+    finalize_args,
+    receipt_args,
+    run_cli,
+    write_rollouts,
+)
 
 
 def write_rollout(writer: GymWriter, rollout_id: str, calls: int = 3) -> list[dict]:
@@ -194,9 +200,7 @@ def test_cli_clear_finalize_and_retire_on_a_gym_dir(gym_dir, tmp_path, prefect_a
         assert ids == [p["generation_token_ids"] for p in payloads[rollout_id]]
         assert writer.state(rollout_id)["retired"] is True
     assert writer.state("7-3")["retired"] is False and os.path.exists(writer.path("7-3", "jsonl"))
-    again = run_cli(
-        ["retire", "--dest", dest, "--run-id", "gym-1", "--store", gym_dir], prefect_api
-    )
+    again = run_cli(receipt_args("retire", dest, "gym-1", gym_dir), prefect_api)
     assert again.returncode == 0, again.stderr[-2000:]
     assert tokcap_objects(gym_dir) == [], "no object of tokcap's own layout"
 

@@ -14,33 +14,16 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.clear import dispatch_clear
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
-from tests.backends import PROCESS_SHARED_BACKENDS
-from tests.pipeline_helpers import dest_records, make_batch, rollout_ids, write_rollouts
+from tests.pipeline_helpers import (
+    FAILING_DROP_SOURCE,
+    dest_records,
+    finalize_locations,
+    make_batch,
+    rollout_ids,
+    write_rollouts,
+)
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
-
-
-@pytest.fixture(params=PROCESS_SHARED_BACKENDS)
-def locations(request: pytest.FixtureRequest, tmp_path) -> dict:
-    """Store, destination and rollout-file locations with their (credential-free) options."""
-    if request.param == "local":
-        return {
-            "store": str(tmp_path / "store"),
-            "dest": str(tmp_path / "dest"),
-            "rollouts": str(tmp_path / "rollouts.jsonl"),
-            "options": None,
-        }
-    options = request.getfixturevalue("s3_options")
-    from tests.conftest import make_bucket
-
-    bucket = make_bucket(options)
-    public = {"endpoint_url": options["endpoint_url"]}
-    return {
-        "store": f"s3://{bucket}/store",
-        "dest": f"s3://{bucket}/dest",
-        "rollouts": f"s3://{bucket}/in/rollouts.jsonl",
-        "options": public,
-    }
 
 
 def test_finalize_run_hands_off_every_rollout_and_retires_only_clean_ones(locations) -> None:
@@ -48,14 +31,7 @@ def test_finalize_run_hands_off_every_rollout_and_retires_only_clean_ones(locati
     store = TokenCaptureStore(locations["store"], options)
     records = make_batch(store, 7, masked={2, 5})
     write_rollouts(locations["rollouts"], records, options)
-    summary = finalize_run(
-        locations["rollouts"],
-        locations["store"],
-        locations["dest"],
-        "run-1",
-        batch_size=3,
-        storage_options=options,
-    )
+    summary = finalize_locations(locations, "run-1", batch_size=3)
     assert (summary.rollouts, summary.handed_off, summary.masked, summary.retired) == (7, 7, 2, 5)
     out = dest_records(locations["dest"], "run-1", options)
     assert rollout_ids(out) == [f"7-{i}" for i in range(7)], "one record per rollout, in order"
@@ -210,13 +186,6 @@ def test_dispatch_clear_deletes_exactly_the_given_rollouts(locations) -> None:
     assert not store.byte_store.list_prefix("7-0"), "valid ids are still cleared"
 
 
-class FailingDropStore(TokenCaptureStore):
-    """A source whose drops fail permanently, to leave handed-off captures unretired."""
-
-    def drop_now(self, rollout_id: str, snapshot_id: str, version: int) -> bool:
-        raise PermissionError("retirement not allowed in this test")
-
-
 def test_retire_uploaded_retires_exactly_what_receipts_allow(tmp_path) -> None:
     store_root, dest = str(tmp_path / "store"), str(tmp_path / "dest")
     records = make_batch(TokenCaptureStore(store_root), 4, masked={3})
@@ -224,7 +193,7 @@ def test_retire_uploaded_retires_exactly_what_receipts_allow(tmp_path) -> None:
     with pytest.raises(RunFailedError, match="retirements failed, captures kept"):
         finalize_run(
             rollouts,
-            "tests.test_pipeline:FailingDropStore",
+            FAILING_DROP_SOURCE,
             dest,
             "later",
             batch_size=2,

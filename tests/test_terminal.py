@@ -13,6 +13,7 @@ from capture_core.terminal import (
     blocking_reason,
     transcript_readings,
 )
+from tests.token_calls import token_call
 
 
 def message(text: str, role: str = "assistant") -> dict[str, Any]:
@@ -34,14 +35,8 @@ def call(
     items: list[dict[str, Any]] | None = None,
     response_id: str | None = None,
 ) -> TokenEntry:
-    return TokenEntry(
-        rollout_id="r",
-        model_call_id=cid,
-        prompt_token_ids=prompt,
-        generation_token_ids=gen,
-        generation_log_probs=[-0.1] * len(gen),
-        output_items=items or [],
-        response_id=response_id,
+    return token_call(
+        cid, prompt, gen, log_prob=-0.1, output_items=items or [], response_id=response_id
     )
 
 

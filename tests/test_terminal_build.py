@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import sys
 from typing import Any
 
 from capture_core.builder import prefix_merging
@@ -20,17 +19,17 @@ from capture_core.terminal import (
     blocking_reason,
     check_strict_chain,
 )
-from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
 from tests.test_terminal import message, tool_result
+from tests.token_calls import deep_rollout, shallow_stack, token_call
 
 
 def call(cid: str, prompt: list[int], gen: list[int], **extra: Any) -> TokenEntry:
-    return TokenEntry(
+    return token_call(
+        cid,
+        prompt,
+        gen,
         rollout_id="3-4",
-        model_call_id=cid,
-        prompt_token_ids=prompt,
-        generation_token_ids=gen,
-        generation_log_probs=[-0.3] * len(gen),
+        log_prob=-0.3,
         output_items=[message(f"text of {cid}")],
         response_id=f"resp_{cid}",
         **extra,
@@ -192,16 +191,10 @@ def test_delivery_attributes_from_the_record_and_delivers_the_scored_chain(store
 
 
 def test_a_terminal_deep_in_fifteen_hundred_turns_builds_without_recursion() -> None:
-    entries = synthetic_rollout(
-        "r", RolloutShape(turns=1500, prompt_tokens=16, generated_tokens=2, tool_tokens=1)
-    )
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(150)
-    try:
+    entries = deep_rollout()
+    with shallow_stack():
         built = prefix_merging(entries, terminal_call_id="call-01200")
         attributed = _assemble("r", entries, "prefix_merging", "", TerminalInputs("call-01200"))
-    finally:
-        sys.setrecursionlimit(limit)
     assert len(built.chains[0].links) == 1201 and len(built.notes.excluded_calls) == 299
     assert attributed["mask_sample"] is False
 
