@@ -38,17 +38,6 @@ def test_a_side_fork_with_the_scored_answer_is_never_delivered_for_it() -> None:
     assert "content_ambiguous" in abstention_reasons(verdict.reason)
 
 
-def test_a_shallower_repeat_on_the_whole_path_still_yields_to_the_deeper_call() -> None:
-    """The case the whole-transcript rule is for: the other match lies on the path itself."""
-    entries = [
-        call("d1", [1], [2], [message("Done.")]),
-        call("d2", [1, 2, 3], [4], [message("Done.")]),
-    ]
-    merged = [message("Done."), tool_result("ok"), message("Done.")]
-    verdict = attribute(entries, response={"output": merged})
-    assert (verdict.method, verdict.call_id) == ("content", "d2")
-
-
 def test_a_validation_call_on_the_abandoned_attempt_does_not_make_it_the_scored_one() -> None:
     """The harness checks attempt t1 with a judge call that continues it, rejects it, and
     retries; t2 gives the same submit from other tokens and is the one scored."""
