@@ -30,18 +30,13 @@ from capture_core.testing.conformance import CHECKS, ConformanceError, run_confo
 from capture_core.testing.contracts import CaptureStoreContract
 from tests.backends import OnBackend
 from tests.servers import free_port
+from tests.token_calls import token_call
 
 ALL_CHECKS = set(CHECKS)
 
 
 def make_entry(rollout_id: str, call: str, prompt: list[int], gen: list[int]) -> TokenEntry:
-    return TokenEntry(
-        rollout_id=rollout_id,
-        model_call_id=call,
-        prompt_token_ids=prompt,
-        generation_token_ids=gen,
-        generation_log_probs=[-0.25] * len(gen),
-    )
+    return token_call(call, prompt, gen, rollout_id=rollout_id, log_prob=-0.25)
 
 
 class TokcapStoreContract(OnBackend, CaptureStoreContract):
