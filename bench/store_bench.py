@@ -8,7 +8,10 @@ Baseline, alternated with the puts over the repetitions: the same stored bytes w
 new files with O_EXCL create, write, fsync of the file and fsync of its folder (durable,
 like a put), by as many writers.
 Prints puts/s, the time ratio put/raw (median and range) and the reference's figure scaled
-by this run's raw baseline. Asserts nothing.
+by this run's raw baseline. Also a floor: raw creates that each first spend, in Python, the
+CPU time a put's encoding alone takes (measured in the same run). No Python put doing that
+work can beat this ratio, because Python work holds the interpreter lock and the writers
+take turns. Asserts nothing.
 Usage: .venv/bin/python -m bench.store_bench [--rollouts N] [--repetitions R] [--s3]
 """
 
@@ -24,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bench.finalize_bench import PRESETS, stored_entry_blobs
 from bench.ratios import alternate, median
+from capture_core import compact
+from capture_core.capture_layout import call_key
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import synthetic_rollout
@@ -71,11 +76,32 @@ def raw_durable_create(folder: str, name: str, data: bytes) -> None:
         os.close(folder_fd)
 
 
-def raw_seconds(blobs: list[list[bytes]], concurrency: int) -> float:
+def encoding_cpu_seconds(rollouts: list[list[TokenEntry]]) -> float:
+    """CPU seconds per put of the encoding alone (delta, digests, JSON, seal), one thread."""
+    index = compact.RecentCumulatives()
+    start = time.process_time()
+    for entries in rollouts:
+        for entry in entries:
+            encoded = compact.encode(entry, call_key(entry.model_call_id), index)
+            if encoded.cumulative is not None:
+                index.remember(entry.rollout_id, encoded.cumulative)
+    return (time.process_time() - start) / sum(len(entries) for entries in rollouts)
+
+
+def hold_the_interpreter(seconds: float) -> None:
+    """Busy Python work for `seconds`: it holds the interpreter lock, as an encoding does."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def raw_seconds(blobs: list[list[bytes]], concurrency: int, python_seconds: float = 0.0) -> float:
     folder = tempfile.mkdtemp(prefix="tokcap-raw-")
 
     def write(i: int, rollout: list[bytes]) -> None:
         for n, blob in enumerate(rollout):
+            if python_seconds:
+                hold_the_interpreter(python_seconds)
             raw_durable_create(folder, f"{i}-{n}", blob)
 
     try:
@@ -128,6 +154,16 @@ def bench_local(rollouts: list[list[TokenEntry]], concurrency: int, repetitions:
         f"  reference: {ref_puts:.0f} puts/s beside raw {ref_raw:.0f}/s, i.e. {ref_ratio:.2f}x "
         f"raw; scaled by this run's raw, puts/s over the reference = "
         f"{ref_ratio / ratio.median:.2f}x"
+    )
+    encoding = encoding_cpu_seconds(rollouts)
+    floor = alternate(
+        lambda: raw_seconds(blobs, concurrency),
+        lambda: raw_seconds(blobs, concurrency, encoding),
+        repetitions,
+    )
+    print(
+        f"  floor: raw creates each first spending a put's encoding CPU in Python "
+        f"({encoding * 1e6:.0f} us) = {floor.describe()} of raw"
     )
 
 
