@@ -5,6 +5,8 @@ with a generous readiness wait (`PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECOND
 300 s: a fresh `PREFECT_HOME` migrates its database first, slowly on a busy machine) and with
 the server's telemetry off, so its background writes cannot lock the database mid-run.
 The console shows one line per log record; tracebacks stay in the flow-run logs on the API.
+The temporary server's own output goes to a log file under `PREFECT_HOME`
+(`flows.temporary_server`).
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ def prefect_api() -> Iterator[str | None]:
     if configured:
         yield str(configured)
         return
-    from prefect.server.api.server import SubprocessASGIServer
+    from flows.temporary_server import TemporaryServer, error_lines, log_size, server_log_path
 
-    server = SubprocessASGIServer()
+    server, log = TemporaryServer(), server_log_path()
+    server.log_path, logged_before = log, log_size(log)
     wait = startup_timeout()
     try:
         server.start(timeout=wait)
@@ -75,13 +78,19 @@ def prefect_api() -> Iterator[str | None]:
         server.stop()
         raise ServerUnavailableError(
             f"the temporary Prefect server did not start within {wait} s "
-            f"({str(exc).splitlines()[0][:120]}); {server_help()}"
+            f"({str(exc).splitlines()[0][:120]}; its log: {log}); {server_help()}"
         ) from None
     try:
         yield None
     finally:
         drain_to_api()
         server.stop()
+        if error_lines(log, logged_before):
+            print(
+                "note: the temporary Prefect server logged errors during this command (its "
+                f"own, not the command's: the command's result is above); see {log}",
+                file=sys.stderr,
+            )
 
 
 def drain_to_api(timeout: float = 30) -> None:

@@ -317,6 +317,8 @@ def test_first_demo_succeeds_on_a_busy_machine_with_a_fresh_prefect_home(tmp_pat
     assert re.search(r"^handed off\s+7$", result.stdout, re.MULTILINE), result.stdout
     assert "prefect server start` and open http://127.0.0.1:4200" in result.stdout
     assert os.path.isdir(tmp_path / "demo" / "dest"), "the relative workdir is under the cwd"
+    server_log = tmp_path / "prefect-home" / "tokcap-temporary-server.log"
+    assert server_log.is_file(), "the temporary server wrote to its log, not the console"
 
 
 def test_tokcap_deployments_prints_the_path_without_starting_a_server(tmp_path) -> None:
