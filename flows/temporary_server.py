@@ -32,9 +32,14 @@ def child_output_to(path: str) -> Iterator[None]:
     """Processes started inside write their stdout and stderr to `path` (appended).
 
     The command's own console is restored on exit; keep the block to the child's start.
+    A log that cannot be opened leaves the child on the console, as Prefect starts it.
     """
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        yield
+        return
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)

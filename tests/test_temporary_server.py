@@ -29,6 +29,15 @@ def test_a_child_started_inside_writes_to_the_log_and_the_console_comes_back(
     assert error_lines(str(log), log.stat().st_size) == [], "only what came after the offset"
 
 
+def test_a_log_that_cannot_be_opened_leaves_the_child_on_the_console(tmp_path, capfd) -> None:
+    (tmp_path / "home").write_text("a file where the log's folder should be")
+    with child_output_to(str(tmp_path / "home" / "server.log")):
+        child = subprocess.Popen([sys.executable, "-c", CHILD])
+    assert child.wait(timeout=120) == 0
+    captured = capfd.readouterr()
+    assert "served" in captured.out and "Traceback" in captured.err, "nothing was lost"
+
+
 SERVER_LOGS_AN_ERROR = """
 from flows.runners import prefect_api, prefect_environment
 prefect_environment()
