@@ -50,16 +50,21 @@ print("command done")
 """
 
 
-def test_a_server_error_ends_the_command_with_one_line_naming_the_log(tmp_path) -> None:
-    home = tmp_path / "prefect-home"
-    result = subprocess.run(
-        [sys.executable, "-c", SERVER_LOGS_AN_ERROR],
+def run_script(script: str, home: str) -> subprocess.CompletedProcess[str]:
+    """Run `script` as a new user's command would run: fresh PREFECT_HOME, no API URL."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
         cwd=REPO,
-        env=fresh_prefect_env(str(home)),
+        env=fresh_prefect_env(home),
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_a_server_error_ends_the_command_with_one_line_naming_the_log(tmp_path) -> None:
+    home = tmp_path / "prefect-home"
+    result = run_script(SERVER_LOGS_AN_ERROR, str(home))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "command done"
     notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
@@ -81,14 +86,7 @@ def test_a_clean_command_prints_no_note_and_its_server_log_holds_no_error(tmp_pa
     telemetry on, a fresh server logged "database is locked" from its telemetry heartbeat
     on the development machine, hence the default."""
     home = tmp_path / "prefect-home"
-    result = subprocess.run(
-        [sys.executable, "-c", CLEAN_COMMAND],
-        cwd=REPO,
-        env=fresh_prefect_env(str(home)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_script(CLEAN_COMMAND, str(home))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "note:" not in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert os.path.isfile(home / LOG_NAME), "the server's output went to its log"
