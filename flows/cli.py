@@ -340,14 +340,17 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 NO_SERVER = {"status", "deployments"}
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Run the command, on a temporary Prefect server unless it needs none or one is set."""
+def run_command(args: argparse.Namespace, notes: list[str]) -> int:
+    """Run the command, on a temporary Prefect server unless it needs none or one is set.
+
+    Notes about the temporary server land in `notes`, to print after the result.
+    """
     if args.command in NO_SERVER:
         return COMMANDS[args.command](args)
     from flows.runners import one_line_console, prefect_api
 
     one_line_console()
-    with prefect_api() as api_url:
+    with prefect_api(notes) as api_url:
         args.api_url = api_url
         return COMMANDS[args.command](args)
 
@@ -369,9 +372,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    notes: list[str] = []
+    try:
+        return run_and_report(args, notes)
+    finally:
+        for note in notes:
+            print(note, file=sys.stderr)
+
+
+def run_and_report(args: argparse.Namespace, notes: list[str]) -> int:
+    """Run the command; print any failure in one place and return the exit code."""
     try:
         check_args(args)
-        return run_command(args)
+        return run_command(args, notes)
     except UsageError as exc:
         print(f"tokcap {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -45,21 +45,26 @@ def startup_timeout() -> int:
         return DEFAULT_STARTUP_TIMEOUT_SECONDS
 
 
-def server_help() -> str:
-    """The one line that tells a user how to run against their own Prefect server."""
-    return (
+def server_help(waiting: bool = True) -> str:
+    """The one line that tells a user how to run against their own Prefect server (or, for
+    a server that was only slow, how to wait longer)."""
+    own = (
         f"start one with `{script('prefect')} server start` in another terminal and set "
-        "PREFECT_API_URL=http://127.0.0.1:4200/api, or wait longer with "
-        f"{STARTUP_TIMEOUT_SETTING}=600"
+        "PREFECT_API_URL=http://127.0.0.1:4200/api"
     )
+    if waiting:
+        return f"{own}, or wait longer with {STARTUP_TIMEOUT_SETTING}=600"
+    return f"fix what the log names, or {own}"
 
 
 @contextmanager
-def prefect_api() -> Iterator[str | None]:
+def prefect_api(notes: list[str] | None = None) -> Iterator[str | None]:
     """Yield the API URL the flows use: `PREFECT_API_URL`, else a temporary server's.
 
     `None` means the temporary server, which stops on exit. Its flow runs stay in the
-    database under `PREFECT_HOME`, where `prefect server start` shows them later.
+    database under `PREFECT_HOME`, where `prefect server start` shows them later. If its
+    log gained errors while the command ran, a note naming the log goes to `notes` (for
+    the caller to print after the command's result), or to stderr.
     """
     from prefect.settings import PREFECT_API_URL
 
@@ -67,30 +72,55 @@ def prefect_api() -> Iterator[str | None]:
     if configured:
         yield str(configured)
         return
-    from flows.temporary_server import TemporaryServer, error_lines, log_size, server_log_path
+    from flows.temporary_server import TemporaryServer, log_size, rotate_log, server_log_path
 
-    server, log = TemporaryServer(), server_log_path()
-    server.log_path, logged_before = log, log_size(log)
-    wait = startup_timeout()
+    server = TemporaryServer()
+    server.log_path = log = server_log_path()
+    rotate_log(log)
+    started_at = log_size(log)
     try:
-        server.start(timeout=wait)
+        server.start(timeout=startup_timeout())
     except Exception as exc:
         server.stop()
-        raise ServerUnavailableError(
-            f"the temporary Prefect server did not start within {wait} s "
-            f"({str(exc).splitlines()[0][:120]}; its log: {log}); {server_help()}"
-        ) from None
+        raise ServerUnavailableError(start_failure(exc, server, started_at)) from None
+    ran_from = log_size(log)
     try:
         yield None
     finally:
         drain_to_api()
         server.stop()
-        if error_lines(log, logged_before):
-            print(
-                "note: the temporary Prefect server logged errors during this command (its "
-                f"own, not the command's: the command's result is above); see {log}",
-                file=sys.stderr,
-            )
+        report_server_errors(server, ran_from, notes)
+
+
+def report_server_errors(server: Any, offset: int, notes: list[str] | None) -> None:
+    """Note the log of a temporary server that logged errors after `offset`."""
+    from flows.temporary_server import error_lines
+
+    if not server.redirected or not error_lines(server.log_path, offset):
+        return
+    note = (
+        "note: a temporary Prefect server using this PREFECT_HOME logged errors while this "
+        f"command ran; see {server.log_path}"
+    )
+    if notes is None:
+        print(note, file=sys.stderr)
+    else:
+        notes.append(note)
+
+
+def start_failure(exc: Exception, server: Any, log_offset: int) -> str:
+    """Why the temporary server did not start, with its log's last error, and what to do."""
+    from flows.temporary_server import StartupCrashError, last_error
+
+    crashed = isinstance(exc, StartupCrashError)
+    if crashed:
+        what = f"did not start: {exc}"
+    else:
+        what = f"did not start within {startup_timeout()} s ({str(exc).splitlines()[0][:120]})"
+    if server.redirected:
+        error = last_error(server.log_path, log_offset)
+        what += f"; its log {server.log_path} ends with: {error[:200]}" if error else ""
+    return f"the temporary Prefect server {what}; {server_help(waiting=not crashed)}"
 
 
 def drain_to_api(timeout: float = 30) -> None:

@@ -9,10 +9,11 @@ terminal, in the middle of the command's output. Here they go to a log file unde
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from prefect.server.api.server import SubprocessASGIServer
@@ -20,6 +21,15 @@ from prefect.settings import PREFECT_HOME
 
 LOG_NAME = "tokcap-temporary-server.log"
 ERROR_MARKERS = ("Traceback", "ERROR")
+LOG_ROTATE_BYTES = 5_000_000
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception): ")
+# Prefect restarts a server process that exits at startup (exit code 3, meant for a port
+# taken meanwhile) without counting the time; more starts than this are a crash, not a clash.
+MAX_STARTS = 5
+
+
+class StartupCrashError(RuntimeError):
+    """The server process kept exiting at startup; its log says why."""
 
 
 def server_log_path() -> str:
@@ -28,30 +38,44 @@ def server_log_path() -> str:
 
 
 @contextmanager
-def child_output_to(path: str) -> Iterator[None]:
+def child_output_to(path: str) -> Iterator[bool]:
     """Processes started inside write their stdout and stderr to `path` (appended).
 
-    The command's own console is restored on exit; keep the block to the child's start.
-    A log that cannot be opened leaves the child on the console, as Prefect starts it.
+    Yields whether they do: a log that cannot be opened, or a console already closed,
+    leaves the child on the console, as Prefect starts it. The command's own console is
+    restored on exit; keep the block to the child's start.
     """
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(OSError, ValueError, AttributeError):
+            stream.flush()  # type: ignore[union-attr]
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError:
-        yield
+        yield False
         return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
+    try:
+        saved = os.dup(1), os.dup(2)
+    except OSError:
+        os.close(log)
+        yield False
+        return
     try:
         os.dup2(log, 1)
         os.dup2(log, 2)
-        yield
+        yield True
     finally:
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
         for fd in (*saved, log):
             os.close(fd)
+
+
+def rotate_log(path: str) -> None:
+    """Keep the log bounded: past `LOG_ROTATE_BYTES` it moves to `<path>.1`, replacing that."""
+    with suppress(OSError):
+        if os.path.getsize(path) > LOG_ROTATE_BYTES:
+            os.replace(path, path + ".1")
 
 
 def log_size(path: str) -> int:
@@ -62,26 +86,45 @@ def log_size(path: str) -> int:
         return 0
 
 
-def error_lines(path: str, offset: int) -> list[str]:
-    """The lines written to the log after `offset` that report an error."""
+def last_error(path: str, offset: int) -> str:
+    """The last exception line (`SomeError: why`) written to the log after `offset`, else
+    its last non-blank line: what a user needs to fix a server that will not start."""
+    lines = [line.strip() for line in _read_from(path, offset).splitlines() if line.strip()]
+    exceptions = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    return (exceptions or lines or [""])[-1]
+
+
+def _read_from(path: str, offset: int) -> str:
     try:
         with open(path, "rb") as log:
             log.seek(offset)
-            text = log.read().decode("utf-8", "replace")
+            return log.read().decode("utf-8", "replace")
     except OSError:
-        return []
+        return ""
+
+
+def error_lines(path: str, offset: int) -> list[str]:
+    """The lines written to the log after `offset` that report an error."""
+    text = _read_from(path, offset)
     return [line for line in text.splitlines() if any(m in line for m in ERROR_MARKERS)]
 
 
 class TemporaryServer(SubprocessASGIServer):
-    """`SubprocessASGIServer` whose process writes to `server_log_path()`.
+    """`SubprocessASGIServer` whose process writes to `log_path`, started at most
+    `MAX_STARTS` times.
 
     Prefect's clients find the running server by its class registry, so flows use this
-    one as they would Prefect's own.
+    one as they would Prefect's own. `redirected` says whether its output went to the log.
     """
 
     log_path: str = ""
+    redirected: bool = False
+    starts: int = 0
 
     def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
-        with child_output_to(self.log_path or server_log_path()):
+        self.starts += 1
+        if self.starts > MAX_STARTS:
+            raise StartupCrashError(f"its process exited at startup {MAX_STARTS} times")
+        with child_output_to(self.log_path or server_log_path()) as redirected:
+            self.redirected = redirected
             return super()._run_uvicorn_command()

@@ -21,6 +21,7 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
 from flows.inbox import InboxFailedError, finalize_inbox
+from flows.temporary_server import error_lines
 from tests.pipeline_helpers import (
     REPO,
     finalize_args,
@@ -317,8 +318,10 @@ def test_first_demo_succeeds_on_a_busy_machine_with_a_fresh_prefect_home(tmp_pat
     assert re.search(r"^handed off\s+7$", result.stdout, re.MULTILINE), result.stdout
     assert "prefect server start` and open http://127.0.0.1:4200" in result.stdout
     assert os.path.isdir(tmp_path / "demo" / "dest"), "the relative workdir is under the cwd"
-    server_log = tmp_path / "prefect-home" / "tokcap-temporary-server.log"
-    assert server_log.is_file(), "the temporary server wrote to its log, not the console"
+    if "note:" in result.stderr:  # the loaded server logged errors: to its log, named once
+        server_log = tmp_path / "prefect-home" / "tokcap-temporary-server.log"
+        assert error_lines(str(server_log), 0), result.stderr
+        assert result.stderr.count("note:") == 1, result.stderr
 
 
 def test_tokcap_deployments_prints_the_path_without_starting_a_server(tmp_path) -> None:
