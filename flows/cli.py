@@ -34,6 +34,7 @@ from flows.cli_checks import (
     run_summary,
 )
 from flows.cli_output import (
+    may_show_progress,
     one_line,
     print_retired,
     print_retriggered,
@@ -341,10 +342,8 @@ NO_SERVER = {"status", "deployments"}
 
 
 def run_command(args: argparse.Namespace, notes: list[str]) -> int:
-    """Run the command, on a temporary Prefect server unless it needs none or one is set.
-
-    Notes about the temporary server land in `notes`, to print after the result.
-    """
+    """Run the command, on a temporary Prefect server unless it needs none or one is set;
+    notes about that server go to `notes`, to print after the result."""
     if args.command in NO_SERVER:
         return COMMANDS[args.command](args)
     from flows.runners import one_line_console, prefect_api
@@ -353,15 +352,6 @@ def run_command(args: argparse.Namespace, notes: list[str]) -> int:
     with prefect_api(notes) as api_url:
         args.api_url = api_url
         return COMMANDS[args.command](args)
-
-
-def _may_show_progress(args: argparse.Namespace, error: BaseException) -> bool:
-    """A failed finalize shows its run's ledger, unless the run id belongs to another run."""
-    from capture_core.run_layout import RunIdInUseError
-
-    if args.command != "finalize" or getattr(error, "summary", None) is not None:
-        return False
-    return not isinstance(error, RunIdInUseError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -390,7 +380,7 @@ def run_and_report(args: argparse.Namespace, notes: list[str]) -> int:
         return 2
     except FlowFailed as failed:
         partial = None
-        if _may_show_progress(args, failed.error):
+        if may_show_progress(args, failed.error):
             partial = run_summary(args.dest, args.run_id, args.options)
         report_failure(args, failed, partial)
         return 1

@@ -47,6 +47,15 @@ def print_summary(summary: Any) -> None:
         print(f"records: {summary.records_prefix}\nledger:  {summary.ledger}")
 
 
+def may_show_progress(args: argparse.Namespace, error: BaseException) -> bool:
+    """A failed finalize shows its run's ledger, unless the run id belongs to another run."""
+    from capture_core.run_layout import RunIdInUseError
+
+    if args.command != "finalize" or getattr(error, "summary", None) is not None:
+        return False
+    return not isinstance(error, RunIdInUseError)
+
+
 def report_failure(args: argparse.Namespace, failed: Any, partial: Any = None) -> None:
     """The run's summary when it wrote one, then one line per failure and where the traces are."""
     error = failed.error

@@ -21,7 +21,7 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
 from flows.inbox import InboxFailedError, finalize_inbox
-from flows.temporary_server import error_lines
+from flows.temporary_server import MAX_STARTS, error_lines
 from tests.pipeline_helpers import (
     REPO,
     finalize_args,
@@ -338,25 +338,40 @@ def test_tokcap_deployments_prints_the_path_without_starting_a_server(tmp_path) 
     assert "temporary server" not in result.stderr, result.stderr
 
 
-def test_a_server_that_cannot_start_says_what_to_do_in_one_line(tmp_path) -> None:
-    env = fresh_prefect_env(
-        str(tmp_path / "prefect-home"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1"
-    )
+def demo_on_a_failing_server(tmp_path, **settings: str) -> list[str]:
+    """Run the demo on a temporary server set up with `settings`; it must fail having run
+    nothing and printed no traceback. Returns its `tokcap demo:` lines."""
     result = subprocess.run(
         [sys.executable, "-m", "flows.cli", "demo", "--workdir", str(tmp_path / "demo")],
         cwd=REPO,
-        env=env,
+        env=fresh_prefect_env(str(tmp_path / "prefect-home"), **settings),
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=400,
     )
     assert result.returncode == 1
-    ours = [line for line in result.stderr.splitlines() if line.startswith("tokcap demo:")]
-    assert len(ours) == 1, result.stderr
-    assert "did not start within 1 s" in ours[0] and "prefect server start`" in ours[0]
-    assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in ours[0]
     assert "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "demo"), "nothing ran"
+    return [line for line in result.stderr.splitlines() if line.startswith("tokcap demo:")]
+
+
+def test_a_server_that_cannot_start_says_what_to_do_in_one_line(tmp_path) -> None:
+    ours = demo_on_a_failing_server(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1")
+    assert len(ours) == 1, ours
+    assert "did not start within 1 s" in ours[0] and "prefect server start`" in ours[0]
+    assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in ours[0]
+
+
+def test_a_server_that_keeps_crashing_at_startup_is_reported_with_its_error(tmp_path) -> None:
+    """Prefect restarts a server that exits at startup without counting the time; the CLI
+    stops after a few starts and names the cause from the server's log."""
+    ours = demo_on_a_failing_server(
+        tmp_path,
+        PREFECT_API_DATABASE_CONNECTION_URL="sqlite+aiosqlite:////proc/no-such-dir/prefect.db",
+    )
+    assert len(ours) == 1, ours
+    assert f"exited at startup {MAX_STARTS} times" in ours[0]
+    assert "unable to open database file" in ours[0] and "fix what the log names" in ours[0]
 
 
 def test_the_demo_points_at_the_configured_server(tmp_path, prefect_api: str) -> None:
