@@ -36,6 +36,7 @@ from flows.cli_checks import (
 from flows.cli_output import (
     may_show_progress,
     one_line,
+    print_notes,
     print_retired,
     print_retriggered,
     print_summary,
@@ -366,8 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_and_report(args, notes)
     finally:
-        for note in notes:
-            print(note, file=sys.stderr)
+        print_notes(notes)
 
 
 def run_and_report(args: argparse.Namespace, notes: list[str]) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +46,15 @@ def print_summary(summary: Any) -> None:
         print(f"{name:<{width}}  {value}")
     if summary.records_prefix:
         print(f"records: {summary.records_prefix}\nledger:  {summary.ledger}")
+
+
+def print_notes(notes: list[str]) -> None:
+    """Print the notes to stderr after the command's result (stdout flushed first, also
+    when it is a buffered file)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    for note in notes:
+        print(note, file=sys.stderr)
 
 
 def may_show_progress(args: argparse.Namespace, error: BaseException) -> bool:

@@ -72,18 +72,18 @@ def prefect_api(notes: list[str] | None = None) -> Iterator[str | None]:
     if configured:
         yield str(configured)
         return
-    from flows.temporary_server import TemporaryServer, log_size, rotate_log, server_log_path
+    from flows.temporary_server import TemporaryServer, log_position, rotate_log, server_log_path
 
     server = TemporaryServer()
     server.log_path = log = server_log_path()
     rotate_log(log)
-    started_at = log_size(log)
+    started_at = log_position(log)
     try:
         server.start(timeout=startup_timeout())
     except Exception as exc:
         server.stop()
         raise ServerUnavailableError(start_failure(exc, server, started_at)) from None
-    ran_from = log_size(log)
+    ran_from = log_position(log)
     try:
         yield None
     finally:
@@ -92,11 +92,11 @@ def prefect_api(notes: list[str] | None = None) -> Iterator[str | None]:
         report_server_errors(server, ran_from, notes)
 
 
-def report_server_errors(server: Any, offset: int, notes: list[str] | None) -> None:
-    """Note the log of a temporary server that logged errors after `offset`."""
+def report_server_errors(server: Any, since: Any, notes: list[str] | None) -> None:
+    """Note the log of a temporary server that logged errors since `since`."""
     from flows.temporary_server import error_lines
 
-    if not server.redirected or not error_lines(server.log_path, offset):
+    if not server.redirected or not error_lines(server.log_path, since):
         return
     note = (
         "note: a temporary Prefect server using this PREFECT_HOME logged errors while this "
@@ -108,7 +108,7 @@ def report_server_errors(server: Any, offset: int, notes: list[str] | None) -> N
         notes.append(note)
 
 
-def start_failure(exc: Exception, server: Any, log_offset: int) -> str:
+def start_failure(exc: Exception, server: Any, since: Any) -> str:
     """Why the temporary server did not start, with its log's last error, and what to do."""
     from flows.temporary_server import StartupCrashError, last_error
 
@@ -118,7 +118,7 @@ def start_failure(exc: Exception, server: Any, log_offset: int) -> str:
     else:
         what = f"did not start within {startup_timeout()} s ({str(exc).splitlines()[0][:120]})"
     if server.redirected:
-        error = last_error(server.log_path, log_offset)
+        error = last_error(server.log_path, since)
         what += f"; its log {server.log_path} ends with: {error[:200]}" if error else ""
     return f"the temporary Prefect server {what}; {server_help(waiting=not crashed)}"
 

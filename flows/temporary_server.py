@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import Any, NamedTuple
 
 from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import PREFECT_HOME
@@ -41,25 +41,21 @@ def server_log_path() -> str:
 def child_output_to(path: str) -> Iterator[bool]:
     """Processes started inside write their stdout and stderr to `path` (appended).
 
-    Yields whether they do: a log that cannot be opened, or a console already closed,
-    leaves the child on the console, as Prefect starts it. The command's own console is
-    restored on exit; keep the block to the child's start.
+    Yields whether they do: a log that cannot be opened, or a console with stdout or stderr
+    closed, leaves the child as Prefect starts it. The command's own console is restored
+    on exit; keep the block to the child's start.
     """
     for stream in (sys.stdout, sys.stderr):
         with suppress(OSError, ValueError, AttributeError):
             stream.flush()  # type: ignore[union-attr]
     try:
+        os.fstat(1), os.fstat(2)  # a closed one could be taken by the log or a saved copy
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError:
         yield False
         return
-    try:
-        saved = os.dup(1), os.dup(2)
-    except OSError:
-        os.close(log)
-        yield False
-        return
+    saved = os.dup(1), os.dup(2)
     try:
         os.dup2(log, 1)
         os.dup2(log, 2)
@@ -78,35 +74,52 @@ def rotate_log(path: str) -> None:
             os.replace(path, path + ".1")
 
 
-def log_size(path: str) -> int:
-    """The log's size now, so a command reads only what its own server wrote."""
+class LogPosition(NamedTuple):
+    """A point in the log: its file (inode; 0 for whatever file is there) and an offset.
+
+    The file is kept so that a log another command rotated meanwhile is still read."""
+
+    inode: int
+    offset: int
+
+
+LOG_START = LogPosition(0, 0)
+
+
+def log_position(path: str) -> LogPosition:
+    """Where the log ends now, so a command reads only what came after."""
     try:
-        return os.path.getsize(path)
+        stat = os.stat(path)
     except OSError:
-        return 0
+        return LOG_START
+    return LogPosition(stat.st_ino, stat.st_size)
 
 
-def last_error(path: str, offset: int) -> str:
-    """The last exception line (`SomeError: why`) written to the log after `offset`, else
+def last_error(path: str, since: LogPosition) -> str:
+    """The last exception line (`SomeError: why`) written to the log since `since`, else
     its last non-blank line: what a user needs to fix a server that will not start."""
-    lines = [line.strip() for line in _read_from(path, offset).splitlines() if line.strip()]
+    lines = [line.strip() for line in _read_since(path, since).splitlines() if line.strip()]
     exceptions = [line for line in lines if _EXCEPTION_LINE.match(line)]
     return (exceptions or lines or [""])[-1]
 
 
-def _read_from(path: str, offset: int) -> str:
-    try:
-        with open(path, "rb") as log:
-            log.seek(offset)
-            return log.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def error_lines(path: str, offset: int) -> list[str]:
-    """The lines written to the log after `offset` that report an error."""
-    text = _read_from(path, offset)
+def error_lines(path: str, since: LogPosition) -> list[str]:
+    """The lines written to the log since `since` that report an error."""
+    text = _read_since(path, since)
     return [line for line in text.splitlines() if any(m in line for m in ERROR_MARKERS)]
+
+
+def _read_since(path: str, since: LogPosition) -> str:
+    for candidate in (path, path + ".1"):
+        try:
+            if since.inode and os.stat(candidate).st_ino != since.inode:
+                continue
+            with open(candidate, "rb") as log:
+                log.seek(since.offset)
+                return log.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+    return ""
 
 
 class TemporaryServer(SubprocessASGIServer):

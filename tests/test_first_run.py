@@ -21,7 +21,7 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
 from flows.inbox import InboxFailedError, finalize_inbox
-from flows.temporary_server import MAX_STARTS, error_lines
+from flows.temporary_server import LOG_START, MAX_STARTS, error_lines
 from tests.pipeline_helpers import (
     REPO,
     finalize_args,
@@ -320,7 +320,7 @@ def test_first_demo_succeeds_on_a_busy_machine_with_a_fresh_prefect_home(tmp_pat
     assert os.path.isdir(tmp_path / "demo" / "dest"), "the relative workdir is under the cwd"
     if "note:" in result.stderr:  # the loaded server logged errors: to its log, named once
         server_log = tmp_path / "prefect-home" / "tokcap-temporary-server.log"
-        assert error_lines(str(server_log), 0), result.stderr
+        assert error_lines(str(server_log), LOG_START), result.stderr
         assert result.stderr.count("note:") == 1, result.stderr
 
 

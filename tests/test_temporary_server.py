@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import orjson
 
-from flows.temporary_server import LOG_NAME, child_output_to, error_lines
+from flows.temporary_server import LOG_NAME, LOG_START, child_output_to, error_lines, log_position
 from tests.pipeline_helpers import REPO
 from tests.test_first_run import fresh_prefect_env
 
@@ -29,8 +30,8 @@ def test_a_child_started_inside_writes_to_the_log_and_the_console_comes_back(
     assert "served" not in captured.out and "Traceback" not in captured.err
     assert "console again" in captured.out, "the command's own output still reaches it"
     assert log.read_text().splitlines() == ["served", "Traceback (most recent call last):"]
-    assert error_lines(str(log), 0) == ["Traceback (most recent call last):"]
-    assert error_lines(str(log), log.stat().st_size) == [], "only what came after the offset"
+    assert error_lines(str(log), LOG_START) == ["Traceback (most recent call last):"]
+    assert error_lines(str(log), log_position(str(log))) == [], "only what came after"
 
 
 def test_a_log_that_cannot_be_opened_leaves_the_child_on_the_console(tmp_path, capfd) -> None:
@@ -60,7 +61,7 @@ print(f"redirected={redirected} fd1={state}", file=sys.stderr)
 
 
 def test_a_closed_console_is_left_as_it_is(tmp_path) -> None:
-    """The log may take the free fd 1 while the child starts; afterwards fd 1 is closed."""
+    """With stdout closed the log could take its fd; the child starts as Prefect starts it."""
     log = tmp_path / "server.log"
     result = subprocess.run(
         [sys.executable, "-c", CLOSED_CONSOLE, str(log)],
@@ -70,7 +71,7 @@ def test_a_closed_console_is_left_as_it_is(tmp_path) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stderr.strip().endswith("fd1=closed"), "no log kept the closed console's fd"
+    assert result.stderr.strip() == "redirected=False fd1=closed", "no log took the fd"
 
 
 SERVER_LOGS_AN_ERROR = """
@@ -127,4 +128,14 @@ def test_a_note_only_when_the_log_holds_errors_and_never_a_traceback(tmp_path) -
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr
     if "note:" in result.stderr:
-        assert error_lines(str(home / LOG_NAME), 0), "a note means logged errors"
+        assert error_lines(str(home / LOG_NAME), LOG_START), "a note means logged errors"
+
+
+def test_notes_follow_the_result_also_when_stdout_is_a_buffered_file(tmp_path) -> None:
+    script = "from flows.cli_output import print_notes; print('result'); print_notes(['note: x'])"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    with open(tmp_path / "out", "w") as out:
+        subprocess.run(
+            [sys.executable, "-c", script], cwd=REPO, env=env, stdout=out, stderr=out, timeout=60
+        )
+    assert (tmp_path / "out").read_text().splitlines() == ["result", "note: x"]
