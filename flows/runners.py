@@ -96,7 +96,7 @@ def report_server_errors(server: Any, since: Any, notes: list[str] | None) -> No
     """Note the log of a temporary server that logged errors since `since`."""
     from flows.temporary_server import error_lines
 
-    if not server.redirected or not error_lines(server.log_path, since):
+    if not getattr(server, "redirected", False) or not error_lines(server.log_path, since):
         return
     note = (
         "note: a temporary Prefect server using this PREFECT_HOME logged errors while this "
@@ -117,7 +117,7 @@ def start_failure(exc: Exception, server: Any, since: Any) -> str:
         what = f"did not start: {exc}"
     else:
         what = f"did not start within {startup_timeout()} s ({str(exc).splitlines()[0][:120]})"
-    if server.redirected:
+    if getattr(server, "redirected", False):  # False for a server Prefect made first
         error = last_error(server.log_path, since)
         what += f"; its log {server.log_path} ends with: {error[:200]}" if error else ""
     return f"the temporary Prefect server {what}; {server_help(waiting=not crashed)}"
