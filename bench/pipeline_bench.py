@@ -3,6 +3,7 @@
 Both sides plan, finalize, hand off and retire the same rollouts (stores built from the same
 seeds, captured afresh before each side, not timed), alternated over the repetitions in the
 same run. The Prefect server is started first and its start-up is reported separately.
+Each side works in fresh folders, all removed at the end (see `bench/store_bench.py` on why).
 Prints the time ratio flow/plain (median and range); asserts nothing.
 Usage: .venv/bin/python -m bench.pipeline_bench [--rollouts N] [--batch-size B] [--repetitions R]
 """
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
+from bench import filesystem
 from bench.ratios import alternate, median
 from capture_core.handoff import finalize_batch, handoff_batch, retire_receipt
 from capture_core.rollout_io import plan_rollout_file, read_batch
@@ -61,9 +63,7 @@ def timed_side(work: str, side: str, rep: int, rollouts: str, args: argparse.Nam
 
         summary = finalize_run(rollouts, store, dest, f"bench-{rep}", batch_size=args.batch_size)
         assert summary.handed_off == count and summary.retired == count, summary
-    seconds = time.perf_counter() - start
-    shutil.rmtree(base, ignore_errors=True)
-    return seconds
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -83,6 +83,7 @@ def main() -> None:
                 b"".join(orjson.dumps(rollout_record(i, 0)) + b"\n" for i in range(args.rollouts))
             )
         print(f"{args.rollouts} rollouts x {SHAPE.turns} calls, batch size {args.batch_size}")
+        print(filesystem.describe(work))
 
         from prefect.testing.utilities import prefect_test_harness
 

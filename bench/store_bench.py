@@ -12,7 +12,11 @@ by this run's raw baseline. Also a floor: raw creates that each first spend, in 
 CPU time a put's encoding alone takes (measured in the same run). No Python put doing that
 work can beat this ratio, because Python work holds the interpreter lock and the writers
 take turns. Asserts nothing.
-Usage: .venv/bin/python -m bench.store_bench [--rollouts N] [--repetitions R] [--s3]
+Every side writes into fresh folders under one bench folder, removed only at the end: on
+ext4 without a journal, files deleted just before a run slow that run's creates (see
+`bench/filesystem.py`), and which side pays for the other's deletions would depend on the
+inode allocator. The header names the filesystem measured; `--dir` picks another.
+Usage: .venv/bin/python -m bench.store_bench [--rollouts N] [--repetitions R] [--dir D] [--s3]
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from bench import filesystem
 from bench.finalize_bench import PRESETS, stored_entry_blobs
 from bench.ratios import alternate, median
 from capture_core import compact
@@ -95,8 +100,10 @@ def hold_the_interpreter(seconds: float) -> None:
         pass
 
 
-def raw_seconds(blobs: list[list[bytes]], concurrency: int, python_seconds: float = 0.0) -> float:
-    folder = tempfile.mkdtemp(prefix="tokcap-raw-")
+def raw_seconds(
+    space: str, blobs: list[list[bytes]], concurrency: int, python_seconds: float = 0.0
+) -> float:
+    folder = tempfile.mkdtemp(prefix="raw-", dir=space)
 
     def write(i: int, rollout: list[bytes]) -> None:
         for n, blob in enumerate(rollout):
@@ -104,18 +111,16 @@ def raw_seconds(blobs: list[list[bytes]], concurrency: int, python_seconds: floa
                 hold_the_interpreter(python_seconds)
             raw_durable_create(folder, f"{i}-{n}", blob)
 
-    try:
-        return run_writers(
-            concurrency, [(lambda i=i, r=r: write(i, r)) for i, r in enumerate(blobs)]
-        )
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    return run_writers(concurrency, [(lambda i=i, r=r: write(i, r)) for i, r in enumerate(blobs)])
 
 
 def put_seconds(
-    rollouts: list[list[TokenEntry]], concurrency: int, keep: list[bytes] | None = None
+    space: str,
+    rollouts: list[list[TokenEntry]],
+    concurrency: int,
+    keep: list[bytes] | None = None,
 ) -> float:
-    root = tempfile.mkdtemp(prefix="tokcap-store-")
+    root = tempfile.mkdtemp(prefix="store-", dir=space)
     store = TokenCaptureStore(root)
 
     def capture(entries: list[TokenEntry]) -> None:
@@ -129,18 +134,19 @@ def put_seconds(
         return seconds
     finally:
         store.close_now()
-        shutil.rmtree(root, ignore_errors=True)
 
 
-def bench_local(rollouts: list[list[TokenEntry]], concurrency: int, repetitions: int) -> None:
+def bench_local(
+    space: str, rollouts: list[list[TokenEntry]], concurrency: int, repetitions: int
+) -> None:
     flat: list[bytes] = []
-    put_seconds(rollouts, concurrency, keep=flat)  # warm-up; collects the stored bytes
+    put_seconds(space, rollouts, concurrency, keep=flat)  # warm-up; collects the stored bytes
     per_rollout = len(flat) // len(rollouts)
     blobs = [flat[i : i + per_rollout] for i in range(0, len(flat), per_rollout)]
     puts = len(flat)
     ratio = alternate(
-        lambda: raw_seconds(blobs, concurrency),
-        lambda: put_seconds(rollouts, concurrency),
+        lambda: raw_seconds(space, blobs, concurrency),
+        lambda: put_seconds(space, rollouts, concurrency),
         repetitions,
     )
     ref_puts, ref_raw = REFERENCE[concurrency]
@@ -157,8 +163,8 @@ def bench_local(rollouts: list[list[TokenEntry]], concurrency: int, repetitions:
     )
     encoding = encoding_cpu_seconds(rollouts)
     floor = alternate(
-        lambda: raw_seconds(blobs, concurrency),
-        lambda: raw_seconds(blobs, concurrency, encoding),
+        lambda: raw_seconds(space, blobs, concurrency),
+        lambda: raw_seconds(space, blobs, concurrency, encoding),
         repetitions,
     )
     print(
@@ -192,12 +198,18 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=100)
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--concurrency", type=int, nargs="*", default=[16, 1])
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where to write")
     parser.add_argument("--s3", action="store_true", help="also put against a moto server")
     args = parser.parse_args()
     rollouts = workload(args.rollouts)
     print(f"{args.rollouts} rollouts x {SHAPE.turns} calls (S={SHAPE.prompt_tokens})")
-    for concurrency in args.concurrency:
-        bench_local(rollouts, concurrency, args.repetitions)
+    print(filesystem.describe(args.dir))
+    space = tempfile.mkdtemp(prefix="tokcap-store-bench-", dir=args.dir)
+    try:
+        for concurrency in args.concurrency:
+            bench_local(space, rollouts, concurrency, args.repetitions)
+    finally:
+        shutil.rmtree(space, ignore_errors=True)
     if args.s3:
         bench_s3(rollouts[:30])
 

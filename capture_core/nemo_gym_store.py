@@ -11,7 +11,6 @@ This module imports no Prefect and no storage backend.
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import logging
 import os
@@ -32,6 +31,7 @@ from capture_core.errors import (
     UnreadableCaptureError,
 )
 from capture_core.ids import validate_rollout_id
+from capture_core.io_pool import run_blocking
 from capture_core.nemo_gym_layout import (
     MixedLayoutError,
     nemo_gym_store_for,
@@ -224,7 +224,7 @@ class NemoGymFileStore:
         self.put_now(entry)
 
     async def put(self, entry: Any) -> None:
-        await asyncio.to_thread(self.put_now, entry)
+        await run_blocking(self.put_now, entry)
 
     def begin_call_now(self, rollout_id: str, model_call_id: str) -> None:
         """Record the intent to make a call; after freeze or retirement it raises."""
@@ -235,7 +235,7 @@ class NemoGymFileStore:
             _append_line(self.path_for(rollout_id, layout.INTENTS), model_call_id.encode() + b"\n")
 
     async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
-        await asyncio.to_thread(self.begin_call_now, rollout_id, model_call_id)
+        await run_blocking(self.begin_call_now, rollout_id, model_call_id)
 
     def mark_incomplete_now(
         self, rollout_id: str, model_call_id: str = "", reason: str = ""
@@ -261,7 +261,7 @@ class NemoGymFileStore:
     async def mark_incomplete(
         self, rollout_id: str, model_call_id: str = "", reason: str = ""
     ) -> None:
-        await asyncio.to_thread(self.mark_incomplete_now, rollout_id, model_call_id, reason)
+        await run_blocking(self.mark_incomplete_now, rollout_id, model_call_id, reason)
 
     # -- freeze ---------------------------------------------------------------------------
 
@@ -296,7 +296,7 @@ class NemoGymFileStore:
             )
 
     async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
-        return await asyncio.to_thread(self.freeze_now, rollout_id)
+        return await run_blocking(self.freeze_now, rollout_id)
 
     def _incomplete_reasons(
         self, rollout_id: str, state: dict[str, Any], entries: list[TokenEntry]
@@ -339,7 +339,7 @@ class NemoGymFileStore:
             return True
 
     async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
-        return await asyncio.to_thread(self.drop_now, rollout_id, snapshot_id, version)
+        return await run_blocking(self.drop_now, rollout_id, snapshot_id, version)
 
     def delete(self, rollout_id: str) -> None:
         """Remove a rollout's capture and state so the id can be reused; the lock file stays."""

@@ -10,13 +10,11 @@ The guarantees are described in docs/store.md.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 from capture_core import capture_entries, compact, retirement
 from capture_core import capture_layout as layout
@@ -29,6 +27,7 @@ from capture_core.errors import (
     CaptureStoreError,
 )
 from capture_core.ids import validate_rollout_id
+from capture_core.io_pool import run_blocking
 from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.records import TokenEntry, coerce_token_entry
 from capture_core.storage import ByteStore, local_path, open_byte_store
@@ -46,9 +45,7 @@ __all__ = [
     "open_byte_store",
 ]
 
-T = TypeVar("T")
 
-IO_THREADS = 32
 SETTLE_SECONDS = 5.0
 
 
@@ -56,7 +53,8 @@ class TokenCaptureStore:
     """Capture store at `root`: a local path (plain, `file://`, `local://`), `memory://` or S3.
 
     `storage_options` go to the fsspec filesystem (endpoint, credentials); they are never
-    logged or shown in `repr`. Async methods run blocking I/O on a private thread pool.
+    logged or shown in `repr`. Async methods run blocking I/O on the process's shared I/O
+    thread pool (`capture_core.io_pool`).
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -79,7 +77,6 @@ class TokenCaptureStore:
         self.root = os.fspath(root)
         self.storage_options = dict(storage_options or {})
         self._bytes = open_byte_store(self.root, self.storage_options)
-        self._pool: ThreadPoolExecutor | None = None
         self._recent = compact.RecentCumulatives()
 
     def __repr__(self) -> str:
@@ -103,16 +100,11 @@ class TokenCaptureStore:
         """The byte store beneath; for tools and tests that inspect the raw layout."""
         return self._bytes
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="tokcap-io")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-
     # -- writes ---------------------------------------------------------------------------
 
     async def put(self, entry: Any) -> None:
         """Record one call durably. See `put_now`."""
-        await self._run(self.put_now, entry)
+        await run_blocking(self.put_now, entry)
 
     def append(self, entry: Any) -> None:
         """Synchronous `put`, the name NeMo Gym's sink protocol uses."""
@@ -209,7 +201,7 @@ class TokenCaptureStore:
         self, rollout_id: str, model_call_id: str = "", reason: str = ""
     ) -> None:
         """Durably record a lost call; see `mark_incomplete_now`."""
-        await self._run(self.mark_incomplete_now, rollout_id, model_call_id, reason)
+        await run_blocking(self.mark_incomplete_now, rollout_id, model_call_id, reason)
 
     def mark_incomplete_now(
         self, rollout_id: str, model_call_id: str = "", reason: str = ""
@@ -249,7 +241,7 @@ class TokenCaptureStore:
 
     async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
         """Durably record the intent to make a call; see `begin_call_now`."""
-        await self._run(self.begin_call_now, rollout_id, model_call_id)
+        await run_blocking(self.begin_call_now, rollout_id, model_call_id)
 
     def begin_call_now(self, rollout_id: str, model_call_id: str) -> None:
         """Record the intent to make a call; an intent without an entry at freeze is a loss.
@@ -277,7 +269,7 @@ class TokenCaptureStore:
 
     async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
         """Fence and read a rollout's capture; see `freeze_now`."""
-        return await self._run(self.freeze_now, rollout_id)
+        return await run_blocking(self.freeze_now, rollout_id)
 
     def freeze_now(self, rollout_id: str) -> TokenCaptureSnapshot:
         """Fence a rollout against further writes and return its snapshot.
@@ -317,7 +309,7 @@ class TokenCaptureStore:
 
     async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
         """Retire exactly the consumed snapshot; see `drop_now`."""
-        return await self._run(self.drop_now, rollout_id, snapshot_id, version)
+        return await run_blocking(self.drop_now, rollout_id, snapshot_id, version)
 
     def drop_now(self, rollout_id: str, snapshot_id: str, version: int) -> bool:
         """Retire exactly the consumed snapshot, leaving a small tombstone.
@@ -384,12 +376,9 @@ class TokenCaptureStore:
         return swept
 
     async def close(self) -> None:
-        """Release the thread pool and backend. Safe to repeat."""
+        """Release the backend. Safe to repeat."""
         self.close_now()
 
     def close_now(self) -> None:
         """Synchronous `close`. Safe to repeat."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
         self._bytes.close()

@@ -1,0 +1,50 @@
+"""The process's one thread pool for blocking store I/O awaited from async code.
+
+Stores are opened per task and per batch, so a pool per store would start its threads again
+for every batch. This one starts each thread once per process and keeps it; a forked child
+starts its own, because its copy of the parent's pool has no threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# Enough for a few batches in flight at the default store concurrency of 16; threads start
+# only when no idle one is free, so a larger bound costs nothing until it is used.
+IO_THREADS = 64
+
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def io_pool() -> ThreadPoolExecutor:
+    """The shared pool, created on first use."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="tokcap-io")
+        return _pool
+
+
+async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
+    """Run `fn(*args)` on the shared pool and await its result.
+
+    `fn` must not itself wait for other work on this pool: with every thread waiting, none
+    would be left to do it.
+    """
+    return await asyncio.get_running_loop().run_in_executor(io_pool(), fn, *args)
+
+
+def _forget_after_fork() -> None:
+    global _lock, _pool
+    _lock, _pool = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
