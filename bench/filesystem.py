@@ -1,9 +1,9 @@
 """What filesystem a bench writes to: its type, device and, for ext4, whether it has a journal.
 
-Durable-create figures depend on it. On ext4 without a journal, every fsync writes the inode
-synchronously, and every new inode skips the inodes deleted in the last minute (longer while
-their inode table block is dirty), checking them one by one. A bench that deletes files and
-then creates more measures that scan as well.
+Durable-create figures depend on it. On ext4 without a journal, every new inode skips the
+inodes deleted in the last minute (up to five while their inode table block is not yet
+written back), checking them one by one, so a bench that deletes files and then creates more
+measures that scan as well.
 """
 
 from __future__ import annotations
