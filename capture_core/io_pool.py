@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# Enough for a few batches in flight at the default store concurrency of 16; threads start
-# only when no idle one is free, so a larger bound costs nothing until it is used.
+# Enough for a few batches in flight at the default store concurrency of 16. Threads start
+# on demand (when no idle one is free, or one is just about to become idle), so a larger
+# bound costs nothing until concurrent calls use it.
 IO_THREADS = 64
 
 _lock = threading.Lock()

@@ -13,8 +13,9 @@ from capture_core.store import TokenCaptureStore
 from tests.token_calls import token_call
 
 
-def io_threads() -> set[int]:
-    return {t.ident or 0 for t in threading.enumerate() if t.name.startswith("tokcap-io")}
+def io_threads() -> set[threading.Thread]:
+    """The live I/O threads, as objects: a thread's ident can be reused by a later thread."""
+    return {t for t in threading.enumerate() if t.name.startswith("tokcap-io")}
 
 
 async def put_and_freeze(store: TokenCaptureStore | NemoGymFileStore, rollout_id: str) -> int:
@@ -22,24 +23,23 @@ async def put_and_freeze(store: TokenCaptureStore | NemoGymFileStore, rollout_id
     return len((await store.freeze(rollout_id)).entries)
 
 
-def test_stores_opened_one_after_another_reuse_the_same_io_threads(tmp_path: Path) -> None:
-    assert asyncio.run(put_and_freeze(TokenCaptureStore(str(tmp_path / "a")), "r1")) == 1
-    started = io_threads()
-    assert started, "async store calls ran on the shared pool's threads"
-    for n in range(5):
-        store = TokenCaptureStore(str(tmp_path / f"s{n}"))
+def test_stores_opened_one_after_another_share_a_few_io_threads(tmp_path: Path) -> None:
+    """A pool per store would start at least one thread for each of the 20 stores.
+
+    The pool may start a second thread when the next call is submitted before the worker
+    that finished the last one has marked itself idle, so two are allowed.
+    """
+    before, seen = io_threads(), set()
+    for n in range(20):
+        if n % 2:
+            (tmp_path / f"gym{n}").mkdir()
+            store: TokenCaptureStore | NemoGymFileStore = NemoGymFileStore(tmp_path / f"gym{n}")
+        else:
+            store = TokenCaptureStore(str(tmp_path / f"s{n}"))
         assert asyncio.run(put_and_freeze(store, "r1")) == 1
+        seen |= io_threads()  # taken before close, while a private pool's threads would live
         store.close_now()
-    assert io_threads() == started
-
-
-def test_a_nemo_gym_store_runs_on_the_same_pool(tmp_path: Path) -> None:
-    asyncio.run(put_and_freeze(TokenCaptureStore(str(tmp_path / "a")), "r1"))
-    started = io_threads()
-    (tmp_path / "gym").mkdir()
-    gym = NemoGymFileStore(tmp_path / "gym")
-    assert asyncio.run(put_and_freeze(gym, "r1")) == 1
-    assert io_threads() == started
+    assert len(seen - before) <= 2, f"{len(seen - before)} I/O threads for 20 stores"
 
 
 def wait_for_child(pid: int, seconds: float) -> int | None:
