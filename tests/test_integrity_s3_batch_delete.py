@@ -20,17 +20,24 @@ from tests.reliability_figures import record_case
 from tests.servers import FAKE_AWS_ENV
 from tests.test_integrity_torn_puts import turns
 
-PARTIAL_FAILURE = (
+RESULT_OPEN = (
     b'<?xml version="1.0" encoding="UTF-8"?>'
     b'<DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
-    b"<Error><Key>prefix/r1/e/a</Key><Code>AccessDenied</Code><Message>Access Denied</Message>"
-    b"</Error></DeleteResult>"
 )
+PARTIAL_FAILURE = (
+    RESULT_OPEN
+    + b"<Deleted><Key>prefix/r1/e/b</Key></Deleted>"
+    + b"<Error><Key>prefix/r1/e/a</Key><Code>AccessDenied</Code><Message>Access Denied</Message>"
+    + b"</Error></DeleteResult>"
+)
+# A 200 reply that accounts for one of the two keys asked: neither deleted nor failed.
+SILENT_OMISSION = RESULT_OPEN + b"<Deleted><Key>prefix/r1/e/b</Key></Deleted></DeleteResult>"
 
 
-@pytest.fixture
-def partial_delete_endpoint() -> Iterator[tuple[str, list[str]]]:
+@pytest.fixture(params=[PARTIAL_FAILURE])
+def partial_delete_endpoint(request) -> Iterator[tuple[str, list[str]]]:
     seen: list[str] = []
+    reply = request.param
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
@@ -41,9 +48,9 @@ def partial_delete_endpoint() -> Iterator[tuple[str, list[str]]]:
             seen.append(self.path)
             self.send_response(200)
             self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(PARTIAL_FAILURE)))
+            self.send_header("Content-Length", str(len(reply)))
             self.end_headers()
-            self.wfile.write(PARTIAL_FAILURE)
+            self.wfile.write(reply)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -66,6 +73,19 @@ def test_a_per_key_delete_error_in_a_200_reply_raises(partial_delete_endpoint, m
         store.delete(["r1/e/a", "r1/e/b"])
     assert len(seen) == 1 and "delete" in seen[0], "one batch request for both keys"
     record_case("S3 batch delete reports per-key failures with 200", records_lost=0)
+
+
+@pytest.mark.parametrize("partial_delete_endpoint", [SILENT_OMISSION], indirect=True)
+def test_a_key_the_batch_reply_does_not_account_for_raises(partial_delete_endpoint, monkeypatch):
+    endpoint, seen = partial_delete_endpoint
+    for name, value in FAKE_AWS_ENV.items():
+        monkeypatch.setenv(name, value)
+    store = FsspecStore("s3://bucket/prefix", {"endpoint_url": endpoint})
+    with pytest.raises(CaptureStoreError, match=r"1 of 2 .*prefix/r1/e/a.*not in the reply"):
+        store.delete(["r1/e/a", "r1/e/b"])
+    assert store.delete_each(["r1/e/a", "r1/e/b"]).keys() == {"r1/e/a"}
+    assert len(seen) == 2, "one batch request per call"
+    record_case("S3 batch delete reply silently omits a key", records_lost=0)
 
 
 def test_drop_on_s3_deletes_in_batches_and_verifies(s3_url: str, s3_options) -> None:

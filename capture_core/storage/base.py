@@ -19,6 +19,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 
+from capture_core.errors import CaptureStoreError
+
 
 def check_key(key: str) -> str:
     """Refuse a key that could leave the store root or names a reserved (dot) name.
@@ -120,6 +122,19 @@ class ByteStore(ABC):
         """Delete objects; missing ones are fine; any other failure raises. Callers verify by
         listing. `durable=False`: the removals need not survive a crash (a durable tombstone
         already covers the objects), so a local backend may skip the folder fsync."""
+
+    def delete_each(self, keys: Iterable[str], *, durable: bool = True) -> dict[str, str]:
+        """Delete objects like `delete`, but return each key that could not be deleted, with
+        why, instead of raising; callers deleting many independent things (the tombstone
+        sweep) keep what did go. A store that cannot be reached still raises. Backends with
+        batch deletes override this."""
+        failed: dict[str, str] = {}
+        for key in keys:
+            try:
+                self.delete([key], durable=durable)
+            except (OSError, CaptureStoreError) as exc:
+                failed[key] = f"{type(exc).__name__}: {exc}"
+        return failed
 
     @abstractmethod
     def probe(self, must_exist: bool) -> None:

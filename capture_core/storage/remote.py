@@ -192,12 +192,20 @@ class FsspecStore(ByteStore):
         return sorted(name for name in names if not is_reserved(name))
 
     def delete(self, keys: Iterable[str], *, durable: bool = True) -> None:
-        paths = [self._path(key) for key in keys]
-        if not paths:
+        keys = list(keys)
+        if not self._is_s3:
+            self._delete_one_by_one([self._path(key) for key in keys])
             return
-        if self._is_s3:
-            self._delete_s3(paths)
-            return
+        failed = self.delete_each(keys, durable=durable)
+        if failed:
+            shown = "; ".join(f"{self._path(key)} ({why})" for key, why in list(failed.items())[:5])
+            more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
+            raise CaptureStoreError(
+                f"storage at {self.url} refused to delete {len(failed)} of {len(keys)} objects: "
+                f"{shown}{more}; check delete permissions (s3:DeleteObject), then retry"
+            )
+
+    def _delete_one_by_one(self, paths: list[str]) -> None:
         try:
             for path in paths:
                 if self.fs.exists(path):
@@ -207,33 +215,48 @@ class FsspecStore(ByteStore):
         except Exception as exc:
             raise self._translate(exc, f"delete {len(paths)} objects") from exc
 
-    def _delete_s3(self, paths: list[str]) -> None:
-        """Batch deletes of up to 1,000 keys, every per-key error checked.
+    def delete_each(self, keys: Iterable[str], *, durable: bool = True) -> dict[str, str]:
+        """On S3, batches of up to 1,000 keys, each key's result checked (`_delete_s3_batch`)."""
+        if not self._is_s3:
+            return super().delete_each(keys, durable=durable)
+        paths = {self._path(key): key for key in keys}
+        failed: dict[str, str] = {}
+        batch: list[str] = []
+        for path in paths:
+            batch.append(path)
+            if len(batch) == S3_DELETE_BATCH:
+                failed.update(self._delete_s3_batch(batch))
+                batch = []
+        if batch:
+            failed.update(self._delete_s3_batch(batch))
+        return {paths[path]: why for path, why in failed.items()}
 
-        S3 answers a batch delete with 200 and lists failed keys in `Errors`; s3fs drops
-        them, so the batch is sent here and any failed key raises, named with its code.
+    def _delete_s3_batch(self, paths: list[str]) -> dict[str, str]:
+        """One DeleteObjects request; return each path it did not delete, with why.
+
+        S3 answers 200 and reports each key in `Deleted` or `Errors`; s3fs drops both, so the
+        request is sent here and the reply compared with what was asked: a key in neither
+        list was not deleted. A key that did not exist counts as deleted.
         """
         bucket = self._root.split("/", 1)[0]
-        failed: list[str] = []
-        for start in range(0, len(paths), S3_DELETE_BATCH):
-            batch = paths[start : start + S3_DELETE_BATCH]
-            objects = [{"Key": path.split("/", 1)[1]} for path in batch]
-            try:
-                reply = self.fs.call_s3(
-                    "delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True}
-                )
-            except Exception as exc:
-                raise self._translate(exc, f"delete {len(batch)} objects") from exc
-            for error in reply.get("Errors") or ():
-                if error.get("Code") != "NoSuchKey":
-                    failed.append(
-                        f"{error.get('Key')} ({error.get('Code')}: {error.get('Message')})"
-                    )
-        if failed:
-            shown = "; ".join(failed[:5]) + (
-                f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
+        objects = [{"Key": path.split("/", 1)[1]} for path in paths]
+        try:
+            reply = self.fs.call_s3(
+                "delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": False}
             )
-            raise CaptureStoreError(
-                f"storage at {self.url} refused to delete {len(failed)} of {len(paths)} objects: "
-                f"{shown}; check delete permissions (s3:DeleteObject), then retry"
-            )
+        except Exception as exc:
+            raise self._translate(exc, f"delete {len(paths)} objects") from exc
+        done = {f"{bucket}/{item.get('Key')}" for item in reply.get("Deleted") or ()}
+        errors: dict[str, str] = {}
+        for error in reply.get("Errors") or ():
+            path = f"{bucket}/{error.get('Key')}"
+            if error.get("Code") == "NoSuchKey":
+                done.add(path)
+            else:
+                errors[path] = f"{error.get('Code')}: {error.get('Message')}"
+        missing = {
+            path: "not in the reply, neither deleted nor failed"
+            for path in paths
+            if path not in done and path not in errors
+        }
+        return {**errors, **missing}
