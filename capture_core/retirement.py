@@ -11,13 +11,17 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from capture_core.capture_layout import FROZEN, RETIRED, frozen_key, retired_key
-from capture_core.errors import CaptureRetiredError, CaptureStoreError, UnreadableCaptureError
+from capture_core.capture_layout import FROZEN, MARKER, RETIRED, frozen_key, retired_key
+from capture_core.errors import (
+    CaptureRetiredError,
+    CaptureStoreError,
+    UnreadableCaptureError,
+    is_transient,
+)
 from capture_core.ids import ROLLOUT_ID_PATTERN
 from capture_core.storage import ByteStore
 from capture_core.stored_json import encode_json
@@ -130,14 +134,13 @@ def refuse_retired(byte_store: ByteStore, rollout_id: str) -> None:
 
 
 def tombstone_expired(
-    byte_store: ByteStore, rollout_id: str, older_than_seconds: float, now: float
+    rollout_id: str, decision: dict[str, Any], older_than_seconds: float, now: float
 ) -> bool:
-    """Whether the rollout holds a tombstone written more than `older_than_seconds` ago.
+    """Whether the decision is a tombstone written more than `older_than_seconds` ago.
 
     Refusals are not tombstones: they stay until the dispatch-time clear.
     """
-    decision = read_decision(byte_store, rollout_id)
-    if decision is None or not is_tombstone(decision):
+    if not is_tombstone(decision):
         return False
     retired_at = decision.get("retired_at")
     if not isinstance(retired_at, (int, float)):
@@ -148,28 +151,104 @@ def tombstone_expired(
     return now - retired_at >= older_than_seconds
 
 
-def sweep_tombstones(
+def sweep_tombstones(byte_store: ByteStore, older_than_seconds: float, now: float) -> int:
+    """Delete the capture of every rollout whose tombstone is older than `older_than_seconds`;
+    return how many went.
+
+    Kept: rollouts without a decision (live, or frozen and masked: evidence), refusals, and
+    tombstones with an incomplete marker beneath (a loss reported after retirement).
+    Exactly the keys listed beneath an expired tombstone are deleted, in batch deletes across
+    rollouts with every key's result checked: payloads first, then `FROZEN` and `RETIRED`,
+    so a crash part-way leaves a tombstone that still refuses a freeze and is swept next
+    time. A rollout that cannot be read or removed is logged by name and skipped, so one
+    damaged rollout never stops the sweep; an unreachable store fails it (retry).
+    """
+    names = [name for name in byte_store.list_children("") if ROLLOUT_ID_PATTERN.fullmatch(name)]
+    swept = 0
+    for start in range(0, len(names), SWEEP_CHUNK):
+        chunk = names[start : start + SWEEP_CHUNK]
+        swept += _delete_captures(
+            byte_store, _expired_captures(byte_store, chunk, older_than_seconds, now)
+        )
+    return swept
+
+
+SWEEP_CHUNK = 500  # rollouts whose decisions are read, and whose captures deleted, together
+
+
+def _skip(rollout_id: str, exc: BaseException) -> None:
+    if is_transient(exc):
+        raise exc
+    logger.warning(
+        "sweep: skipped rollout %s, its tombstone could not be swept: %s: %s",
+        rollout_id,
+        type(exc).__name__,
+        exc,
+    )
+
+
+def _expired_captures(
+    byte_store: ByteStore, names: list[str], older_than_seconds: float, now: float
+) -> dict[str, list[str]]:
+    """The listed keys of each rollout in `names` whose capture the sweep may delete."""
+    try:
+        decisions = byte_store.get_many([retired_key(name) for name in names])
+    except Exception as exc:  # one unreadable object: read them one by one, naming it
+        if is_transient(exc):
+            raise
+        decisions = {}
+    doomed: dict[str, list[str]] = {}
+    for name in names:
+        try:
+            keys = _sweepable(byte_store, name, decisions, older_than_seconds, now)
+        except Exception as exc:
+            _skip(name, exc)
+            continue
+        if keys:
+            doomed[name] = keys
+    return doomed
+
+
+def _sweepable(
     byte_store: ByteStore,
-    delete: Callable[[str], None],
+    rollout_id: str,
+    decisions: dict[str, bytes | None],
     older_than_seconds: float,
     now: float,
-) -> int:
-    """`delete` every rollout whose tombstone is older than `older_than_seconds`; return how
-    many. A rollout whose tombstone cannot be read or removed is logged by name and skipped,
-    so one damaged rollout never stops the sweep."""
+) -> list[str] | None:
+    key = retired_key(rollout_id)
+    data = decisions[key] if key in decisions else byte_store.get(key)
+    if data is None:
+        return None
+    if not tombstone_expired(rollout_id, parse_decision(rollout_id, data), older_than_seconds, now):
+        return None
+    keys = byte_store.list_prefix(rollout_id)
+    if key not in keys or byte_store.get(key) != data:
+        return None  # cleared, and perhaps dispatched again, since the decision was read
+    if any(k.startswith(f"{rollout_id}/{MARKER}/") for k in keys):
+        logger.warning(
+            "sweep: kept rollout %s: a loss was reported after it was retired, so its "
+            "handed-off record may lack that call; its marker stays as evidence until the "
+            "dispatch-time clear",
+            rollout_id,
+        )
+        return None
+    return keys
+
+
+def _delete_captures(byte_store: ByteStore, doomed: dict[str, list[str]]) -> int:
+    """Delete each rollout's keys, the decision markers last; return how many rollouts went."""
+    markers = {retired_key(name) for name in doomed} | {frozen_key(name) for name in doomed}
+    payloads = [key for keys in doomed.values() for key in keys if key not in markers]
+    failed = byte_store.delete_each(payloads, durable=False) if payloads else {}
+    whole = [name for name, keys in doomed.items() if not failed.keys() & set(keys)]
+    last = [key for name in whole for key in doomed[name] if key in markers]
+    failed.update(byte_store.delete_each(last, durable=False) if last else {})
     swept = 0
-    for name in byte_store.list_children(""):
-        if not ROLLOUT_ID_PATTERN.fullmatch(name):
-            continue
-        try:
-            if tombstone_expired(byte_store, name, older_than_seconds, now):
-                delete(name)
-                swept += 1
-        except Exception as exc:
-            logger.warning(
-                "sweep: skipped rollout %s, its tombstone could not be swept: %s: %s",
-                name,
-                type(exc).__name__,
-                exc,
-            )
+    for name, keys in doomed.items():
+        reasons = [failed[key] for key in keys if key in failed]
+        if reasons:
+            _skip(name, CaptureStoreError(f"could not delete {len(reasons)} objects: {reasons[0]}"))
+        else:
+            swept += 1
     return swept

@@ -366,12 +366,12 @@ class TokenCaptureStore:
     def sweep_retired(self, older_than_seconds: float) -> int:
         """Remove tombstones retired more than `older_than_seconds` ago; return how many.
 
-        A rollout whose tombstone cannot be read or removed is logged by name and skipped,
-        so one damaged rollout never stops the sweep. Refusals are not tombstones: they stay
-        until the dispatch-time clear. Also removes temporary files crashed local writers left.
+        What is kept and why is `retirement.sweep_tombstones`. A rollout whose tombstone
+        cannot be read or removed is logged by name and skipped, so one damaged rollout never
+        stops the sweep. Also removes temporary files crashed local writers left.
         """
         now = time.time()
-        swept = retirement.sweep_tombstones(self._bytes, self.delete, older_than_seconds, now)
+        swept = retirement.sweep_tombstones(self._bytes, older_than_seconds, now)
         self._bytes.remove_stale_temporaries(max(older_than_seconds, 3600.0), now)
         return swept
 

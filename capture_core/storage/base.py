@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 
-from capture_core.errors import CaptureStoreError
+from capture_core.errors import CaptureStoreError, is_transient
 
 
 def check_key(key: str) -> str:
@@ -133,6 +133,8 @@ class ByteStore(ABC):
             try:
                 self.delete([key], durable=durable)
             except (OSError, CaptureStoreError) as exc:
+                if is_transient(exc):
+                    raise
                 failed[key] = f"{type(exc).__name__}: {exc}"
         return failed
 
