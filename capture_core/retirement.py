@@ -9,6 +9,7 @@ create of one key, so exactly one outcome holds for every client, without a lock
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from typing import Any
@@ -28,6 +29,14 @@ from capture_core.stored_json import encode_json
 
 # The sweep is a `TokenCaptureStore` operation: it logs under the store's name, as it did.
 logger = logging.getLogger("capture_core.store")
+
+# How old a tombstone must be before the scheduled sweep and `tokcap sweep` remove it. It must
+# outlive every writer of the retired attempt; docs/store.md ("Sweeping tombstones") gives
+# the reasoning: live writers end within minutes, the default also covers paused processes.
+DEFAULT_SWEEP_AGE = "2d"
+MIN_SWEEP_AGE_SECONDS = 3600.0
+_AGE = re.compile(r"([0-9]+)([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def claim_freeze(byte_store: ByteStore, rollout_id: str) -> str:
@@ -149,6 +158,23 @@ def tombstone_expired(
             "time; inspect it, then delete the rollout's capture"
         )
     return now - retired_at >= older_than_seconds
+
+
+def sweep_age_seconds(age: str) -> float:
+    """Seconds of a sweep age such as `36h`, `2d`, `90m` or `3600s`; `ValueError` saying what
+    is wrong when it is malformed or below `MIN_SWEEP_AGE_SECONDS`."""
+    match = _AGE.fullmatch(age.strip()) if isinstance(age, str) else None
+    if match is None:
+        raise ValueError(
+            f"{age!r} is not a duration; use a whole number and a unit: 36h, 2d, 90m or 3600s"
+        )
+    seconds = float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+    if seconds < MIN_SWEEP_AGE_SECONDS:
+        raise ValueError(
+            f"{age} is below the 1h minimum: a writer of a recently retired attempt may still "
+            "be running, and a tombstone is what fences it out (see docs/store.md)"
+        )
+    return seconds
 
 
 def sweep_tombstones(byte_store: ByteStore, older_than_seconds: float, now: float) -> int:

@@ -42,6 +42,7 @@ from flows.cli_output import (
     print_summary,
     report_failure,
 )
+from flows.cli_sweep import add_sweep, cmd_sweep
 from flows.runners import ServerUnavailableError, parse_task_runner, prefect_environment
 
 CREDENTIAL_ENV = {
@@ -159,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     clear.add_argument("--rollouts", required=True, help="rollout records file (JSON lines)")
     clear.add_argument("--store", required=True, help=STORE_HELP)
     _add_storage(clear)
+    add_sweep(commands, _add_storage, STORE_HELP)
 
     for name, text in (
         ("retire", "retire what a run handed off"),
@@ -232,10 +234,7 @@ def run_flow(flow: Any, **parameters: Any) -> Any:
 
 
 def _flow_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "storage_options": args.options or None,
-        "source_kwargs": args.source_kwargs or None,
-    }
+    return {"storage_options": args.options or None, "source_kwargs": args.source_kwargs or None}
 
 
 def cmd_finalize(args: argparse.Namespace) -> int:
@@ -332,6 +331,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "finalize": cmd_finalize,
     "clear": cmd_clear,
+    "sweep": cmd_sweep,
     "retire": cmd_retire,
     "retrigger": cmd_retrigger,
     "status": cmd_status,

@@ -18,6 +18,7 @@ import yaml
 from prefect import serve
 from prefect.utilities.importtools import import_object
 
+INBOX = "inbox"  # the deployment `tokcap serve --cron` reschedules
 PLACEHOLDER = re.compile(r"\{\{\s*\$([A-Z_]+)\s*\}\}")
 
 
@@ -57,7 +58,14 @@ def served_deployment(spec: dict[str, Any], env: dict[str, str], cron: str | Non
     )
 
 
+def served_deployments(inbox: str, store: str, dest: str, cron: str | None = None) -> list[Any]:
+    """Every deployment of `prefect.yaml`, served; `cron` replaces the inbox one's schedule
+    only (the others, such as the daily sweep, keep the file's)."""
+    env = {"TOKCAP_INBOX": inbox, "TOKCAP_STORE": store, "TOKCAP_DEST": dest}
+    specs = deployment_specs()
+    return [served_deployment(s, env, cron if s["name"] == INBOX else None) for s in specs]
+
+
 def serve_deployments(inbox: str, store: str, dest: str, cron: str | None = None) -> None:
     """Serve every deployment of `prefect.yaml`; the scheduled inbox one runs on `cron`."""
-    env = {"TOKCAP_INBOX": inbox, "TOKCAP_STORE": store, "TOKCAP_DEST": dest}
-    serve(*(served_deployment(spec, env, cron) for spec in deployment_specs()))
+    serve(*served_deployments(inbox, store, dest, cron))

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from capture_core.records import TokenEntry
 from capture_core.rollout_io import split_lines
 from capture_core.run_report import RunSummary
 from capture_core.storage import open_byte_store
@@ -36,13 +37,18 @@ def make_batch(
     """Capture `count` rollouts `task-i`; those in `masked` get an auxiliary call (2 roots)."""
     records = []
     for i in range(count):
-        shape = RolloutShape(
-            turns=3, prompt_tokens=16, generated_tokens=4, tool_tokens=2, auxiliary_call=i in masked
-        )
-        for entry in synthetic_rollout(f"{task}-{i}", shape):
+        for entry in batch_entries(f"{task}-{i}", masked=i in masked):
             store.put_now(entry)
         records.append(rollout_record(task, i, reward=float(i % 2)))
     return records
+
+
+def batch_entries(rollout_id: str, masked: bool = False) -> list[TokenEntry]:
+    """The calls `make_batch` captures for one rollout (deterministic for its id)."""
+    shape = RolloutShape(
+        turns=3, prompt_tokens=16, generated_tokens=4, tool_tokens=2, auxiliary_call=masked
+    )
+    return synthetic_rollout(rollout_id, shape)
 
 
 def write_rollouts(

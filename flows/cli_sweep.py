@@ -1,0 +1,49 @@
+"""`tokcap sweep`: its arguments and its command; the rest of the CLI is flows/cli.py."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from capture_core.retirement import DEFAULT_SWEEP_AGE, sweep_age_seconds
+
+
+def sweep_age(text: str) -> str:
+    """An argparse type: a sweep age (`36h`, `2d`, `90m`, `3600s`), checked, kept as written."""
+    try:
+        sweep_age_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def add_sweep(
+    commands: Any, add_storage: Callable[[argparse.ArgumentParser], None], store_help: str
+) -> None:
+    """The `sweep` subcommand, with the store options every command takes."""
+    sweep = commands.add_parser("sweep", help="remove tombstones of captures retired long ago")
+    sweep.add_argument("--store", required=True, help=store_help)
+    sweep.add_argument(
+        "--older-than",
+        type=sweep_age,
+        default=DEFAULT_SWEEP_AGE,
+        metavar="DURATION",
+        help=f"age of the tombstones to remove: 36h, 2d, 90m, 3600s (default {DEFAULT_SWEEP_AGE})",
+    )
+    add_storage(sweep)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Run the sweep flow and print how many tombstones it removed."""
+    from flows.cli import _flow_options, run_flow
+    from flows.sweep import sweep_retired_captures
+
+    summary = run_flow(
+        sweep_retired_captures, store=args.store, older_than=args.older_than, **_flow_options(args)
+    )
+    print(
+        f"swept {summary.swept} retired rollouts' tombstones older than {summary.older_than} "
+        f"from {summary.store}"
+    )
+    return 0
