@@ -12,6 +12,7 @@ import yaml
 from prefect import Flow
 from prefect.utilities.importtools import import_object
 
+from capture_core.retirement import MIN_SWEEP_AGE_SECONDS, sweep_age_seconds
 from flows.cli import main
 from tests.pipeline_helpers import REPO
 
@@ -21,6 +22,7 @@ EXPECTED = {
     "finalize-run": "finalize-run",
     "finalize-run-strict": "finalize-run",
     "dispatch-clear": "dispatch-clear",
+    "sweep-retired": "sweep-retired",
     "retire-uploaded": "retire-uploaded",
     "retrigger-failed": "retrigger-failed",
 }
@@ -36,6 +38,17 @@ def test_every_deployment_names_an_installed_flow_and_its_real_parameters() -> N
         assert isinstance(flow, Flow) and flow.name == EXPECTED[deployment["name"]]
         accepted = inspect.signature(flow.fn).parameters
         assert set(deployment["parameters"]) <= set(accepted), deployment["name"]
+
+
+def test_the_sweep_runs_daily_with_a_safe_age_on_the_store() -> None:
+    spec = yaml.safe_load(SOURCE.read_text())
+    (sweep,) = [d for d in spec["deployments"] if d["name"] == "sweep-retired"]
+    assert sweep["parameters"] == {"store": "{{ $TOKCAP_STORE }}", "older_than": "2d"}
+    assert sweep_age_seconds(sweep["parameters"]["older_than"]) >= MIN_SWEEP_AGE_SECONDS
+    (schedule,) = sweep["schedules"]
+    assert schedule["active"] and schedule["timezone"] == "UTC"
+    minute, hour, *every = schedule["cron"].split()
+    assert every == ["*", "*", "*"] and minute.isdigit() and hour.isdigit(), "once a day"
 
 
 def test_the_deployments_refer_to_no_checkout() -> None:

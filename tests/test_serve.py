@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from flows.serve import deployment_specs, prefect_file, served_deployment
+from flows.serve import deployment_specs, prefect_file, served_deployment, served_deployments
 
 ENV = {"TOKCAP_INBOX": "/in", "TOKCAP_STORE": "/store", "TOKCAP_DEST": "/dest"}
 
@@ -36,3 +36,12 @@ def test_the_inbox_schedule_is_the_files_unless_overridden() -> None:
 def test_on_demand_deployments_have_no_schedule() -> None:
     clear = next(d for d in deployment_specs() if d["name"] == "dispatch-clear")
     assert served_deployment(clear, ENV, None).schedules == []
+
+
+def test_cron_reschedules_the_inbox_only_and_the_sweep_keeps_its_daily_schedule() -> None:
+    sweep = next(d for d in deployment_specs() if d["name"] == "sweep-retired")
+    served = {d.name: d for d in served_deployments("/in", "/store", "/dest", "0 * * * *")}
+    assert [s.schedule.cron for s in served["inbox"].schedules] == ["0 * * * *"]
+    daily = [s.schedule.cron for s in served["sweep-retired"].schedules]
+    assert daily == [sweep["schedules"][0]["cron"]]
+    assert served["sweep-retired"].parameters == {"store": "/store", "older_than": "2d"}
