@@ -132,6 +132,7 @@ def test_installed_tokcap_deploys_the_shipped_deployments_and_a_worker_runs_them
         "finalize-run/finalize-run": "flows.finalize:finalize_run",
         "finalize-run/finalize-run-strict": "flows.finalize:finalize_run",
         "dispatch-clear/dispatch-clear": "flows.clear:dispatch_clear",
+        "sweep-retired/sweep-retired": "flows.sweep:sweep_retired_captures",
         "retire-uploaded/retire-uploaded": "flows.finalize:retire_uploaded",
         "retrigger-failed/retrigger-failed": "flows.finalize:retrigger_failed",
     }
@@ -140,6 +141,9 @@ def test_installed_tokcap_deploys_the_shipped_deployments_and_a_worker_runs_them
     inbox = deployments["finalize-inbox/inbox"]
     assert [s.schedule.cron for s in inbox.schedules] == ["*/10 * * * *"]
     assert inbox.parameters["store"] == store and inbox.parameters["dest"] == dest
+    sweep = deployments["sweep-retired/sweep-retired"]
+    assert [s.schedule.cron for s in sweep.schedules] == ["17 3 * * *"]
+    assert sweep.parameters == {"store": store, "older_than": "2d"}
 
     with get_client(sync_client=True) as client:
         flow_run = client.create_flow_run_from_deployment(
