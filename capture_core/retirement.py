@@ -37,6 +37,7 @@ DEFAULT_SWEEP_AGE = "2d"
 MIN_SWEEP_AGE_SECONDS = 3600.0
 _AGE = re.compile(r"([0-9]+)([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+SWEEP_CHUNK = 500  # rollouts whose decisions are read, and whose captures deleted, together
 
 
 def claim_freeze(byte_store: ByteStore, rollout_id: str) -> str:
@@ -197,9 +198,6 @@ def sweep_tombstones(byte_store: ByteStore, older_than_seconds: float, now: floa
             byte_store, _expired_captures(byte_store, chunk, older_than_seconds, now)
         )
     return swept
-
-
-SWEEP_CHUNK = 500  # rollouts whose decisions are read, and whose captures deleted, together
 
 
 def _skip(rollout_id: str, exc: BaseException) -> None:

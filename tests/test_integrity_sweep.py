@@ -122,7 +122,7 @@ def test_the_sweep_deletes_across_rollouts_in_checked_batches_on_s3(s3_url, s3_o
     assert store.byte_store.list_children("") == ["fresh"]
 
 
-def test_a_nemo_gym_directory_is_swept_through_its_own_lock_protocol(tmp_path) -> None:
+def test_a_nemo_gym_directory_is_swept_through_its_own_lock_protocol(tmp_path, prefect_api) -> None:
     root = str(tmp_path / "gym")
     writer = GymWriter(root)
     for rollout_id in ("9-0", "9-1"):

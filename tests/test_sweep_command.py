@@ -7,6 +7,7 @@ import re
 import pytest
 
 from capture_core.store import TokenCaptureStore
+from flows.sweep import sweep_retired_captures
 from tests.pipeline_helpers import run_cli
 from tests.prefect_api_reads import artifacts_of, eventually, flow_runs_named, logs_of
 from tests.servers import free_port
@@ -87,3 +88,12 @@ def test_sweep_prints_the_count_and_reports_it_in_the_ui(locations, prefect_api:
     assert again.returncode == 0, again.stderr[-2000:]
     assert "swept 0 retired rollouts' tombstones older than 2d" in again.stdout
     assert store.byte_store.list_children("") == ["fresh"], "the default age keeps a fresh one"
+
+
+def test_the_flow_refuses_an_unsafe_age_and_sweeps_nothing(tmp_path) -> None:
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    retire(store, "old")
+    age_tombstone(store, "old", 2 * DAY)
+    with pytest.raises(ValueError, match=r"10m is below the 1h minimum"):
+        sweep_retired_captures(store.root, "10m")
+    assert store.byte_store.list_prefix("old") == ["old/FROZEN", "old/RETIRED"]
