@@ -20,6 +20,7 @@ from capture_core.store import TokenCaptureStore
 from capture_core.stored_json import encode_json
 from flows.clear import dispatch_clear
 from flows.sweep import sweep_retired_captures
+from tests.backends import PROCESS_SHARED_BACKENDS, store_location
 from tests.gym_file_writer import GymWriter
 from tests.pipeline_helpers import (
     batch_entries,
@@ -29,7 +30,7 @@ from tests.pipeline_helpers import (
     write_rollouts,
 )
 from tests.reliability_figures import record_case
-from tests.test_integrity_store import two_turns
+from tests.test_integrity_store import PausingBytes, two_turns
 from tests.test_nemo_gym_file_store import write_rollout
 
 DAY = 86400.0
@@ -136,6 +137,39 @@ def test_a_nemo_gym_directory_is_swept_through_its_own_lock_protocol(tmp_path, p
     summary = sweep_retired_captures(root, "2d")
     assert summary.swept == 1
     assert sorted(os.listdir(root)) == ["9-1.tokens.lock", "9-1.tokens.state.json"]
+
+
+class ListingPausingBytes(PausingBytes):
+    """A byte store that runs `hook()` once, just before the first listing matching `when`."""
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        if not self.fired and self.when(prefix):
+            self.fired = True
+            self.hook()
+        return self.inner.list_prefix(prefix)
+
+
+@pytest.fixture(params=PROCESS_SHARED_BACKENDS)
+def root(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict[str, object]]:
+    return store_location(request.param, request, tmp_path)
+
+
+def test_a_sweep_racing_a_clear_and_the_next_attempt_keeps_its_calls(root) -> None:
+    url, options = root
+    sweeper, dispatcher = TokenCaptureStore(url, options), TokenCaptureStore(url, options)
+    retire(sweeper, "r1")
+    age_tombstone(sweeper, "r1", 3 * DAY)
+
+    def next_attempt() -> None:  # after the sweep judged the tombstone expired, before it lists
+        dispatcher.delete("r1")
+        for item in two_turns("r1"):
+            dispatcher.put_now(item)
+
+    sweeper._bytes = ListingPausingBytes(sweeper.byte_store, lambda p: p == "r1", next_attempt)
+    assert sweeper.sweep_retired(2 * DAY) == 0
+    snapshot = TokenCaptureStore(url, options).freeze_now("r1")
+    assert len(snapshot.entries) == 2 and not snapshot.incomplete, "the new attempt is intact"
+    record_case("sweep racing a dispatch-time clear deletes the next attempt", records_lost=0)
 
 
 # -- a late write after the sweep ----------------------------------------------------------
