@@ -153,7 +153,7 @@ def tombstone_expired(
     if not is_tombstone(decision):
         return False
     retired_at = decision.get("retired_at")
-    if not isinstance(retired_at, (int, float)):
+    if isinstance(retired_at, bool) or not isinstance(retired_at, (int, float)):
         raise UnreadableCaptureError(
             f"rollout {rollout_id}: tombstone {rollout_id}/{RETIRED} has no retirement "
             "time; inspect it, then delete the rollout's capture"
