@@ -262,11 +262,11 @@ def _sweepable(
 
 def _delete_captures(byte_store: ByteStore, doomed: dict[str, list[str]]) -> int:
     """Delete each rollout's keys, the decision markers last; return how many rollouts went."""
-    markers = {retired_key(name) for name in doomed} | {frozen_key(name) for name in doomed}
-    payloads = [key for keys in doomed.values() for key in keys if key not in markers]
+    decisions = {retired_key(name) for name in doomed} | {frozen_key(name) for name in doomed}
+    payloads = [key for keys in doomed.values() for key in keys if key not in decisions]
     failed = byte_store.delete_each(payloads, durable=False) if payloads else {}
     whole = [name for name, keys in doomed.items() if not failed.keys() & set(keys)]
-    last = [key for name in whole for key in doomed[name] if key in markers]
+    last = [key for name in whole for key in doomed[name] if key in decisions]
     failed.update(byte_store.delete_each(last, durable=False) if last else {})
     swept = 0
     for name, keys in doomed.items():
