@@ -29,7 +29,8 @@ def add_sweep(
         type=sweep_age,
         default=DEFAULT_SWEEP_AGE,
         metavar="DURATION",
-        help=f"age of the tombstones to remove: 36h, 2d, 90m, 3600s (default {DEFAULT_SWEEP_AGE})",
+        help=f"age of the tombstones to remove: 36h, 2d, 90m, 3600s; at least 1h "
+        f"(default {DEFAULT_SWEEP_AGE})",
     )
     add_storage(sweep)
 
