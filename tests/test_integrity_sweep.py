@@ -20,7 +20,6 @@ from capture_core.store import TokenCaptureStore
 from capture_core.stored_json import encode_json
 from flows.clear import dispatch_clear
 from flows.sweep import sweep_retired_captures
-from tests.backends import PROCESS_SHARED_BACKENDS, store_location
 from tests.gym_file_writer import GymWriter
 from tests.pipeline_helpers import (
     batch_entries,
@@ -149,13 +148,10 @@ class ListingPausingBytes(PausingBytes):
         return self.inner.list_prefix(prefix)
 
 
-@pytest.fixture(params=PROCESS_SHARED_BACKENDS)
-def root(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict[str, object]]:
-    return store_location(request.param, request, tmp_path)
-
-
-def test_a_sweep_racing_a_clear_and_the_next_attempt_keeps_its_calls(root) -> None:
-    url, options = root
+def test_a_sweep_racing_a_clear_and_the_next_attempt_keeps_its_calls(
+    shared_store_location,
+) -> None:
+    url, options = shared_store_location
     sweeper, dispatcher = TokenCaptureStore(url, options), TokenCaptureStore(url, options)
     retire(sweeper, "r1")
     age_tombstone(sweeper, "r1", 3 * DAY)
