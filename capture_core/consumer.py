@@ -325,20 +325,25 @@ def clear_token_captures_for_rollouts(
 
 
 def rollout_ids_of(records: Iterable[Any]) -> tuple[list[str], list[str], int]:
-    """Distinct rollout ids, a description of each malformed one, and how many had no id."""
+    """Distinct rollout ids, a description of each malformed one, and how many had no id.
+
+    An id no store can hold (too long) counts as malformed: nothing was captured under it.
+    """
     ids: dict[str, None] = {}
     malformed: list[str] = []
     without_id = 0
     for position, record in enumerate(records):
         try:
             rollout_id = maybe_rollout_id_from_run_body(record)
+            if rollout_id is not None:
+                validate_rollout_id(rollout_id)
         except ValueError as exc:
             malformed.append(f"record {position}: {exc}")
             continue
         if rollout_id is None:
             without_id += 1
         else:
-            ids[validate_rollout_id(rollout_id)] = None
+            ids[rollout_id] = None
     return list(ids), malformed, without_id
 
 
