@@ -37,8 +37,8 @@ def _path_segment(rollout_id: Any) -> str:
         raise ValueError(f"rollout id must be a string, got {type(rollout_id).__name__}")
     if not ROLLOUT_ID_PATTERN.fullmatch(rollout_id):
         raise ValueError(
-            f"malformed rollout id {rollout_id!r}: use ASCII letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
+            f"malformed rollout id {rollout_id!r}: use 1-{MAX_ROLLOUT_ID_LENGTH} ASCII letters, "
+            "digits, '.', '_' or '-', starting with a letter or digit"
         )
     return rollout_id
 
