@@ -7,6 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capture_core.builder import (
+    BuildNotes,
+    BuildOutput,
     assert_prefix_contiguity,
     per_request,
     prefix_merging,
@@ -305,3 +307,14 @@ def test_main_chain_among_several_leaves_is_the_first_leaf_by_prompt_length() ->
         ["a", "e", "f"],
     ], "leaf g has the shortest prompt of the earliest root's leaves"
     assert [c.chain_id for c in built.chains] == ["main", "branch-0", "branch-1"]
+
+
+def test_build_notes_have_nemo_gyms_defaults_and_order() -> None:
+    """Only `builder` is required; NeMo Gym's fields come first, in its order."""
+    notes = BuildNotes(builder="prefix_merging")
+    assert (notes.roots, notes.chains, notes.delivered_fraction) == (0, 0, 0.0)
+    assert (notes.generated_tokens_captured, notes.generated_tokens_delivered) == (0, 0)
+    assert notes.unresolved_retries == [] and notes.empty_generation_calls == []
+    positional = BuildNotes("prefix_merging", 1, 1, 3, 3, 1.0, ["r1"], ["e1"])
+    assert positional.unresolved_retries == ["r1"] and positional.empty_generation_calls == ["e1"]
+    assert BuildOutput([]).notes == BuildNotes(builder="")
