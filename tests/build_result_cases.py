@@ -24,6 +24,7 @@ from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.records import TokenEntry
 from capture_core.terminal import TerminalInputs
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from tests.token_calls import token_call
 
 GOLDEN = Path(__file__).with_name("build_result_golden.json")
 SMALL = RolloutShape(turns=3, prompt_tokens=6, generated_tokens=3, tool_tokens=2)
@@ -94,15 +95,8 @@ def unchecked() -> TokenEntry:
 
 
 def call(call_id: str, prompt: list[int], generation: list[int], created_at: float) -> TokenEntry:
-    """A call with explicit tokens and no content items (projected as a token-only item)."""
-    return TokenEntry(
-        rollout_id="3-4",
-        model_call_id=call_id,
-        prompt_token_ids=prompt,
-        generation_token_ids=generation,
-        generation_log_probs=[-0.5] * len(generation),
-        created_at=created_at,
-    )
+    """A call of rollout `3-4` with no content items (projected as a token-only item)."""
+    return token_call(call_id, prompt, generation, rollout_id="3-4", created_at=created_at)
 
 
 def one_sequence_split(base: list[int], same_prompt: bool) -> list[TokenEntry]:

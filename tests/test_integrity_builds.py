@@ -17,22 +17,10 @@ from capture_core.delivery import (
     capture_build_can_retire,
     finalize_rollout_token_capture,
 )
-from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import rollout_record
+from tests.build_result_cases import call as _call
 from tests.reliability_figures import record_case
-
-
-def _call(call_id: str, prompt: list[int], generation: list[int], created_at: float) -> TokenEntry:
-    return TokenEntry(
-        rollout_id="3-4",
-        model_call_id=call_id,
-        prompt_token_ids=prompt,
-        generation_token_ids=generation,
-        generation_log_probs=[-0.5] * len(generation),
-        created_at=created_at,
-    )
-
 
 SPLIT_BESIDE_A_CLEAN_CHAIN = [
     _call("call-r", [1, 2], [3], 0.5),

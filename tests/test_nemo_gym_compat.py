@@ -19,6 +19,7 @@ from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.build_result_cases import FixedSource
+from tests.token_calls import token_call
 
 BUILD_KEYS = {
     "rollout_id",
@@ -169,12 +170,11 @@ def test_an_unreadable_foreign_snapshot_is_a_failed_build() -> None:
 # parent (prompt length, call id), so that parent is no leaf and yields no chain.
 def _call(call_id: str, prompt: list[int], generation: list[int], created_at: float) -> TokenEntry:
     item = {"type": "message", "role": "assistant", "content": [{"type": "output_text"}]}
-    return TokenEntry(
+    return token_call(
+        call_id,
+        prompt,
+        generation,
         rollout_id="3-4",
-        model_call_id=call_id,
-        prompt_token_ids=prompt,
-        generation_token_ids=generation,
-        generation_log_probs=[-0.5] * len(generation),
         output_items=[item],
         token_item_index=0,
         created_at=created_at,

@@ -12,48 +12,34 @@ from typing import Any
 
 import orjson
 import pytest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from capture_core.nemo_gym_store import NemoGymFileStore
 from capture_core.records import TokenEntry, token_entry_from_response
 from capture_core.store import TokenCaptureStore
 
-
-class OlderGymEntry(BaseModel):
-    """NeMo Gym's schema-1 `TokenEntry` before it gained `response_id`."""
-
-    model_config = ConfigDict(extra="allow")
-
-    schema_version: int = 1
-    rollout_id: str
-    model_call_id: str
-    model: str = ""
-    prompt_token_ids: list[int]
-    generation_token_ids: list[int]
-    generation_log_probs: list[float]
-    routed_experts: Any | None = None
-    output_items: list[dict] = Field(default_factory=list)
-    token_item_index: int | None = None
-    created_at: float = 0.0
-
-
-class GymEntry(BaseModel):
-    """NeMo Gym's schema-1 `TokenEntry` with `response_id` (before `created_at`)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    schema_version: int = 1
-    rollout_id: str
-    model_call_id: str
-    model: str = ""
-    prompt_token_ids: list[int]
-    generation_token_ids: list[int]
-    generation_log_probs: list[float]
-    routed_experts: Any | None = None
-    output_items: list[dict] = Field(default_factory=list)
-    token_item_index: int | None = None
-    response_id: str | None = None
-    created_at: float = 0.0
+# NeMo Gym's schema-1 `TokenEntry` fields, in its order: (type, default); `...` is required.
+GYM_FIELDS: dict[str, tuple[Any, Any]] = {
+    "schema_version": (int, 1),
+    "rollout_id": (str, ...),
+    "model_call_id": (str, ...),
+    "model": (str, ""),
+    "prompt_token_ids": (list[int], ...),
+    "generation_token_ids": (list[int], ...),
+    "generation_log_probs": (list[float], ...),
+    "routed_experts": (Any | None, None),
+    "output_items": (list[dict], Field(default_factory=list)),
+    "token_item_index": (int | None, None),
+    "response_id": (str | None, None),
+    "created_at": (float, 0.0),
+}
+EXTRA_ALLOWED = ConfigDict(extra="allow")
+GymEntry = create_model("GymEntry", __config__=EXTRA_ALLOWED, **GYM_FIELDS)
+OlderGymEntry = create_model(
+    "OlderGymEntry",
+    __config__=EXTRA_ALLOWED,
+    **{name: spec for name, spec in GYM_FIELDS.items() if name != "response_id"},
+)
 
 
 REQUIRED = {
