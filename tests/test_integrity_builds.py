@@ -17,6 +17,7 @@ from capture_core.delivery import (
     capture_build_can_retire,
     finalize_rollout_token_capture,
 )
+from capture_core.nemo_gym_store import NemoGymFileStore
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import rollout_record
 from tests.build_result_cases import call as _call
@@ -58,9 +59,10 @@ def test_an_ambiguous_retry_is_an_unusable_build_without_a_response(store, tmp_p
     built = asyncio.run(trajectories_from_source("3-4", store))
     assert built["mask_sample"] is True and built["rebuilt_response"] is None
     assert built["error"] == "ValueError: capture produced no safe trainable chain"
-    local = TokenCaptureStore(tmp_path / "local")
-    for entry in AMBIGUOUS_RETRY:
-        local.put_now(entry)
-    again = trajectories_for_rollout("3-4", [tmp_path / "local"])
-    assert again["rebuilt_response"] is None and again["error"] == built["error"]
+    for name, local in (("tokcap", TokenCaptureStore), ("gym", NemoGymFileStore)):
+        (tmp_path / name).mkdir()
+        for entry in AMBIGUOUS_RETRY:
+            local(tmp_path / name).put_now(entry)
+        again = trajectories_for_rollout("3-4", [tmp_path / name])
+        assert again["rebuilt_response"] is None and again["error"] == built["error"]
     record_case("ambiguous retry next to a child")
