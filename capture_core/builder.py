@@ -150,7 +150,6 @@ def _anchored(
 def run_builder(
     entries: Iterable[TokenEntry],
     builder: str = "prefix_merging",
-    *,
     terminal_call_id: str | None = None,
 ) -> BuildOutput:
     """Run the named builder over a frozen snapshot's entries.

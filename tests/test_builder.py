@@ -318,3 +318,15 @@ def test_build_notes_have_nemo_gyms_defaults_and_order() -> None:
     positional = BuildNotes("prefix_merging", 1, 1, 3, 3, 1.0, ["r1"], ["e1"])
     assert positional.unresolved_retries == ["r1"] and positional.empty_generation_calls == ["e1"]
     assert BuildOutput([]).notes == BuildNotes(builder="")
+
+
+def test_run_builder_takes_the_terminal_call_id_as_nemo_gym_does() -> None:
+    """`run_builder(entries, builder, terminal_call_id)`: positional or by keyword."""
+    entries = synthetic_rollout("r", RolloutShape(turns=3, auxiliary_call=True))
+    positional = run_builder(entries, "prefix_merging", "call-00001")
+    keyword = run_builder(entries, builder="prefix_merging", terminal_call_id="call-00001")
+    assert positional.notes.terminal_chain == keyword.notes.terminal_chain == "delivered"
+    assert [link.entry.model_call_id for link in positional.chains[0].links] == [
+        "call-00000",
+        "call-00001",
+    ]
