@@ -145,3 +145,9 @@ def test_schema_zero_survives_tokcaps_store(store: TokenCaptureStore) -> None:
     (read,) = store.freeze_now("3-4").entries
     assert read.schema_version == 0
     assert GymEntry.model_validate(read.model_dump()) == GymEntry.model_validate(written)
+
+
+def test_an_empty_response_id_reads_and_writes_back_as_null() -> None:
+    """The one value not kept (docs/nemo-gym.md): a meaningless served id is no evidence."""
+    written = _written(GymEntry, {**REQUIRED, "response_id": ""})
+    assert TokenEntry.model_validate(written).model_dump()["response_id"] is None
