@@ -111,6 +111,7 @@ def _forest_output(
     """A `prefix_merging` output: counts, plus what the forest quarantined and why."""
     notes = _notes("prefix_merging", calls, chains, roots, empty)
     notes.contradicted_calls = sorted(calls[i].model_call_id for i in forest.contradicted)
+    notes.ambiguous_calls = sorted(calls[i].model_call_id for i in forest.ambiguous)
     notes.lost_parents = {calls[i].model_call_id: p for i, p in sorted(forest.lost_parents.items())}
     quarantined = sorted(calls[i].model_call_id for i in forest.quarantined)
     return BuildOutput(chains, quarantined, notes)
@@ -149,7 +150,6 @@ def _anchored(
 def run_builder(
     entries: Iterable[TokenEntry],
     builder: str = "prefix_merging",
-    *,
     terminal_call_id: str | None = None,
 ) -> BuildOutput:
     """Run the named builder over a frozen snapshot's entries.

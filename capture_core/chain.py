@@ -50,26 +50,29 @@ class Chain:
 class BuildNotes:
     """What the builder saw; typed so a renamed metric fails loudly instead of reading as zero.
 
-    The counts have no default, so a builder that leaves one out fails instead of reporting
-    zero. `unresolved_retries` and `empty_generation_calls` are call ids.
+    NeMo Gym's fields come first, in its order and with its defaults (only `builder` is
+    required). `unresolved_retries` and `empty_generation_calls` are call ids.
     `contradicted_calls` are the calls whose writer-recorded lineage the tokens contradict
     (quarantined: evidence of a lost or misrecorded call, which the strict policy must not
     drop silently). `lost_parents` maps each call whose recorded parent is missing from the
     snapshot to that parent: a lost call, on the delivered path or not.
+    `ambiguous_calls` are the calls quarantined because several calls with one token sequence
+    could be their parent: a strict build never delivers a chain without them.
     """
 
     builder: str
-    roots: int
-    chains: int
-    generated_tokens_captured: int
-    generated_tokens_delivered: int
-    delivered_fraction: float
-    empty_generation_calls: list[str]
+    roots: int = 0
+    chains: int = 0
+    generated_tokens_captured: int = 0
+    generated_tokens_delivered: int = 0
+    delivered_fraction: float = 0.0
     unresolved_retries: list[str] = field(default_factory=list)
+    empty_generation_calls: list[str] = field(default_factory=list)
     terminal_chain: str = ""
     excluded_calls: list[str] = field(default_factory=list)
     contradicted_calls: list[str] = field(default_factory=list)
     lost_parents: dict[str, str] = field(default_factory=dict)
+    ambiguous_calls: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -78,7 +81,7 @@ class BuildOutput:
 
     chains: list[Chain]
     quarantined: list[str] = field(default_factory=list)
-    notes: BuildNotes = field(default_factory=lambda: BuildNotes("", 0, 0, 0, 0, 0.0, []))
+    notes: BuildNotes = field(default_factory=lambda: BuildNotes(builder=""))
 
     @property
     def main_chain(self) -> Chain:

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from capture_core.records import TokenEntry, entry_fields
+from capture_core.records import TOKEN_ENTRY_RECORD_SCHEMA_VERSION, TokenEntry, entry_fields
 from capture_core.stored_json import encode_json
 
 # Stored schema changelog:
@@ -42,7 +42,9 @@ _URLSAFE = bytes.maketrans(b"+/", b"-_")
 _SEAL_HEAD, _SEAL_TAIL, _SEAL_CHARS = b',"s":"', b'"}', _DIGEST_CHARS
 _SEAL_SIZE = len(_SEAL_HEAD) + _SEAL_CHARS + len(_SEAL_TAIL)
 # Fields equal to these defaults are left out of stored schemas 2 and 3; readers restore them.
+# A record's own older `schema_version` is kept (among the extras), so it reads back as written.
 _DEFAULTS: dict[str, Any] = {
+    "schema_version": TOKEN_ENTRY_RECORD_SCHEMA_VERSION,
     "model": "",
     "routed_experts": None,
     "output_items": [],
@@ -53,9 +55,9 @@ _DEFAULTS: dict[str, Any] = {
 
 
 def _normalized(fields: dict[str, Any]) -> dict[str, Any]:
-    """Fields without the prompt, the schema version, and default-valued optional fields."""
+    """Fields without the prompt and without default-valued optional fields."""
     out = dict(fields)
-    for key in ("prompt_token_ids", "schema_version", "prompt"):
+    for key in ("prompt_token_ids", "prompt"):
         out.pop(key, None)
     for key, default in _DEFAULTS.items():
         if key in out and out[key] == default:

@@ -1,6 +1,9 @@
-"""The `token_id_capture` settings block, and loading a configured sink or source class.
+"""The `token_id_capture` settings, and loading a configured sink or source class.
 
-Unknown keys are refused, so a misspelt setting cannot silently disable masking.
+`TokenIdCaptureSettings` is the block (`TOKEN_ID_CAPTURE_BLOCK`); `TokenIdCaptureConfig` a
+whole configuration as capture reads it, as NeMo Gym names and shapes them.
+
+Unknown keys in the block are refused, so a misspelt setting cannot silently disable masking.
 An enabled, rebuilding configuration needs a location or a sink; a local location is absolute.
 `dir` falls back to the top-level `model_call_capture_dir`.
 Locations are local paths or fsspec URLs (`s3://bucket/prefix`).
@@ -15,17 +18,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from capture_core.records import describe_validation_error
 from capture_core.storage import url_scheme
 
-CONFIG_KEY = "token_id_capture"
+TOKEN_ID_CAPTURE_BLOCK = "token_id_capture"
 FALLBACK_DIR_KEY = "model_call_capture_dir"
 
 
-class TokenIdCaptureConfig(BaseModel):
-    """Settings of token-id capture and finalization."""
+def _location_text(value: Any) -> Any:
+    """A location as text: a `Path` (or any path-like) becomes its string."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+class TokenIdCaptureSettings(BaseModel):
+    """The `token_id_capture` block; unknown keys are refused (a typo must not disable masks)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -38,47 +46,61 @@ class TokenIdCaptureConfig(BaseModel):
     max_mask_fraction: float | None = Field(default=None, ge=0.0, le=1.0)
     mask_fraction_min_samples: int = Field(default=50, ge=1)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _accept_a_whole_configuration(cls, data: Any) -> Any:
-        """NeMo Gym validates the whole configuration: take its block and the fallback dir."""
-        if isinstance(data, Mapping) and (CONFIG_KEY in data or FALLBACK_DIR_KEY in data):
-            return _block_of(data)
-        return data
+    _text_dir = field_validator("dir", mode="before")(_location_text)
+
+
+class TokenIdCaptureConfig(BaseModel):
+    """A whole configuration as capture reads it: the block and the top-level fallback `dir`.
+
+    Other top-level keys belong to the rest of the configuration and are ignored, as in
+    NeMo Gym. An enabled, rebuilding configuration needs a location or a sink; a local
+    location is absolute.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    token_id_capture: TokenIdCaptureSettings = Field(default_factory=TokenIdCaptureSettings)
+    model_call_capture_dir: str | None = None
+
+    _text_dir = field_validator("model_call_capture_dir", mode="before")(_location_text)
 
     @model_validator(mode="after")
     def _check_location(self) -> TokenIdCaptureConfig:
-        if self.enabled and self.rebuild_response and not (self.dir or self.sink):
+        block, location = self.token_id_capture, self._location_text()
+        if block.enabled and block.rebuild_response and not (location or block.sink):
             raise ValueError(
                 "token_id_capture is enabled with rebuild_response but has neither `dir` nor "
                 "`sink`; set `dir` (an absolute path or a URL) or `sink` (module.path:ClassName)"
             )
-        if self.dir and url_scheme(self.dir) is None and not os.path.isabs(self.dir):
+        if location and url_scheme(location) is None and not os.path.isabs(location):
             raise ValueError(
-                f"token_id_capture.dir {self.dir!r} is relative; use an absolute path or a URL"
+                f"token_id_capture.dir {location!r} is relative; use an absolute path or a URL"
             )
         return self
 
     @classmethod
     def from_global(cls, global_config: Mapping[str, Any] | None) -> TokenIdCaptureConfig:
-        """Read the block from a whole configuration; a missing block means disabled."""
+        """Read a whole configuration; a missing block means disabled. Errors name the block."""
         try:
-            return cls.model_validate(_block_of(global_config or {}))
+            return cls.model_validate(dict(global_config or {}))
         except ValidationError as exc:
             raise ValueError(
-                f"invalid {CONFIG_KEY} configuration: {describe_validation_error(exc)}"
+                f"invalid {TOKEN_ID_CAPTURE_BLOCK} configuration: {describe_validation_error(exc)}"
             ) from exc
 
     @property
-    def token_id_capture(self) -> TokenIdCaptureConfig:
-        """The block, where NeMo Gym's code reads `config.token_id_capture.<key>`."""
-        return self
+    def enabled(self) -> bool:
+        return self.token_id_capture.enabled
+
+    def _location_text(self) -> str | None:
+        return self.token_id_capture.dir or self.model_call_capture_dir or None
 
     def resolved_dir(self) -> str | Path | None:
         """The configured location, enabled or not: a `Path` locally, else the URL."""
-        if not self.dir:
+        location = self._location_text()
+        if not location:
             return None
-        return self.dir if url_scheme(self.dir) is not None else Path(self.dir)
+        return location if url_scheme(location) is not None else Path(location)
 
     def location(self) -> str | Path | None:
         """The enabled store location: a `Path` for local disk, the URL string otherwise."""
@@ -88,22 +110,10 @@ class TokenIdCaptureConfig(BaseModel):
         """The configured `sink` class; `None` when capture is off or the store at `dir` is used."""
         from capture_core.protocols import TokenSink
 
-        if not self.enabled or not self.sink:
+        block = self.token_id_capture
+        if not block.enabled or not block.sink:
             return None
-        return load_capture_class(self.sink, self.sink_kwargs, TokenSink)
-
-
-TokenIdCaptureSettings = TokenIdCaptureConfig
-
-
-def _block_of(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The `token_id_capture` block of a whole configuration, with `dir` resolved."""
-    block = dict(config.get(CONFIG_KEY) or {})
-    if not block.get("dir") and config.get(FALLBACK_DIR_KEY):
-        block["dir"] = os.fspath(config[FALLBACK_DIR_KEY])
-    if block.get("dir") is not None:
-        block["dir"] = os.fspath(block["dir"])
-    return block
+        return load_capture_class(block.sink, block.sink_kwargs, TokenSink)
 
 
 def token_id_capture_config(global_config_dict: Mapping[str, Any] | None) -> TokenIdCaptureConfig:
@@ -119,7 +129,7 @@ def token_id_capture_enabled_for_agent(
     True when capture is enabled and either `all_agents` is set or the agent's server entry
     has a `responses_api_agents` config with `token_id_capture: true`.
     """
-    settings = token_id_capture_config(global_config_dict)
+    settings = token_id_capture_config(global_config_dict).token_id_capture
     if not settings.enabled:
         return False
     if settings.all_agents:
@@ -129,7 +139,7 @@ def token_id_capture_enabled_for_agent(
     if not isinstance(agents, Mapping):
         return False
     return any(
-        bool(agent.get(CONFIG_KEY, False))
+        bool(agent.get(TOKEN_ID_CAPTURE_BLOCK, False))
         for agent in agents.values()
         if isinstance(agent, Mapping)
     )
@@ -182,10 +192,11 @@ def build_configured_sink(config: TokenIdCaptureConfig) -> Any:
     from capture_core.protocols import TokenSink
     from capture_core.store import TokenCaptureStore
 
-    if config.sink:
-        return load_capture_class(config.sink, config.sink_kwargs, TokenSink)
-    if config.dir:
-        return TokenCaptureStore(config.dir)
+    block, location = config.token_id_capture, config.resolved_dir()
+    if block.sink:
+        return load_capture_class(block.sink, block.sink_kwargs, TokenSink)
+    if location is not None:
+        return TokenCaptureStore(location)
     raise ValueError("token_id_capture has no `sink` and no `dir`; nothing to build")
 
 

@@ -166,7 +166,8 @@ def _refusal(attribution: TerminalAttribution, built: BuildOutput) -> str | None
     An attributed terminal whose chain is not delivered, a call whose recorded parent is
     missing from the snapshot (a lost call, even off the path: the tokens may have linked
     the path across it), or (unattributed) calls whose writer-recorded lineage the tokens
-    contradict: dropping those would hide a lost call.
+    contradict: dropping those would hide a lost call. A build the strict policy would
+    deliver while it holds ambiguous calls is refused too (NeMo Gym delivers it without them).
     """
     chain = built.notes.terminal_chain
     if attribution.call_id is not None and chain != CHAIN_DELIVERED:
@@ -175,7 +176,19 @@ def _refusal(attribution: TerminalAttribution, built: BuildOutput) -> str | None
         return _lost_parents(built.notes.lost_parents)
     if attribution.call_id is None and built.notes.contradicted_calls:
         return _contradicted(built.notes.contradicted_calls)
+    ambiguous = built.notes.ambiguous_calls
+    if attribution.call_id is None and ambiguous and not _mask(attribution, built):
+        return _ambiguous(ambiguous)
     return None
+
+
+def _ambiguous(call_ids: list[str]) -> str:
+    """The error of a strict build that would deliver a chain without its ambiguous calls."""
+    return (
+        f"calls {call_ids} extend several calls with one token sequence, so their parent is "
+        "ambiguous; the only chain left would silently drop them, so the rollout is masked "
+        "and its capture kept as evidence"
+    )
 
 
 def _contradicted(call_ids: list[str]) -> str:
@@ -325,20 +338,25 @@ def clear_token_captures_for_rollouts(
 
 
 def rollout_ids_of(records: Iterable[Any]) -> tuple[list[str], list[str], int]:
-    """Distinct rollout ids, a description of each malformed one, and how many had no id."""
+    """Distinct rollout ids, a description of each malformed one, and how many had no id.
+
+    An id no store can hold (too long) counts as malformed: nothing was captured under it.
+    """
     ids: dict[str, None] = {}
     malformed: list[str] = []
     without_id = 0
     for position, record in enumerate(records):
         try:
             rollout_id = maybe_rollout_id_from_run_body(record)
+            if rollout_id is not None:
+                validate_rollout_id(rollout_id)
         except ValueError as exc:
             malformed.append(f"record {position}: {exc}")
             continue
         if rollout_id is None:
             without_id += 1
         else:
-            ids[validate_rollout_id(rollout_id)] = None
+            ids[rollout_id] = None
     return list(ids), malformed, without_id
 
 

@@ -1,10 +1,11 @@
 """Parent links between the calls of one snapshot, found by prefix, without recursion.
 
 Each call's parent is the earlier call whose prompt-plus-generation is the longest prefix of
-its prompt. Candidates come from an index keyed by `prefix.prefix_key` and are verified by
-comparing whole lists in C; no Python loop walks tokens one by one. Writer-recorded lineage
-settles or contradicts the token evidence (`lineage.decide_parent`). A call the evidence
-cannot settle is quarantined: no chain passes through it.
+its prompt; several such calls with one sequence make it ambiguous (quarantined under the
+first, so none of them is a leaf). Candidates come from an index keyed by `prefix.prefix_key`
+and are verified by comparing whole lists in C; no Python loop walks tokens one by one.
+Writer-recorded lineage settles or contradicts the token evidence (`lineage.decide_parent`).
+A call the evidence cannot settle is quarantined: no chain passes through it.
 This module imports only `chain`, `lineage`, `prefix` and `records`.
 """
 
@@ -52,6 +53,7 @@ class CallForest:
         self.parent: list[int | None] = [None] * len(calls)
         self.contradicted: set[int] = inconsistent_records(calls)
         self.quarantined: set[int] = set(self.contradicted)
+        self.ambiguous: set[int] = set()
         self.lost_parents: dict[int, str] = {}
         self.children: dict[int | None, list[int]] = defaultdict(list)
         self._position = {call.model_call_id: i for i, call in enumerate(calls)}
@@ -85,14 +87,20 @@ class CallForest:
             self.contradicted.add(i)
             self.quarantined.add(i)
         elif parent is AMBIGUOUS:
+            # Quarantined under its first candidate, as in NeMo Gym: that candidate was
+            # extended, so it is no leaf, and no chain silently ends before this call.
+            self.ambiguous.add(i)
             self.quarantined.add(i)
+            self._attach(i, matches[0])
         elif parent is None:
             self.children[None].append(i)
         else:
             # By identity: call ids need not be unique, and an id lookup could link a cycle.
-            j = next(j for j in matches if self.calls[j] is parent)
-            self.parent[i] = j
-            self.children[j].append(i)
+            self._attach(i, next(j for j in matches if self.calls[j] is parent))
+
+    def _attach(self, i: int, j: int) -> None:
+        self.parent[i] = j
+        self.children[j].append(i)
 
     def path_to(self, i: int) -> list[int]:
         """The calls from `i`'s root down to `i`, without recursion."""

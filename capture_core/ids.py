@@ -1,10 +1,13 @@
 """Rollout identity and the training correlation prefix.
 
-A rollout id is explicit (`_ng_rollout_id`) or derived from task, rollout and attempt indices.
+A rollout id is explicit (`_ng_rollout_id`) or derived from task, rollout and attempt indices,
+exactly as NeMo Gym's writers derive the key they store a capture under.
 Ids are validated, never sanitised: a rewritten id could not be looked up again.
-Valid ids are safe path segments, so store keys built from them stay under the store root.
+An id that is not a path segment is a `ValueError` here (no writer can key a capture by it).
+An id too long for tokcap's stores is still an id: the store refuses it where it is stored,
+with a reason that masks the rollout (`validate_rollout_id`).
 The correlation prefix `/ng-rollout/<id>/training-token-capture` uses the same pattern.
-This module imports nothing beyond the standard library.
+This module imports nothing beyond the standard library and pydantic.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+
+from pydantic import BaseModel
 
 ROLLOUT_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MAX_ROLLOUT_ID_LENGTH = 200
@@ -26,11 +31,11 @@ _CAPTURE_PREFIX_PATTERN = re.compile(
 )
 
 
-def validate_rollout_id(rollout_id: Any) -> str:
-    """Return `rollout_id` unchanged, or raise `ValueError` saying what a valid id looks like."""
+def _path_segment(rollout_id: Any) -> str:
+    """Return `rollout_id` unchanged if it is a safe path segment, else raise `ValueError`."""
     if not isinstance(rollout_id, str):
         raise ValueError(f"rollout id must be a string, got {type(rollout_id).__name__}")
-    if len(rollout_id) > MAX_ROLLOUT_ID_LENGTH or not ROLLOUT_ID_PATTERN.fullmatch(rollout_id):
+    if not ROLLOUT_ID_PATTERN.fullmatch(rollout_id):
         raise ValueError(
             f"malformed rollout id {rollout_id!r}: use 1-{MAX_ROLLOUT_ID_LENGTH} ASCII letters, "
             "digits, '.', '_' or '-', starting with a letter or digit"
@@ -38,10 +43,28 @@ def validate_rollout_id(rollout_id: Any) -> str:
     return rollout_id
 
 
-def _field(body: Any, name: str) -> Any:
-    """Read `name` from a mapping, an attribute, or a pydantic model's extra or private data."""
+def validate_rollout_id(rollout_id: Any) -> str:
+    """Return `rollout_id` unchanged if a store can hold it, or raise `ValueError` saying why.
+
+    Stores call this on every id they key objects by: a safe path segment of at most
+    `MAX_ROLLOUT_ID_LENGTH` characters (file names and object keys carry suffixes).
+    """
+    _path_segment(rollout_id)
+    if len(rollout_id) > MAX_ROLLOUT_ID_LENGTH:
+        raise ValueError(
+            f"malformed rollout id {rollout_id[:40]!r}... ({len(rollout_id)} characters): "
+            f"tokcap's stores hold ids of at most {MAX_ROLLOUT_ID_LENGTH} characters, so no "
+            "capture can be stored or read under it; use a shorter _ng_rollout_id"
+        )
+    return rollout_id
+
+
+def _field(body: Mapping[str, Any] | BaseModel, name: str) -> Any:
+    """Read `name` from a mapping, or a pydantic model's attribute, extra or private data."""
     if isinstance(body, Mapping):
         return body.get(name)
+    if name == "_ng_rollout_id" and hasattr(body, "capture_rollout_id"):
+        return body.capture_rollout_id
     value = getattr(body, name, None)
     if value is not None:
         return value
@@ -52,69 +75,50 @@ def _field(body: Any, name: str) -> Any:
     return None
 
 
-_DIGITS = re.compile(r"[0-9]+")
-
-
-def _index(value: Any, name: str) -> str | None:
-    """A task or rollout index as it appears in the id: an integer or a string of digits.
-
-    A digit string is used verbatim (`"03"` stays `03`), exactly as NeMo Gym formats it.
-    """
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return str(value)
-    if isinstance(value, str) and _DIGITS.fullmatch(value):
-        return value
-    raise ValueError(f"{name} must be a non-negative integer or a string of digits, got {value!r}")
-
-
 def _attempt(value: Any) -> int:
-    """The attempt number: an integer, an integer-valued float, or a string of digits."""
+    """The attempt number as NeMo Gym reads it: `int(value)` (so `1.5` is 1, `True` is 1)."""
     if value is None:
         return 0
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if isinstance(value, float) and value.is_integer() and value >= 0:
+    try:
         return int(value)
-    if isinstance(value, str) and _DIGITS.fullmatch(value):
-        return int(value)
-    raise ValueError(
-        "_ng_attempt_index must be a non-negative whole number (an integer, a float such as "
-        f"1.0, or a string of digits), got {value!r}"
-    )
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(
+            f"_ng_attempt_index must be a whole number (an integer, a float or a string of "
+            f"digits), got {value!r}"
+        ) from exc
 
 
 def maybe_rollout_id_from_run_body(body: Any) -> str | None:
-    """Return the rollout id of a run body (a dict or a pydantic model), or `None` if it has none.
+    """Return the rollout id of a run body (a mapping or a pydantic model), or `None`.
 
-    The base id is an explicit `_ng_rollout_id`, else `{task}-{rollout}` from the indices
-    (either missing: `None`). Then, for either kind, an `_ng_attempt_index` above 0 appends
-    `-a{n}`: NeMo Gym's writers key a re-dispatched attempt's capture that way, so reading
-    the base id would finalize it from an earlier attempt's calls.
-    A malformed explicit id, index, attempt or resulting id raises `ValueError`.
+    The base id is an explicit `_ng_rollout_id`, else `{task}-{rollout}` formatted from the
+    indices as they are (either missing: `None`). Then, for either kind, an
+    `_ng_attempt_index` above 0 appends `-a{n}`: NeMo Gym's writers key a re-dispatched
+    attempt's capture that way, so reading the base id would finalize it from an earlier
+    attempt's calls. Any other object has no id (`None`), as in NeMo Gym.
+    A malformed explicit id or attempt, or a resulting id that is not a safe path segment,
+    raises `ValueError`; an id too long for the stores does not (the store refuses it).
     """
+    if not isinstance(body, (Mapping, BaseModel)):
+        return None
     explicit = _field(body, "_ng_rollout_id")
     if explicit is not None:
-        base = validate_rollout_id(explicit)
+        base = _path_segment(explicit)
     else:
-        task = _index(_field(body, "_ng_task_index"), "_ng_task_index")
-        rollout = _index(_field(body, "_ng_rollout_index"), "_ng_rollout_index")
+        task, rollout = _field(body, "_ng_task_index"), _field(body, "_ng_rollout_index")
         if task is None or rollout is None:
             return None
         base = f"{task}-{rollout}"
     attempt = _attempt(_field(body, "_ng_attempt_index"))
-    return validate_rollout_id(f"{base}-a{attempt}" if attempt > 0 else base)
+    return _path_segment(f"{base}-a{attempt}" if attempt > 0 else base)
 
 
 def rollout_capture_prefix(rollout_id: str) -> str:
-    """Return `/ng-rollout/<id>/training-token-capture` for a valid rollout id."""
-    return f"{CAPTURE_PREFIX_ROOT}{validate_rollout_id(rollout_id)}{CAPTURE_PREFIX_LEAF}"
+    """Return `/ng-rollout/<id>/training-token-capture` for a rollout id."""
+    return f"{CAPTURE_PREFIX_ROOT}{_path_segment(rollout_id)}{CAPTURE_PREFIX_LEAF}"
 
 
 def rollout_id_from_capture_prefix(path: str) -> str | None:
     """Return the rollout id in a correlation path, or `None` when the path is not one."""
     match = _CAPTURE_PREFIX_PATTERN.fullmatch(path)
-    if match is None or len(match.group(1)) > MAX_ROLLOUT_ID_LENGTH:
-        return None
-    return match.group(1)
+    return None if match is None else match.group(1)

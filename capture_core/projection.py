@@ -57,14 +57,14 @@ def project_main_chain_response(rollout_id: str, out: BuildOutput, model: str = 
     when `per_request` produced several, or when no token was generated.
     """
     if not out.chains:
-        raise ValueError("no safe trainable chain")
+        raise ValueError("capture produced no safe trainable chain")
     if out.notes.builder == "per_request" and len(out.chains) > 1:
         raise ValueError(
             f"per_request built {len(out.chains)} chains; a single response needs exactly one"
         )
     main = out.main_chain
     if main.generated_tokens == 0:
-        raise ValueError("the main chain generated no tokens")
+        raise ValueError("capture produced no trainable generated tokens")
     output = project_chain_to_output_items(main)
     generated = [item for item in output if item.get("generation_token_ids")]
     return {

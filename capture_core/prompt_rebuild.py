@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capture_core.compact import STORED_SCHEMA_VERSION, check_seal, digest_text, token_bytes, unpack
+from capture_core.records import TOKEN_ENTRY_RECORD_SCHEMA_VERSION
 
 
 @dataclass
@@ -57,7 +58,7 @@ def parse_stored(name: str, data: bytes, stored: dict[str, Any]) -> StoredEntry:
     parent = block.get("parent")
     return StoredEntry(
         name,
-        {**fields, "schema_version": 1},
+        {"schema_version": TOKEN_ENTRY_RECORD_SCHEMA_VERSION, **fields},
         tail if parent is None else None,
         parent,
         int(block.get("shared") or 0),

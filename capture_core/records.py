@@ -18,8 +18,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -42,6 +44,9 @@ class TokenEntry(BaseModel):
     NeMo Gym 0.7.0 records); terminal attribution joins the scored response to it. It is
     optional evidence: a value that is not a non-empty string reads as `None`, so it never
     fails the record.
+    Fields are in NeMo Gym's order. A dump writes `schema_version`, every field that was set
+    (given, read, or assigned) and the extras, never an optional field left at its default
+    unset: a NeMo Gym entry read and written back is the entry it was.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -56,8 +61,8 @@ class TokenEntry(BaseModel):
     routed_experts: Any = None
     output_items: list[dict[str, Any]] = Field(default_factory=list)
     token_item_index: int | None = None
-    created_at: float = 0.0
     response_id: str | None = None
+    created_at: float = 0.0
 
     @model_validator(mode="before")
     @classmethod
@@ -75,6 +80,20 @@ class TokenEntry(BaseModel):
     def _check_consistency(self) -> TokenEntry:
         check_entry_consistency(self)
         return self
+
+    @model_serializer(mode="wrap")
+    def _only_fields_it_has(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for name in _OPTIONAL_FIELDS.difference(self.model_fields_set):
+            data.pop(name, None)
+        return data
+
+
+_OPTIONAL_FIELDS = frozenset(
+    name
+    for name, info in TokenEntry.model_fields.items()
+    if not info.is_required() and name != "schema_version"
+)
 
 
 def check_schema_version(version: Any) -> None:
@@ -169,47 +188,84 @@ def response_items(response: Mapping[str, Any]) -> list[Any]:
 
 
 def _carries_tokens(item: Any) -> bool:
-    return isinstance(item, Mapping) and any(field in item for field in TOKEN_FIELDS)
+    """Whether an item carries token arrays: any required array present and not null."""
+    return isinstance(item, Mapping) and any(
+        item.get(field) is not None for field in REQUIRED_TOKEN_FIELDS
+    )
 
 
-def extract_token_fields(response: Mapping[str, Any]) -> dict[str, Any] | None:
+def _token_candidates(response_json: Mapping[str, Any]) -> list[Any]:
+    """Every item that may carry token arrays: Responses `output` items and Chat messages."""
+    output = response_json.get("output")
+    items = list(output) if isinstance(output, list) else []
+    choices = response_json.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
+        items.append(choice.get("message") if isinstance(choice, Mapping) else None)
+    return items
+
+
+def extract_token_fields(response_json: Mapping[str, Any]) -> dict[str, Any] | None:
     """Return the token arrays of a served response, or `None` when no item carries them.
 
-    The result holds the three required arrays, `routed_experts` (possibly `None`) and
-    `token_item_index`. A carrier missing a required array, or two carriers, is an error.
+    The result holds the three required arrays and `routed_experts` (possibly `None`),
+    NeMo Gym's `TOKEN_FIELDS`. A carrier missing a required array, or two carriers, is an
+    error: the capture could not tell which call the arrays belong to.
     """
-    carriers = [i for i, item in enumerate(response_items(response)) if _carries_tokens(item)]
+    carriers = [item for item in _token_candidates(response_json) if _carries_tokens(item)]
     if not carriers:
         return None
     if len(carriers) > 1:
         raise ValueError(
-            f"response items {carriers} all carry token arrays; exactly one item may carry "
+            f"{len(carriers)} response items carry token arrays; exactly one item may carry "
             "them, so the capture cannot tell which call they belong to"
         )
-    index = carriers[0]
-    item = response_items(response)[index]
+    item = carriers[0]
     missing = [field for field in REQUIRED_TOKEN_FIELDS if item.get(field) is None]
     if missing:
         raise ValueError(
-            f"response item {index} carries token arrays but lacks {missing}; a carrier "
-            "needs prompt_token_ids, generation_token_ids and generation_log_probs"
+            f"a response item carries token arrays but lacks {missing}; a carrier needs "
+            "prompt_token_ids, generation_token_ids and generation_log_probs"
         )
-    fields = {field: item[field] for field in REQUIRED_TOKEN_FIELDS}
-    fields["routed_experts"] = item.get("routed_experts")
-    fields["token_item_index"] = index
-    return fields
+    return {field: item.get(field) for field in TOKEN_FIELDS}
 
 
-def strip_token_fields(item: Mapping[str, Any]) -> dict[str, Any]:
-    """Return a copy of an item without token arrays."""
-    return {key: value for key, value in item.items() if key not in TOKEN_FIELDS}
+def strip_token_fields(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int | None]:
+    """Return the items without token arrays, and the position of the one that carried them.
 
-
-def response_to_output_items(response: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Return the call's content items with token arrays stripped, in their served order."""
-    return [
-        strip_token_fields(item) for item in response_items(response) if isinstance(item, Mapping)
+    The arrays are kept once, on the entry; `None` when no item carried them. Two carriers
+    are an error, as in `extract_token_fields`.
+    """
+    carriers = [position for position, item in enumerate(items) if _carries_tokens(item)]
+    if len(carriers) > 1:
+        raise ValueError(
+            f"output items {carriers} all carry token arrays; exactly one item may carry them"
+        )
+    stripped = [
+        {key: value for key, value in item.items() if key not in TOKEN_FIELDS} for item in items
     ]
+    return stripped, carriers[0] if carriers else None
+
+
+def response_to_output_items(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The served response's content items, in order, as Responses output items.
+
+    A non-empty Responses `output` gives its mapping items; otherwise each Chat
+    `choices[*].message` becomes a `message` item (`type` and `role` filled in when absent).
+    Token arrays stay on the items: `strip_token_fields` removes them.
+    """
+    output = payload.get("output")
+    if isinstance(output, list) and output:
+        return [dict(item) for item in output if isinstance(item, Mapping)]
+    items: list[dict[str, Any]] = []
+    choices = payload.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
+        message = choice.get("message") if isinstance(choice, Mapping) else None
+        if isinstance(message, Mapping):
+            item = dict(message)
+            item.setdefault("type", "message")
+            item.setdefault("role", "assistant")
+            items.append(item)
+    return items
 
 
 def token_entry_from_response(
@@ -222,18 +278,22 @@ def token_entry_from_response(
 ) -> TokenEntry | None:
     """Build the capture record of one served call, or `None` when it carries no tokens.
 
-    The response's `id` is recorded as `response_id`: it is what the harness keeps.
+    The response's `id` is recorded as `response_id` (it is what the harness keeps); a
+    response without one leaves the field unset, so it is not written.
     """
     fields = extract_token_fields(response)
     if fields is None:
         return None
+    output_items, token_item_index = strip_token_fields(response_to_output_items(response))
     served_id = response.get("id")
+    if isinstance(served_id, str) and served_id:
+        fields["response_id"] = served_id
     return TokenEntry(
         rollout_id=rollout_id,
         model_call_id=model_call_id,
         model=model or str(response.get("model") or ""),
-        output_items=response_to_output_items(response),
+        output_items=output_items,
+        token_item_index=token_item_index,
         created_at=created_at,
-        response_id=served_id if isinstance(served_id, str) and served_id else None,
         **fields,
     )

@@ -24,6 +24,7 @@ from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.records import TokenEntry
 from capture_core.terminal import TerminalInputs
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from tests.token_calls import token_call
 
 GOLDEN = Path(__file__).with_name("build_result_golden.json")
 SMALL = RolloutShape(turns=3, prompt_tokens=6, generated_tokens=3, tool_tokens=2)
@@ -93,6 +94,24 @@ def unchecked() -> TokenEntry:
     )
 
 
+def call(call_id: str, prompt: list[int], generation: list[int], created_at: float) -> TokenEntry:
+    """A call of rollout `3-4` with no content items (projected as a token-only item)."""
+    return token_call(call_id, prompt, generation, rollout_id="3-4", created_at=created_at)
+
+
+def one_sequence_split(base: list[int], same_prompt: bool) -> list[TokenEntry]:
+    """Two calls after `base` with one prompt-plus-generation (one prompt, or split two ways)
+    and a child extending both: the child's parent is ambiguous."""
+    second = call("call-b", [*base, 9], [4, 5], 2.0)
+    if not same_prompt:
+        second = call("call-b", [*base, 9, 4], [5], 2.0)
+    return [
+        call("call-a", [*base, 9], [4, 5], 1.0),
+        second,
+        call("call-c", [*base, 9, 4, 5, 6], [7], 3.0),
+    ]
+
+
 def carrying_record() -> dict:
     record = rollout_record(3, 4)
     record["response"]["output"][0]["generation_token_ids"] = [1]
@@ -135,6 +154,19 @@ CASES: dict[str, Callable[[], dict]] = {
     "unusable_no_key": lambda: finalize({"reward": 1.0}, FixedSource(snapshot(rollout()))),
     "unusable_malformed_id": lambda: finalize(
         {"_ng_rollout_id": "a/b", "reward": 0.0}, FixedSource(snapshot(rollout()))
+    ),
+    "ambiguous_duplicates": lambda: from_source(
+        FixedSource(snapshot(one_sequence_split([1, 2], same_prompt=True)))
+    ),
+    "ambiguous_split": lambda: from_source(
+        FixedSource(snapshot(one_sequence_split([1, 2], same_prompt=False)))
+    ),
+    "ambiguous_beside_sub_agent": lambda: from_source(
+        FixedSource(snapshot([call("call-s", [50], [51], 0.5), *one_sequence_split([1, 2], True)]))
+    ),
+    "ambiguous_beside_clean_chain": lambda: finalize(
+        rollout_record(3, 4),
+        FixedSource(snapshot([call("call-r", [1], [2], 0.5), *one_sequence_split([1, 2], False)])),
     ),
     "unusable_freeze_failed": lambda: finalize(
         rollout_record(3, 4), FixedSource(failure=OSError("disk gone"))

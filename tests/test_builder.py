@@ -7,6 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capture_core.builder import (
+    BuildNotes,
+    BuildOutput,
     assert_prefix_contiguity,
     per_request,
     prefix_merging,
@@ -305,3 +307,26 @@ def test_main_chain_among_several_leaves_is_the_first_leaf_by_prompt_length() ->
         ["a", "e", "f"],
     ], "leaf g has the shortest prompt of the earliest root's leaves"
     assert [c.chain_id for c in built.chains] == ["main", "branch-0", "branch-1"]
+
+
+def test_build_notes_have_nemo_gyms_defaults_and_order() -> None:
+    """Only `builder` is required; NeMo Gym's fields come first, in its order."""
+    notes = BuildNotes(builder="prefix_merging")
+    assert (notes.roots, notes.chains, notes.delivered_fraction) == (0, 0, 0.0)
+    assert (notes.generated_tokens_captured, notes.generated_tokens_delivered) == (0, 0)
+    assert notes.unresolved_retries == [] and notes.empty_generation_calls == []
+    positional = BuildNotes("prefix_merging", 1, 1, 3, 3, 1.0, ["r1"], ["e1"])
+    assert positional.unresolved_retries == ["r1"] and positional.empty_generation_calls == ["e1"]
+    assert BuildOutput([]).notes == BuildNotes(builder="")
+
+
+def test_run_builder_takes_the_terminal_call_id_as_nemo_gym_does() -> None:
+    """`run_builder(entries, builder, terminal_call_id)`: positional or by keyword."""
+    entries = synthetic_rollout("r", RolloutShape(turns=3, auxiliary_call=True))
+    positional = run_builder(entries, "prefix_merging", "call-00001")
+    keyword = run_builder(entries, builder="prefix_merging", terminal_call_id="call-00001")
+    assert positional.notes.terminal_chain == keyword.notes.terminal_chain == "delivered"
+    assert [link.entry.model_call_id for link in positional.chains[0].links] == [
+        "call-00000",
+        "call-00001",
+    ]

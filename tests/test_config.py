@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from capture_core.config import (
+    TOKEN_ID_CAPTURE_BLOCK,
     TokenIdCaptureConfig,
     TokenIdCaptureSettings,
     build_configured_sink,
@@ -39,7 +40,9 @@ def test_dir_falls_back_to_model_call_capture_dir(tmp_path) -> None:
 
 
 def test_unknown_keys_are_refused() -> None:
-    with pytest.raises(ValueError, match="invalid token_id_capture configuration: max_mask_frac"):
+    with pytest.raises(
+        ValueError, match="invalid token_id_capture configuration: token_id_capture.max_mask_frac"
+    ):
         TokenIdCaptureConfig.from_global({"token_id_capture": {"max_mask_frac": 0.1}})
 
 
@@ -57,7 +60,8 @@ def test_local_location_must_be_absolute() -> None:
 
 def test_mask_fraction_bounds_and_defaults() -> None:
     config = TokenIdCaptureConfig.from_global({"token_id_capture": {"max_mask_fraction": 0.2}})
-    assert config.mask_fraction_min_samples == 50 and config.max_mask_fraction == 0.2
+    block = config.token_id_capture
+    assert block.mask_fraction_min_samples == 50 and block.max_mask_fraction == 0.2
     with pytest.raises(ValueError, match="max_mask_fraction"):
         TokenIdCaptureConfig.from_global({"token_id_capture": {"max_mask_fraction": 1.5}})
 
@@ -103,7 +107,22 @@ def test_nemo_gym_config_names_read_a_whole_configuration(tmp_path) -> None:
     with pytest.raises(ValueError, match="cannot construct"):
         config.build_sink()
     assert TokenIdCaptureConfig.model_validate({"token_id_capture": {}}).build_sink() is None
-    assert TokenIdCaptureSettings is TokenIdCaptureConfig
+    assert isinstance(config.token_id_capture, TokenIdCaptureSettings)
+    assert config.model_call_capture_dir == str(tmp_path)
+
+
+def test_nemo_gym_names_the_block_and_its_whole_configuration(tmp_path) -> None:
+    """NeMo Gym's meaning: the block's key, the block model, the whole-configuration model."""
+    assert TOKEN_ID_CAPTURE_BLOCK == "token_id_capture"
+    block = TokenIdCaptureSettings(enabled=True, dir=tmp_path)
+    assert block.dir == str(tmp_path) and block.mask_fraction_min_samples == 50
+    with pytest.raises(ValueError, match="token_id_capture"):
+        TokenIdCaptureSettings.model_validate({TOKEN_ID_CAPTURE_BLOCK: {"enabled": True}})
+    whole = TokenIdCaptureConfig(token_id_capture=block)
+    assert whole.enabled and whole.resolved_dir() == Path(tmp_path)
+    other_parts = {"policy_model_name": "p", "agents": {"simple": {}}}
+    assert TokenIdCaptureConfig.model_validate(other_parts).enabled is False
+    assert token_id_capture_dirs_from_config(other_parts) == []
 
 
 def test_capture_per_agent_follows_all_agents_or_the_agent_flag() -> None:

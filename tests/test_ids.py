@@ -58,27 +58,73 @@ IDENTITY_GRID = [
     ({"_ng_attempt_index": 1}, None),
 ]
 
+# Golden: what NeMo Gym's `maybe_rollout_id_from_run_body` returns for bodies tokcap once
+# refused. Gym formats the indices as they are and reads the attempt with `int()`.
+NEMO_GYM_EDGE_IDENTITY = [
+    ({"_ng_rollout_id": "r" * 250}, "r" * 250),
+    ({"_ng_rollout_id": "a" * 198, "_ng_attempt_index": 1}, "a" * 198 + "-a1"),
+    ({"_ng_task_index": True, "_ng_rollout_index": 0}, "True-0"),
+    ({"_ng_task_index": 3, "_ng_rollout_index": 4, "_ng_attempt_index": -1}, "3-4"),
+    ({"_ng_rollout_id": "job-9", "_ng_attempt_index": -1}, "job-9"),
+    ({"_ng_rollout_id": "job-9", "_ng_attempt_index": 1.5}, "job-9-a1"),
+    ({"_ng_rollout_id": "job-9", "_ng_attempt_index": True}, "job-9-a1"),
+    ({"_ng_rollout_id": "job-9", "_ng_attempt_index": False}, "job-9"),
+    ({"_ng_task_index": "3a", "_ng_rollout_index": 0}, "3a-0"),
+    ({"_ng_task_index": 3.0, "_ng_rollout_index": 0}, "3.0-0"),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), NEMO_GYM_EDGE_IDENTITY)
+def test_identity_edge_cases_match_nemo_gym(body: dict, expected: str) -> None:
+    assert maybe_rollout_id_from_run_body(body) == expected
+
+
+class _Plain:
+    """Not a mapping and not a pydantic model, but it has the attributes."""
+
+    _ng_rollout_id = "job-9"
+    _ng_task_index = 3
+    _ng_rollout_index = 4
+
+
+@pytest.mark.parametrize("body", [_Plain(), None, "3-4", 7, ["_ng_rollout_id"]])
+def test_a_body_that_is_neither_mapping_nor_model_has_no_id(body: object) -> None:
+    assert maybe_rollout_id_from_run_body(body) is None
+
+
+def test_a_model_s_capture_rollout_id_is_its_explicit_id() -> None:
+    class Body(BaseModel):
+        capture_rollout_id: str = "job-3"
+
+    assert maybe_rollout_id_from_run_body(Body()) == "job-3"
+
+
+def test_an_id_too_long_for_the_stores_is_refused_where_it_is_stored() -> None:
+    long_id = "r" * 250
+    assert rollout_id_from_capture_prefix(rollout_capture_prefix(long_id)) == long_id
+    with pytest.raises(ValueError, match="at most 200 characters"):
+        validate_rollout_id(long_id)
+
 
 @pytest.mark.parametrize(("body", "expected"), IDENTITY_GRID)
 def test_identity_matches_nemo_gym_writers(body: dict, expected: str | None) -> None:
     assert maybe_rollout_id_from_run_body(body) == expected
 
 
+# Bodies NeMo Gym refuses too (it raises), or whose id is not a path segment: no writer can
+# key a capture by such an id, so there is nothing to read (SPEC: a `ValueError`).
 MALFORMED_BODIES = [
-    {"_ng_rollout_id": "job-9", "_ng_attempt_index": -1},
-    {"_ng_rollout_id": "job-9", "_ng_attempt_index": 1.5},
     {"_ng_rollout_id": "job-9", "_ng_attempt_index": "1.0"},
     {"_ng_rollout_id": "job-9", "_ng_attempt_index": "one"},
-    {"_ng_rollout_id": "job-9", "_ng_attempt_index": True},
     {"_ng_rollout_id": "job-9", "_ng_attempt_index": float("nan")},
+    {"_ng_rollout_id": "job-9", "_ng_attempt_index": float("inf")},
     {"_ng_rollout_id": "job-9", "_ng_attempt_index": [1]},
     {"_ng_rollout_id": 9},
-    {"_ng_rollout_id": "a" * 198, "_ng_attempt_index": 1},
+    {"_ng_rollout_id": "../etc"},
+    {"_ng_rollout_id": "x\n"},
     {"_ng_task_index": -1, "_ng_rollout_index": 0},
-    {"_ng_task_index": "3a", "_ng_rollout_index": 0},
-    {"_ng_task_index": 3.0, "_ng_rollout_index": 0},
-    {"_ng_task_index": True, "_ng_rollout_index": 0},
     {"_ng_task_index": " 3", "_ng_rollout_index": 0},
+    {"_ng_task_index": "a/b", "_ng_rollout_index": 0},
 ]
 
 

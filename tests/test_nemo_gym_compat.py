@@ -14,9 +14,12 @@ from capture_core.delivery import (
     finalize_rollout_token_capture,
     rollout_carries_token_ids,
 )
+from capture_core.protocols import TokenCaptureSnapshot
+from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.build_result_cases import FixedSource
+from tests.token_calls import token_call
 
 BUILD_KEYS = {
     "rollout_id",
@@ -160,3 +163,107 @@ def test_an_unreadable_foreign_snapshot_is_a_failed_build() -> None:
     built = asyncio.run(trajectories_from_source("3-4", FixedSource(Broken())))
     assert built["mask_sample"] and built["rebuilt_response"] is None
     assert built["error"].startswith("unreadable snapshot")
+
+
+# Builds NeMo Gym's prefix_merging gives for captures with identical cumulative sequences,
+# written from its algorithm: an ambiguous child is quarantined under its first candidate
+# parent (prompt length, call id), so that parent is no leaf and yields no chain.
+def _call(call_id: str, prompt: list[int], generation: list[int], created_at: float) -> TokenEntry:
+    item = {"type": "message", "role": "assistant", "content": [{"type": "output_text"}]}
+    return token_call(
+        call_id,
+        prompt,
+        generation,
+        rollout_id="3-4",
+        output_items=[item],
+        token_item_index=0,
+        created_at=created_at,
+    )
+
+
+def _build(entries: list[TokenEntry]) -> dict:
+    snapshot = TokenCaptureSnapshot("3-4", tuple(entries), False, "snap-1", len(entries))
+    return asyncio.run(trajectories_from_source("3-4", FixedSource(snapshot)))
+
+
+def _projected(prompt: list[int], generation: list[int]) -> dict:
+    item = {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text"}],
+        "prompt_token_ids": prompt,
+        "generation_token_ids": generation,
+        "generation_log_probs": [-0.5] * len(generation),
+    }
+    usage = {"input_tokens": len(prompt), "output_tokens": len(generation)}
+    return {"id": "proj-3-4", "model": "", "object": "response", "output": [item], "usage": usage}
+
+
+DUPLICATES = [
+    _call("call-a", [1, 2, 3], [4, 5], 1.0),
+    _call("call-b", [1, 2, 3], [4, 5], 1.5),
+    _call("call-c", [1, 2, 3, 4, 5, 6], [7], 3.0),
+]
+SNAPSHOT_KEY_VALUE = {"snapshot_id": "snap-1", "version": 3}
+
+
+def test_identical_duplicates_next_to_a_child_fail_as_in_nemo_gym() -> None:
+    built = _build(DUPLICATES)
+    assert built == {
+        "rollout_id": "3-4",
+        "builder": "prefix_merging",
+        "rebuilt_response": None,
+        "mask_sample": True,
+        "error": "ValueError: capture produced no safe trainable chain",
+        "metrics": {"n_calls": 3, "terminal_attribution": NOT_ATTRIBUTED},
+        "_capture_snapshot": SNAPSHOT_KEY_VALUE,
+    }
+
+
+def test_one_sequence_split_two_ways_delivers_nemo_gyms_chain() -> None:
+    built = _build(
+        [
+            _call("call-a", [1, 2, 3], [4, 5], 1.0),
+            _call("call-b", [1, 2, 3, 4], [5], 2.0),
+            _call("call-c", [1, 2, 3, 4, 5, 6], [7], 3.0),
+        ]
+    )
+    assert built["rebuilt_response"] == _projected([1, 2, 3, 4], [5])
+    assert built["mask_sample"] is True and built["unresolved_retries"] == []
+    assert built["metrics"] == {
+        "n_calls": 3,
+        "chains": 1,
+        "roots": 2,
+        "quarantined_calls": 1,
+        "quarantined_fraction": 0.3333,
+        "delivered_fraction": 0.25,
+        "generated_tokens_captured": 4,
+        "generated_tokens_delivered": 1,
+        "empty_generation_calls": 0,
+        "terminal_attribution": NOT_ATTRIBUTED,
+    }
+
+
+def test_a_sub_agent_root_next_to_duplicates_delivers_nemo_gyms_chain() -> None:
+    built = _build([_call("call-s", [50, 51], [52], 0.5), *DUPLICATES])
+    assert built["rebuilt_response"] == _projected([50, 51], [52])
+    assert built["mask_sample"] is True
+    assert built["unresolved_retries"] == ["call-a", "call-b"]
+    metrics = built["metrics"]
+    assert (metrics["chains"], metrics["quarantined_calls"]) == (1, 2)
+    assert metrics["delivered_fraction"] == 0.1667
+    # NeMo Gym counts 3 roots (the quarantined retry too); tokcap counts roots that are not
+    # quarantined (docs/nemo-gym.md). Both mask.
+    assert metrics["roots"] == 2
+
+
+def test_metrics_hold_numbers_beside_the_one_attribution_mapping(tmp_path) -> None:
+    """The shape docs/nemo-gym.md documents: numbers, plus `terminal_attribution` (a mapping of
+    four fields, where NeMo Gym has put it since it attributes terminals)."""
+    store = TokenCaptureStore(tmp_path / "store")
+    for entry in synthetic_rollout("3-4", RolloutShape(turns=3, auxiliary_call=True)):
+        store.put_now(entry)
+    for built in (trajectories_for_rollout("3-4", [tmp_path / "store"]), _build(DUPLICATES)):
+        metrics = dict(built["metrics"])
+        assert set(metrics.pop("terminal_attribution")) == set(NOT_ATTRIBUTED)
+        assert all(type(v) in (int, float) for v in metrics.values()), metrics

@@ -102,10 +102,11 @@ def test_extract_from_responses_output_item() -> None:
             {"type": "message", "content": [], **{f: [1] for f in TOKEN_FIELDS[:3]}},
         ]
     }
-    fields = extract_token_fields(response)
-    assert fields is not None and fields["token_item_index"] == 1
+    fields = extract_token_fields(response_json=response)
+    assert fields is not None and set(fields) == set(TOKEN_FIELDS)
     assert fields["routed_experts"] is None
-    assert all("prompt_token_ids" not in item for item in response_to_output_items(response))
+    items, index = strip_token_fields(items=response_to_output_items(payload=response))
+    assert index == 1 and all("prompt_token_ids" not in item for item in items)
 
 
 def test_extract_from_chat_completions_message() -> None:
@@ -123,12 +124,15 @@ def test_extract_from_chat_completions_message() -> None:
         "generation_token_ids": [2],
         "generation_log_probs": [-1.0],
         "routed_experts": [[0]],
-        "token_item_index": 0,
     }
+    items, index = strip_token_fields(response_to_output_items({"choices": [{"message": message}]}))
+    assert index == 0
+    assert items == [{"role": "assistant", "content": "hi", "type": "message"}]
 
 
 def test_extract_none_missing_and_two_carriers() -> None:
     assert extract_token_fields({"output": [{"type": "message"}]}) is None
+    assert extract_token_fields({"output": [{"type": "message", "prompt_token_ids": None}]}) is None
     with pytest.raises(ValueError, match="lacks \\['generation_log_probs'\\]"):
         extract_token_fields({"output": [{"prompt_token_ids": [1], "generation_token_ids": [2]}]})
     carrier = {f: [1] for f in TOKEN_FIELDS[:3]}
@@ -138,8 +142,31 @@ def test_extract_none_missing_and_two_carriers() -> None:
 
 def test_strip_and_build_entry_from_response() -> None:
     item = {"type": "message", "content": [{"text": "x"}], **{f: [1] for f in TOKEN_FIELDS[:3]}}
-    assert strip_token_fields(item) == {"type": "message", "content": [{"text": "x"}]}
+    assert strip_token_fields([item, {"type": "reasoning"}]) == (
+        [{"type": "message", "content": [{"text": "x"}]}, {"type": "reasoning"}],
+        0,
+    )
+    with pytest.raises(ValueError, match="exactly one item may carry"):
+        strip_token_fields([item, dict(item)])
     built = token_entry_from_response("r1", "c1", {"model": "m", "output": [item]})
     assert built is not None and built.model == "m" and built.token_item_index == 0
     assert built.output_items == [{"type": "message", "content": [{"text": "x"}]}]
     assert token_entry_from_response("r1", "c1", {"output": [{"type": "message"}]}) is None
+
+
+def test_carrier_index_counts_only_content_items() -> None:
+    """A non-item entry in `output` is dropped from the content, so the index skips it."""
+    carrier = {"type": "message", **{f: [1] for f in TOKEN_FIELDS[:3]}}
+    built = token_entry_from_response("r1", "c1", {"output": ["junk", carrier]})
+    assert built is not None and built.token_item_index == 0
+    assert built.output_items == [{"type": "message"}]
+
+
+def test_null_token_fields_on_every_item_carry_nothing() -> None:
+    """A serializer that writes the token fields as null on every item: no carrier, as in Gym."""
+    nulls = {f: None for f in TOKEN_FIELDS}
+    carrier = {"type": "message", **{f: [1] for f in TOKEN_FIELDS[:3]}}
+    response = {"output": [{"type": "reasoning", **nulls}, carrier]}
+    built = token_entry_from_response("r1", "c1", response)
+    assert built is not None and built.token_item_index == 1
+    assert extract_token_fields({"output": [{"type": "message", **nulls}] * 2}) is None

@@ -178,7 +178,7 @@ def test_path_escaping_and_malformed_ids_are_masked_not_followed(tmp_path) -> No
     records = [
         {"_ng_rollout_id": "../outside"},
         {"_ng_rollout_id": "a/b"},
-        {"_ng_task_index": "1x", "_ng_rollout_index": 0},
+        {"_ng_task_index": -1, "_ng_rollout_index": 0},
     ]
     rollouts = write_rollouts(str(tmp_path / "in.jsonl"), records)
     summary = finalize_run(rollouts, store_root, dest, "ids")

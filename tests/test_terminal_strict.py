@@ -1,9 +1,9 @@
-"""Without a terminal the strict build is the one it always was: checked against an oracle.
+"""Without a terminal the strict build is NeMo Gym's: checked against an oracle.
 
 The oracle below is a brute-force reading of the prefix-merging rules (longest-prefix
-parent, identical candidates quarantine, retries kept by extension, chains root to leaf),
-written independently of the builder. Captures are random, with a tiny vocabulary so that
-shared prefixes, retries, ties and repeated call ids are common.
+parent, identical candidates quarantine the child under the first of them, retries kept by
+extension, chains root to leaf), written independently of the builder. Captures are random,
+with a tiny vocabulary so that shared prefixes, retries, ties and repeated call ids are common.
 """
 
 from __future__ import annotations
@@ -54,9 +54,8 @@ def oracle(entries: list[TokenEntry]) -> tuple[list[tuple[int, ...]], list[str],
         prefixes = [j for j in range(len(calls)) if j != i and prompt[: len(whole[j])] == whole[j]]
         longest = [j for j in prefixes if len(whole[j]) == max(len(whole[k]) for k in prefixes)]
         if len(longest) > 1:
-            quarantined.add(i)
-        else:
-            children.setdefault(longest[0] if longest else None, []).append(i)
+            quarantined.add(i)  # under the first candidate, as in NeMo Gym: it is no leaf
+        children.setdefault(longest[0] if longest else None, []).append(i)
     groups = [
         [i for i in kids if tuple(calls[i].prompt_token_ids) == prompt]
         for kids in children.values()

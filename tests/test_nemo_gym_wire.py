@@ -1,0 +1,153 @@
+"""A NeMo Gym entry read by tokcap and written back is the entry NeMo Gym wrote.
+
+`GymEntry` mirrors NeMo Gym's `TokenEntry` (its field names, defaults and order, schema 1
+with `response_id`); `OlderGymEntry` the same before `response_id` existed. Every record
+shape round-trips unchanged in Python and in JSON, and through every store: NeMo Gym reads
+back an entry equal to the one it wrote.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from capture_core.nemo_gym_store import NemoGymFileStore
+from capture_core.records import TokenEntry, token_entry_from_response
+from capture_core.store import TokenCaptureStore
+
+# NeMo Gym's schema-1 `TokenEntry` fields, in its order: (type, default); `...` is required.
+GYM_FIELDS: dict[str, tuple[Any, Any]] = {
+    "schema_version": (int, 1),
+    "rollout_id": (str, ...),
+    "model_call_id": (str, ...),
+    "model": (str, ""),
+    "prompt_token_ids": (list[int], ...),
+    "generation_token_ids": (list[int], ...),
+    "generation_log_probs": (list[float], ...),
+    "routed_experts": (Any | None, None),
+    "output_items": (list[dict], Field(default_factory=list)),
+    "token_item_index": (int | None, None),
+    "response_id": (str | None, None),
+    "created_at": (float, 0.0),
+}
+EXTRA_ALLOWED = ConfigDict(extra="allow")
+GymEntry = create_model("GymEntry", __config__=EXTRA_ALLOWED, **GYM_FIELDS)
+OlderGymEntry = create_model(
+    "OlderGymEntry",
+    __config__=EXTRA_ALLOWED,
+    **{name: spec for name, spec in GYM_FIELDS.items() if name != "response_id"},
+)
+
+
+REQUIRED = {
+    "rollout_id": "3-4",
+    "model_call_id": "c1",
+    "prompt_token_ids": [1, 2, 3],
+    "generation_token_ids": [4, 5],
+    "generation_log_probs": [-0.5, -0.25],
+}
+ITEM = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}
+
+# (name, NeMo Gym model that wrote it, the fields it was given)
+SHAPES: list[tuple[str, type[BaseModel], dict[str, Any]]] = [
+    (
+        "full with extras",
+        GymEntry,
+        {
+            **REQUIRED,
+            "model": "policy",
+            "routed_experts": [[0, 1], [2, 3]],
+            "output_items": [ITEM],
+            "token_item_index": 0,
+            "response_id": "resp_1",
+            "created_at": 12.5,
+            "parent_call_id": "c0",
+            "sampler": {"top_p": 0.9},
+        },
+    ),
+    ("defaults only", GymEntry, dict(REQUIRED)),
+    (
+        "empty generation",
+        GymEntry,
+        {**REQUIRED, "generation_token_ids": [], "generation_log_probs": [], "output_items": []},
+    ),
+    ("no carrier index", GymEntry, {**REQUIRED, "output_items": [ITEM], "created_at": 3.0}),
+    ("older record", OlderGymEntry, {**REQUIRED, "output_items": [ITEM], "token_item_index": 0}),
+]
+SHAPE_IDS = [name for name, _, _ in SHAPES]
+
+
+def _written(model: type[BaseModel], fields: dict[str, Any]) -> dict[str, Any]:
+    """What NeMo Gym writes: its model's whole dump."""
+    return model(**fields).model_dump(mode="json")
+
+
+@pytest.mark.parametrize(("name", "model", "fields"), SHAPES, ids=SHAPE_IDS)
+def test_round_trip_is_the_identity_in_python(name: str, model: type, fields: dict) -> None:
+    written = _written(model, fields)
+    assert TokenEntry.model_validate(written).model_dump(mode="json") == written
+    assert TokenEntry.model_validate(written).model_dump() == model(**fields).model_dump()
+
+
+@pytest.mark.parametrize(("name", "model", "fields"), SHAPES, ids=SHAPE_IDS)
+def test_round_trip_is_the_identity_in_json(name: str, model: type, fields: dict) -> None:
+    text = model(**fields).model_dump_json()
+    assert TokenEntry.model_validate_json(text).model_dump_json() == text
+
+
+def test_a_record_without_optional_fields_gains_none_of_them() -> None:
+    sparse = dict(REQUIRED)
+    assert TokenEntry.model_validate(sparse).model_dump() == {"schema_version": 1, **sparse}
+
+
+def test_a_served_response_without_an_id_writes_no_response_id() -> None:
+    response = {"output": [{**ITEM, "prompt_token_ids": [1], **_generated()}]}
+    entry = token_entry_from_response("3-4", "c1", response)
+    assert entry is not None and "response_id" not in entry.model_dump()
+    served = token_entry_from_response("3-4", "c1", {**response, "id": "resp_9"})
+    assert served is not None and served.model_dump()["response_id"] == "resp_9"
+
+
+def _generated() -> dict[str, Any]:
+    return {"generation_token_ids": [2], "generation_log_probs": [-0.1]}
+
+
+@pytest.mark.parametrize(("name", "model", "fields"), SHAPES, ids=SHAPE_IDS)
+def test_nemo_gym_reads_back_what_it_wrote_from_tokcaps_store(
+    store: TokenCaptureStore, name: str, model: type, fields: dict
+) -> None:
+    written = _written(model, fields)
+    store.put_now(TokenEntry.model_validate(written))
+    (read,) = store.freeze_now("3-4").entries
+    assert model.model_validate(read.model_dump(mode="json")) == model.model_validate(written)
+    assert set(read.model_dump()) <= set(written), "no key the entry never had"
+
+
+@pytest.mark.parametrize(("name", "model", "fields"), SHAPES, ids=SHAPE_IDS)
+def test_nemo_gym_file_store_lines_are_the_lines_nemo_gym_writes(
+    tmp_path, name: str, model: type, fields: dict
+) -> None:
+    written = _written(model, fields)
+    store = NemoGymFileStore(tmp_path)
+    store.put_now(TokenEntry.model_validate(written))
+    line = (tmp_path / "3-4.tokens.jsonl").read_bytes()
+    assert line == orjson.dumps(written, option=orjson.OPT_SORT_KEYS) + b"\n"
+    (read,) = store.freeze_now("3-4").entries
+    assert read.model_dump(mode="json") == written
+
+
+def test_schema_zero_survives_tokcaps_store(store: TokenCaptureStore) -> None:
+    written = _written(GymEntry, {**REQUIRED, "schema_version": 0})
+    store.put_now(TokenEntry.model_validate(written))
+    (read,) = store.freeze_now("3-4").entries
+    assert read.schema_version == 0
+    assert GymEntry.model_validate(read.model_dump()) == GymEntry.model_validate(written)
+
+
+def test_an_empty_response_id_reads_and_writes_back_as_null() -> None:
+    """The one value not kept (docs/nemo-gym.md): a meaningless served id is no evidence."""
+    written = _written(GymEntry, {**REQUIRED, "response_id": ""})
+    assert TokenEntry.model_validate(written).model_dump()["response_id"] is None
