@@ -41,11 +41,13 @@ def write_run_report(
     locate(summary, dest)
     publish_artifacts(summary, ledger, tally.seconds)
     get_run_logger().info(
-        "run %s: %d handed off, %d masked, %d retired, %d failed, %d malformed input lines",
+        "run %s: %d handed off, %d masked, %d retired, %d retirements failed, %d failed, "
+        "%d malformed input lines",
         run_id,
         summary.handed_off,
         summary.masked,
         summary.retired,
+        summary.retire_failed,
         summary.failed,
         summary.malformed_lines,
     )
