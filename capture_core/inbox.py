@@ -137,6 +137,32 @@ def take_claim(
     return ClaimDecision(status="claimed", attempts=claim.number + 1, claim=claim)
 
 
+class ClaimLostError(RuntimeError):
+    """A pass no longer holds its claim on a run; it stops before writing anything more there."""
+
+
+def check_claim(dest: ByteStore, claim: Claim, now: float | None = None) -> None:
+    """Raise `ClaimLostError` unless `claim` is the run's latest claim, unreleased and live.
+
+    A holder checks this before each write that decides the run's state, so a pass that was
+    paused past its lease and resumed never overwrites what the pass that took over wrote.
+    """
+    numbers = claim_numbers(dest, claim.run_id)
+    latest = read_claim(dest, claim.run_id, numbers[-1]) if numbers else None
+    if latest is None or latest.number != claim.number or latest.token != claim.token:
+        holder = f"attempt {latest.number + 1} ({latest.owner})" if latest else "nobody"
+        reason = f"it is now held by {holder}"
+    elif not claim_is_live(dest, claim, time.time() if now is None else now):
+        reason = "it ended or its lease lapsed"
+    else:
+        return
+    raise ClaimLostError(
+        f"run {claim.run_id}: this pass (attempt {claim.number + 1}, {claim.owner}) lost its "
+        f"claim: {reason}. It stopped without writing anything more under the run; the pass "
+        "that holds the claim finishes it"
+    )
+
+
 def renew_claim(dest: ByteStore, claim: Claim, now: float | None = None) -> None:
     """Extend the claim's lease from now."""
     at = time.time() if now is None else now

@@ -23,6 +23,7 @@ from capture_core.config import public_storage_options
 from capture_core.inbox import (
     Claim,
     ClaimDecision,
+    ClaimLostError,
     attempts,
     keep_claim,
     release_claim,
@@ -209,11 +210,20 @@ def _finalize_claimed(
     settings: dict[str, Any],
     report: InboxReport,
 ) -> None:
-    """Finalize one claimed file while renewing its claim; release the claim afterwards."""
+    """Finalize one claimed file while renewing its claim; release the claim afterwards.
+
+    A pass that lost its claim (paused past its lease, and another pass took the file over)
+    stopped before writing anything more; the file is left to the pass that holds it.
+    """
     options = settings["storage_options"]
     try:
         with keep_claim(dest, claim, options):
-            summary = finalize_run(item.url, store, dest, item.run_id, **settings)
+            summary = finalize_run(item.url, store, dest, item.run_id, claim=claim, **settings)
+    except ClaimLostError as exc:
+        end_claim(dest, claim, False, options)
+        report.busy.append(item.url)
+        get_run_logger().warning("leaving %s: %s", item.url, exc)
+        return
     except Exception as exc:
         end_claim(dest, claim, False, options)
         report.failed[item.url] = _reason(exc)

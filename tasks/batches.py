@@ -28,10 +28,11 @@ from capture_core.handoff import (
     plain_rollout_id,
     retire_receipt,
 )
+from capture_core.inbox import Claim
 from capture_core.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
 from capture_core.storage import open_byte_store
 from capture_core.testing.faults import crash_point
-from tasks.common import TRANSIENT_RETRIES, run_async
+from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async
 from tasks.receipts import read_receipt
 
 StorageOptions = Mapping[str, Any] | None
@@ -117,9 +118,14 @@ def _receipt_key(context: Any, parameters: Mapping[str, Any]) -> str:
 
 @persisted_task("upload-batch", upload_run_name, _receipt_key)
 def upload_batch(
-    run_id: str, finalized: FinalizedBatch, dest: str, storage_options: StorageOptions = None
+    run_id: str,
+    finalized: FinalizedBatch,
+    dest: str,
+    storage_options: StorageOptions = None,
+    claim: Claim | None = None,
 ) -> HandoffReceipt:
     """Write the batch's part durably, verify it, and return the receipt Prefect persists."""
+    ensure_claim(dest, claim, storage_options)
     receipt = handoff_batch(run_id, finalized, open_byte_store(dest, storage_options))
     crash_point("after-upload")
     publish_receipt(receipt)
@@ -149,9 +155,11 @@ def retire_batch(
     store: str,
     storage_options: Mapping[str, Any] | None = None,
     source_kwargs: Mapping[str, Any] | None = None,
+    claim: Claim | None = None,
 ) -> RetireOutcome:
     """Retire the batch's retirable captures once its receipt is persisted and its part matches."""
     crash_point("after-receipt")
+    ensure_claim(dest, claim, storage_options)
     persisted = read_receipt(dest, receipt.run_id, receipt.receipt_key, storage_options)
     if persisted is None or persisted.sha256 != receipt.sha256:
         raise RuntimeError(

@@ -49,10 +49,18 @@ def _claim_flag(flag: str) -> bool:
 
 
 class StallingStore:
-    """Capture store at `root`; the first freeze of `stall_rollout` stalls (see module doc)."""
+    """Capture store at `root` (on S3 with `storage_options`); the first freeze of
+    `stall_rollout` stalls (see module doc)."""
 
-    def __init__(self, root: str, stall_rollout: str, flag: str, stall_seconds: float = 300):
-        self.store = TokenCaptureStore(root)
+    def __init__(
+        self,
+        root: str,
+        stall_rollout: str,
+        flag: str,
+        stall_seconds: float = 300,
+        storage_options: dict | None = None,
+    ):
+        self.store = TokenCaptureStore(root, storage_options)
         self.stall_rollout, self.flag, self.stall_seconds = stall_rollout, flag, stall_seconds
 
     async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
