@@ -1,10 +1,13 @@
 """Inbox bookkeeping: which rollout files are finalized, and which inbox pass holds each one.
 
 A file's run id is derived from its name and full URL, so each file maps to one run.
-A run is complete when its ledger shows every rollout handed off and no unreadable line.
+A run is complete when its ledger shows every rollout handed off and retired (or kept on
+purpose) and no unreadable line. A file whose content is not the one its run's manifest
+records (re-published under the same name) is never done: the pass refuses it by name.
 Each attempt is a numbered create-only claim, so of two passes racing for a file one wins.
 A claim lives while its holder renews it; a holder that died loses it after its lease.
 Claim times are wall-clock seconds, so leases must exceed the clock skew between machines.
+A holder checks its claim before each write that decides its run's state (`check_claim`).
 This module does not import Prefect.
 """
 
@@ -21,6 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from capture_core.rollout_io import file_fingerprint, file_sha256
 from capture_core.run_layout import RunLayout
 from capture_core.run_report import summarize
 from capture_core.storage import ByteStore, open_byte_store
@@ -39,6 +43,30 @@ def run_completed(dest: ByteStore, run_id: str) -> bool:
     layout = RunLayout(dest, run_id)
     ledger = layout.read_ledger()
     return ledger is not None and summarize(run_id, ledger).ok and dest.exists(layout.manifest_key)
+
+
+def replaced_file(
+    dest: ByteStore, run_id: str, url: str, storage_options: Mapping[str, Any] | None = None
+) -> str | None:
+    """Why the file at `url` is not the input its run recorded, or `None` when it is (or the
+    run has not started).
+
+    A file re-published under its name maps to the same run id; its run must never call it
+    done. The file is read in full only when its fingerprint differs from the manifest's.
+    """
+    manifest = RunLayout(dest, run_id).read_manifest()
+    if manifest is None or manifest.rollouts_fingerprint == file_fingerprint(url, storage_options):
+        return None
+    digest = file_sha256(url, storage_options)
+    if digest == manifest.rollouts_sha256:
+        return None
+    return (
+        f"{url} was replaced after run {run_id} started on it: the file's sha256 is now "
+        f"{digest[:12]}, the run recorded {manifest.rollouts_sha256[:12]}. The inbox finalizes "
+        "one content per file name, so nothing of the new content was finalized. Publish new "
+        "rollouts under a new file name, then move this file out of the inbox or restore its "
+        "recorded content"
+    )
 
 
 class Claim(BaseModel):

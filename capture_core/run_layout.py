@@ -45,11 +45,16 @@ def part_key(run_id: str, index: int, sha256: str) -> str:
 
 
 class RunManifest(BaseModel):
-    """What a run finalizes and how."""
+    """What a run finalizes and how.
+
+    `rollouts_fingerprint` (see `rollout_io.file_fingerprint`) lets the inbox see an
+    unchanged file without reading it; the digest alone binds the run to its input.
+    """
 
     run_id: str
     rollouts: str
     rollouts_sha256: str
+    rollouts_fingerprint: str | None = None
     store: str
     builder: str
     batch_size: int

@@ -55,6 +55,7 @@ def claim_run_id(
         run_id=run_id,
         rollouts=plan.url,
         rollouts_sha256=plan.sha256,
+        rollouts_fingerprint=plan.fingerprint,
         store=store,
         builder=builder,
         batch_size=batch_size,
