@@ -82,15 +82,15 @@ class RunSteps:
         self.upload = upload_batch.with_options(result_storage=storage)
         self.retire_task = retire_batch.with_options(result_storage=storage)
 
-    def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch]:
+    def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch | HandoffReceipt]:
         args = (self.run_id, self.rollouts, batch, self.store, self.options, self.source_kwargs)
-        return finalize_rollout_batch.submit(*args, self.builder)
+        return finalize_rollout_batch.submit(*args, self.builder, self.dest)
 
     def run_batch(
         self,
         batch: BatchPlan,
         earlier: HandoffReceipt | None,
-        finalizing: Lookahead[BatchPlan, PrefectFuture[FinalizedBatch]],
+        finalizing: Lookahead[BatchPlan, PrefectFuture[FinalizedBatch | HandoffReceipt]],
         tally: RunTally,
         gate: MaskGate,
     ) -> None:
@@ -114,7 +114,7 @@ class RunSteps:
     def hand_off(
         self,
         batch: BatchPlan,
-        finalizing: PrefectFuture[FinalizedBatch],
+        finalizing: PrefectFuture[FinalizedBatch | HandoffReceipt],
         tally: RunTally,
         gate: MaskGate,
     ) -> HandoffReceipt | None:
@@ -123,18 +123,15 @@ class RunSteps:
         A receipt that another pass persisted meanwhile stands instead of this pass's build.
         """
         try:
-            finalized: FinalizedBatch | None = finalizing.result()
+            finalized = finalizing.result()
         except Exception as exc:
-            finalized, error = None, exc
-        meanwhile = find_receipts(self.dest, self.run_id, [receipt_key(batch)], self.options)
-        if meanwhile:
-            return self.handed_off_meanwhile(meanwhile[receipt_key(batch)], tally, gate)
-        if finalized is None:
             outcomes = describe_batch(self.rollouts, batch, self.options)
             tally.batch_failed(
-                batch.index, outcomes, f"batch {batch.index}: finalize failed: {error}"
+                batch.index, outcomes, f"batch {batch.index}: finalize failed: {exc}"
             )
             return None
+        if isinstance(finalized, HandoffReceipt):
+            return self.handed_off_meanwhile(finalized, tally, gate)
         crash_point("after-finalize")
         if not tally.may_hand_off(gate, batch.index, finalized.outcomes):
             return None

@@ -26,6 +26,7 @@ from capture_core.handoff import (
     input_error,
     kept_as_evidence,
     plain_rollout_id,
+    receipt_key,
     retire_receipt,
 )
 from capture_core.inbox import Claim
@@ -98,11 +99,23 @@ def finalize_rollout_batch(
     storage_options: Mapping[str, Any] | None = None,
     source_kwargs: Mapping[str, Any] | None = None,
     builder: str = "prefix_merging",
-) -> FinalizedBatch:
-    """Freeze and rebuild every rollout of one batch; nothing is written or retired."""
+    dest: str | None = None,
+) -> FinalizedBatch | HandoffReceipt:
+    """Freeze and rebuild every rollout of one batch; nothing is written or retired.
+
+    With `dest`, the receipt of this batch that another pass of the run persisted meanwhile
+    is returned instead. Captures are retired only after their receipt is persisted, so a
+    capture this build found retired by that pass always comes with the receipt: the build,
+    masked "already retired", is dropped, never delivered or counted against the mask gate.
+    """
     lines = read_batch(rollouts, batch, storage_options)
     source = open_source(store, storage_options, source_kwargs)
     finalized = run_async(finalize_batch(run_id, batch, lines, source, builder))
+    meanwhile = (
+        None if dest is None else read_receipt(dest, run_id, receipt_key(batch), storage_options)
+    )
+    if meanwhile is not None:
+        return meanwhile
     masked = sum(o.masked and o.emitted for o in finalized.outcomes)
     logger = get_run_logger()
     logger.info("batch %d: finalized %d rollouts (%d masked)", batch.index, len(lines), masked)
