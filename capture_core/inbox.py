@@ -55,9 +55,14 @@ def replaced_file(
     done. The file is read in full only when its fingerprint differs from the manifest's.
     """
     manifest = RunLayout(dest, run_id).read_manifest()
-    if manifest is None or manifest.rollouts_fingerprint == file_fingerprint(url, storage_options):
+    if manifest is None:
         return None
-    digest = file_sha256(url, storage_options)
+    try:
+        if manifest.rollouts_fingerprint == file_fingerprint(url, storage_options):
+            return None
+        digest = file_sha256(url, storage_options)
+    except FileNotFoundError:  # it left the inbox since it was listed: nothing to refuse
+        return None
     if digest == manifest.rollouts_sha256:
         return None
     return (

@@ -146,6 +146,7 @@ def retired_batches(dest, run_id: str) -> int:
     return sum("-retired-" in key for key in dest.list_prefix(f"{run_id}/receipts"))
 
 
+@pytest.mark.slow
 def test_a_resumed_pass_that_lost_its_claim_leaves_the_ledger_alone(
     locations, tmp_path, prefect_api: str
 ) -> None:
