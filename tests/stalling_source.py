@@ -11,13 +11,18 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import orjson
 
 from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.store import TokenCaptureStore
+from tests.servers import wait_until
 
 WORKER_ENV = "TOKCAP_TEST_WORKER"
+T = TypeVar("T")
 
 
 def read_flag(flag: str) -> dict | None:
@@ -32,6 +37,19 @@ def read_flag(flag: str) -> dict | None:
 def release(flag: str) -> None:
     with open(flag + ".release", "wb"):
         pass
+
+
+def run_while_stalled(run: Callable[[], T], flag: str, timeout: float = 300) -> tuple[T, T]:
+    """Start `run` in a thread until it stalls on `flag`, call `run` again meanwhile, then
+    release the first; returns (first result, second result)."""
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(run)
+        wait_until(lambda: read_flag(flag) is not None or first.done(), 120, "pass 1 to stall")
+        try:
+            second = run()
+        finally:
+            release(flag)
+        return first.result(timeout=timeout), second
 
 
 def _claim_flag(flag: str) -> bool:

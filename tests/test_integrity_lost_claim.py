@@ -15,13 +15,13 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
 import orjson
 import pytest
 
 from capture_core.inbox import (
+    Claim,
     ClaimLostError,
     claim_is_live,
     read_claim,
@@ -29,7 +29,7 @@ from capture_core.inbox import (
     take_claim,
 )
 from capture_core.run_layout import RunLayout, read_ledger
-from capture_core.run_report import summarize
+from capture_core.run_report import RunSummary, summarize
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.finalize import finalize_run
@@ -38,7 +38,7 @@ from tasks.receipts import list_receipt_keys
 from tests.pipeline_helpers import REPO, dest_records, make_batch, rollout_ids, write_rollouts
 from tests.reliability_figures import record_case
 from tests.servers import wait_until
-from tests.stalling_source import read_flag, release
+from tests.stalling_source import read_flag, release, run_while_stalled
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -76,26 +76,22 @@ def test_a_pass_whose_claim_was_taken_over_writes_nothing(locations) -> None:
     paused = take_claim(dest, "taken", "paused pass", "t1", LEASE, 3, now=time.time() - 60)
     holder = take_claim(dest, "taken", "holder", "t2", LEASE, 3)
     assert paused.claim is not None and holder.claim is not None
-    with pytest.raises(ClaimLostError, match="now held by attempt 2 \\(holder\\)"):
-        finalize_run(
+
+    def run_holding(claim: Claim) -> RunSummary:
+        return finalize_run(
             locations["rollouts"],
             locations["store"],
             locations["dest"],
             "taken",
             storage_options=options,
-            claim=paused.claim,
+            claim=claim,
         )
-    layout = RunLayout(dest, "taken")
+
+    with pytest.raises(ClaimLostError, match="now held by attempt 2 \\(holder\\)"):
+        run_holding(paused.claim)
     assert [k for k in dest.list_prefix("taken") if "/attempts/" not in k] == []
-    assert layout.read_manifest() is None
-    summary = finalize_run(
-        locations["rollouts"],
-        locations["store"],
-        locations["dest"],
-        "taken",
-        storage_options=options,
-        claim=holder.claim,
-    )
+    assert RunLayout(dest, "taken").read_manifest() is None
+    summary = run_holding(holder.claim)
     assert summary.ok and summary.retired == 2
     record_case("a pass that lost its claim writes under the run")
 
@@ -116,14 +112,7 @@ def test_a_batch_handed_off_meanwhile_is_not_rebuilt_as_masked(locations, tmp_pa
     def run_pass():
         return finalize_run(locations["rollouts"], STALLING, locations["dest"], "twice", **settings)
 
-    with ThreadPoolExecutor(1) as pool:
-        slow = pool.submit(run_pass)
-        wait_until(lambda: read_flag(flag) is not None or slow.done(), 120, "pass 1 to stall")
-        try:
-            fast = run_pass()
-        finally:
-            release(flag)
-        late = slow.result(timeout=300)
+    late, fast = run_while_stalled(run_pass, flag)
     assert fast.ok and fast.retired == 12
     assert late.ok and late.handed_off == 12, late.errors
     check_ledger_agrees_with_parts(locations, "twice", 12)
