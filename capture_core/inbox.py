@@ -52,22 +52,29 @@ def replaced_file(
     run has not started).
 
     A file re-published under its name maps to the same run id; its run must never call it
-    done. The file is read in full only when its fingerprint differs from the manifest's.
+    done. The file is read in full only under a fingerprint not seen with the recorded digest
+    (the manifest's, or the last one found to match, which is then remembered).
     """
-    manifest = RunLayout(dest, run_id).read_manifest()
+    layout = RunLayout(dest, run_id)
+    manifest = layout.read_manifest()
     if manifest is None:
         return None
+    recorded = manifest.rollouts_sha256
     try:
-        if manifest.rollouts_fingerprint == file_fingerprint(url, storage_options):
+        fingerprint = file_fingerprint(url, storage_options)
+        known = (manifest.rollouts_fingerprint, layout.read_input_seen(recorded))
+        if fingerprint is not None and fingerprint in known:
             return None
         digest = file_sha256(url, storage_options)
     except FileNotFoundError:  # it left the inbox since it was listed: nothing to refuse
         return None
-    if digest == manifest.rollouts_sha256:
+    if digest == recorded:
+        if fingerprint is not None:
+            layout.record_input_seen(fingerprint, digest)
         return None
     return (
         f"{url} was replaced after run {run_id} started on it: the file's sha256 is now "
-        f"{digest[:12]}, the run recorded {manifest.rollouts_sha256[:12]}. The inbox finalizes "
+        f"{digest[:12]}, the run recorded {recorded[:12]}. The inbox finalizes "
         "one content per file name, so nothing of the new content was finalized. Publish new "
         "rollouts under a new file name, then move this file out of the inbox or restore its "
         "recorded content"

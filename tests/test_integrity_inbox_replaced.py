@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from capture_core.inbox import attempts, replaced_file, run_id_for_file
-from capture_core.rollout_io import plan_rollout_file
-from capture_core.run_layout import read_manifest
+from capture_core.rollout_io import file_fingerprint, plan_rollout_file
+from capture_core.run_layout import RunLayout, read_manifest
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.inbox import InboxFailedError, finalize_inbox
@@ -83,6 +83,8 @@ def test_the_file_fingerprint_is_only_a_shortcut_past_the_digest(tmp_path) -> No
         f.write(same)
     os.replace(url + ".draft", url)
     assert replaced_file(dest, "r", url) is None, "same bytes under a new inode"
+    seen = RunLayout(dest, "r").read_input_seen(plan.sha256)
+    assert seen == file_fingerprint(url) != plan.fingerprint, "remembered: not read again"
     before = os.stat(url)
     with open(url, "r+b") as f:
         f.write(b'{"_ng_rollout_id": "7-1"}')
