@@ -1,10 +1,13 @@
 """Inbox bookkeeping: which rollout files are finalized, and which inbox pass holds each one.
 
 A file's run id is derived from its name and full URL, so each file maps to one run.
-A run is complete when its ledger shows every rollout handed off and no unreadable line.
+A run is complete when its ledger shows every rollout handed off and retired (or kept on
+purpose) and no unreadable line. A file whose content is not the one its run's manifest
+records (re-published under the same name) is never done: the pass refuses it by name.
 Each attempt is a numbered create-only claim, so of two passes racing for a file one wins.
 A claim lives while its holder renews it; a holder that died loses it after its lease.
 Claim times are wall-clock seconds, so leases must exceed the clock skew between machines.
+A holder checks its claim before each write that decides its run's state (`check_claim`).
 This module does not import Prefect.
 """
 
@@ -21,6 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from capture_core.rollout_io import file_fingerprint, file_sha256
 from capture_core.run_layout import RunLayout
 from capture_core.run_report import summarize
 from capture_core.storage import ByteStore, open_byte_store
@@ -39,6 +43,42 @@ def run_completed(dest: ByteStore, run_id: str) -> bool:
     layout = RunLayout(dest, run_id)
     ledger = layout.read_ledger()
     return ledger is not None and summarize(run_id, ledger).ok and dest.exists(layout.manifest_key)
+
+
+def replaced_file(
+    dest: ByteStore, run_id: str, url: str, storage_options: Mapping[str, Any] | None = None
+) -> str | None:
+    """Why the file at `url` is not the input its run recorded, or `None` when it is (or the
+    run has not started).
+
+    A file re-published under its name maps to the same run id; its run must never call it
+    done. The file is read in full only under a fingerprint not seen with the recorded digest
+    (the manifest's, or the last one found to match, which is then remembered).
+    """
+    layout = RunLayout(dest, run_id)
+    manifest = layout.read_manifest()
+    if manifest is None:
+        return None
+    recorded = manifest.rollouts_sha256
+    try:
+        fingerprint = file_fingerprint(url, storage_options)
+        known = (manifest.rollouts_fingerprint, layout.read_input_seen(recorded))
+        if fingerprint is not None and fingerprint in known:
+            return None
+        digest = file_sha256(url, storage_options)
+    except FileNotFoundError:  # it left the inbox since it was listed: nothing to refuse
+        return None
+    if digest == recorded:
+        if fingerprint is not None:
+            layout.record_input_seen(fingerprint, digest)
+        return None
+    return (
+        f"{url} was replaced after run {run_id} started on it: the file's sha256 is now "
+        f"{digest[:12]}, the run recorded {recorded[:12]}. The inbox finalizes "
+        "one content per file name, so nothing of the new content was finalized. Publish new "
+        "rollouts under a new file name, then move this file out of the inbox or restore its "
+        "recorded content"
+    )
 
 
 class Claim(BaseModel):
@@ -135,6 +175,32 @@ def take_claim(
         release_claim(dest, claim, ok=True)
         return ClaimDecision(status="done", attempts=claim.number + 1)
     return ClaimDecision(status="claimed", attempts=claim.number + 1, claim=claim)
+
+
+class ClaimLostError(RuntimeError):
+    """A pass no longer holds its claim on a run; it stops before writing anything more there."""
+
+
+def check_claim(dest: ByteStore, claim: Claim, now: float | None = None) -> None:
+    """Raise `ClaimLostError` unless `claim` is the run's latest claim, unreleased and live.
+
+    A holder checks this before each write that decides the run's state, so a pass that was
+    paused past its lease and resumed never overwrites what the pass that took over wrote.
+    """
+    numbers = claim_numbers(dest, claim.run_id)
+    latest = read_claim(dest, claim.run_id, numbers[-1]) if numbers else None
+    if latest is None or latest.number != claim.number or latest.token != claim.token:
+        holder = f"attempt {latest.number + 1} ({latest.owner})" if latest else "nobody"
+        reason = f"it is now held by {holder}"
+    elif not claim_is_live(dest, claim, time.time() if now is None else now):
+        reason = "it ended or its lease lapsed"
+    else:
+        return
+    raise ClaimLostError(
+        f"run {claim.run_id}: this pass (attempt {claim.number + 1}, {claim.owner}) lost its "
+        f"claim: {reason}. It stopped without writing anything more under the run; the pass "
+        "that holds the claim finishes it"
+    )
 
 
 def renew_claim(dest: ByteStore, claim: Claim, now: float | None = None) -> None:

@@ -48,6 +48,7 @@ class RolloutFilePlan(BaseModel):
     size: int
     batches: list[BatchPlan]
     duplicates: dict[str, list[int]] = Field(default_factory=dict)
+    fingerprint: str | None = None
 
     @property
     def rollouts(self) -> int:
@@ -147,6 +148,7 @@ def plan_rollout_file(
     fs, path = filesystem_for(url, storage_options)
     if not fs.exists(path):
         raise FileNotFoundError(f"rollout file {url} does not exist; check the URL")
+    fingerprint = file_fingerprint(url, storage_options)  # before reading: see its doc
     whole = hashlib.sha256()
     batches: list[BatchPlan] = []
     current: dict[str, Any] | None = None
@@ -179,8 +181,40 @@ def plan_rollout_file(
         batches.append(_close(len(batches), current))
     duplicates = finder.refuse(batches)
     return RolloutFilePlan(
-        url=url, sha256=whole.hexdigest(), size=size, batches=batches, duplicates=duplicates
+        url=url,
+        sha256=whole.hexdigest(),
+        size=size,
+        batches=batches,
+        duplicates=duplicates,
+        fingerprint=fingerprint,
     )
+
+
+def file_fingerprint(url: str, storage_options: Mapping[str, Any] | None = None) -> str | None:
+    """A cheap identity of a file's bytes, or `None` when its filesystem offers none.
+
+    On S3 the size and ETag; locally the size, inode, and change and modification times
+    (no write leaves all of them as they were). Equal fingerprints mean equal bytes, unequal
+    ones prove nothing: compare `file_sha256` then. Taken before the file is read, so a file
+    replaced meanwhile gets a fingerprint that no later reader will match.
+    """
+    fs, path = filesystem_for(url, storage_options)
+    fs.invalidate_cache(path)
+    info = fs.info(path)
+    if info.get("ETag"):
+        return f"{info.get('size')}:{info['ETag']}"
+    local = [info.get(name) for name in ("size", "ino", "created", "mtime")]
+    return None if None in local else ":".join(map(str, local))
+
+
+def file_sha256(url: str, storage_options: Mapping[str, Any] | None = None) -> str:
+    """The sha256 of the whole file, as `plan_rollout_file` records it."""
+    fs, path = filesystem_for(url, storage_options)
+    whole = hashlib.sha256()
+    with fs.open(path, "rb", block_size=READ_CHUNK) as stream:
+        for chunk in _stream_chunks(stream):
+            whole.update(chunk)
+    return whole.hexdigest()
 
 
 def _close(index: int, current: dict[str, Any]) -> BatchPlan:

@@ -1,8 +1,9 @@
 """One run's layout at the destination, and the bookkeeping files it owns.
 
 Under `<dest>/<run_id>/`: `run.json` (the manifest), `ledger.jsonl` (each rollout's fate),
-`records/` (the handed-off part files), `receipts/` (the upload task's persisted results)
-and `attempts/` (the inbox claims). This module is the only one that spells those names.
+`records/` (the handed-off part files), `receipts/` (the upload task's persisted results),
+`attempts/` (the inbox claims) and `input-seen.json` (the last input fingerprint the inbox
+found with the manifest's digest). This module is the only one that spells those names.
 The manifest binds a run id to one input (by digest) and its settings, create-only, so a run
 id cannot silently mix two inputs; retrigger and status read it back. It never holds storage
 options or credentials. This module does not import Prefect.
@@ -24,6 +25,7 @@ LEDGER = "ledger.jsonl"
 RECORDS = "records"
 RECEIPTS = "receipts"
 ATTEMPTS = "attempts"
+INPUT_SEEN = "input-seen.json"
 
 
 def validate_run_id(run_id: str) -> str:
@@ -45,11 +47,16 @@ def part_key(run_id: str, index: int, sha256: str) -> str:
 
 
 class RunManifest(BaseModel):
-    """What a run finalizes and how."""
+    """What a run finalizes and how.
+
+    `rollouts_fingerprint` (see `rollout_io.file_fingerprint`) lets the inbox see an
+    unchanged file without reading it; the digest alone binds the run to its input.
+    """
 
     run_id: str
     rollouts: str
     rollouts_sha256: str
+    rollouts_fingerprint: str | None = None
     store: str
     builder: str
     batch_size: int
@@ -115,6 +122,27 @@ class RunLayout:
     def attempt_key(self, number: int, kind: str) -> str:
         """An inbox claim marker: `attempts/NNNN.claim`, `.beat` or `.end`."""
         return self.key(ATTEMPTS, f"{number:04d}.{kind}")
+
+    def read_input_seen(self, sha256: str) -> str | None:
+        """The fingerprint the inbox last found with input digest `sha256`, if any.
+
+        It only spares a read: anything unreadable there reads as nothing seen.
+        """
+        data = self.dest.get(self.key(INPUT_SEEN))
+        try:
+            seen = orjson.loads(data) if data is not None else None
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(seen, dict) or seen.get("sha256") != sha256:
+            return None
+        fingerprint = seen.get("fingerprint")
+        return fingerprint if isinstance(fingerprint, str) else None
+
+    def record_input_seen(self, fingerprint: str, sha256: str) -> None:
+        """Remember that the input under `fingerprint` has digest `sha256`: not read again."""
+        self.dest.replace(
+            self.key(INPUT_SEEN), _encode({"fingerprint": fingerprint, "sha256": sha256})
+        )
 
     def create_attempt(self, number: int, kind: str, body: dict[str, Any]) -> bool:
         """Create an inbox marker create-only; `False` when it already exists."""

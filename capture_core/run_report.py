@@ -27,6 +27,7 @@ class RunSummary(BaseModel):
     handed_off: int = 0
     already_handed_off: int = 0
     retired: int = 0
+    retire_failed: int = 0
     failed: int = 0
     malformed_lines: int = 0
     duplicate_lines: int = 0
@@ -39,9 +40,10 @@ class RunSummary(BaseModel):
 
     @property
     def ok(self) -> bool:
-        """No failed rollout, no unreadable or duplicate input line, no error."""
+        """No failed rollout or retirement, no unreadable or duplicate input line, no error."""
         return (
             self.failed == 0
+            and self.retire_failed == 0
             and self.malformed_lines == 0
             and self.duplicate_lines == 0
             and not self.errors
@@ -75,6 +77,15 @@ def is_malformed(line: LedgerLine) -> bool:
     return not line.finalized and line.rollout_id is None
 
 
+def retirement_failed(line: LedgerLine) -> bool:
+    """A handed-off rollout whose retirement was due but failed: its run is not complete.
+
+    A handed-off line carries an error only when its retirement failed; a capture kept
+    deliberately (`kept`) and a retired one are complete.
+    """
+    return line.handed_off and not line.retired and not line.kept and line.error is not None
+
+
 def _by_count(counts: Counter) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -99,6 +110,7 @@ def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
         mask_reasons=_by_count(reasons),
         handed_off=sum(1 for line in ledger if line.handed_off),
         retired=sum(1 for line in ledger if line.retired),
+        retire_failed=sum(map(retirement_failed, ledger)),
         failed=sum(1 for line in ledger if line.finalized and not line.handed_off),
         malformed_lines=len(malformed),
         malformed_line_errors=[
@@ -125,6 +137,7 @@ def summary_table(summary: RunSummary) -> list[dict[str, object]]:
         {"metric": "masked", "value": summary.masked},
         *({"metric": f"masked: {k}", "value": v} for k, v in summary.mask_reasons.items()),
         {"metric": "retired", "value": summary.retired},
+        {"metric": "retirement failed", "value": summary.retire_failed},
         {"metric": "failed", "value": summary.failed},
         {"metric": "malformed input lines", "value": summary.malformed_lines},
         {"metric": "duplicate rollout id lines", "value": summary.duplicate_lines},
@@ -150,6 +163,7 @@ def markdown_report(
     lines += [
         f"{summary.handed_off}/{summary.rollouts} rollouts handed off, "
         f"{summary.masked} masked, {summary.retired} captures retired, "
+        f"{summary.retire_failed} retirements failed, "
         f"{summary.failed} failed, {summary.malformed_lines} malformed input lines.",
         "",
         "## Mask reasons",
@@ -166,6 +180,8 @@ def markdown_report(
     failed = [(line, line.error or "failed") for line in ledger if not line.handed_off]
     lines += _rollout_table("Masked rollouts", masked)
     lines += _rollout_table("Failed rollouts and malformed lines", failed)
+    unretired = [(line, line.error or "") for line in ledger if retirement_failed(line)]
+    lines += _rollout_table("Handed off, retirement failed (captures kept)", unretired)
     lines += ["", "## Terminal attribution", "", *_terminal_lines(summary)]
     lines += _delivered(delivered)
     lines += ["", "## Slowest batches", "", "| batch | seconds |", "|---|---|"]

@@ -37,6 +37,7 @@ def print_summary(summary: Any) -> None:
         ("masked", summary.masked),
         *((f"  masked: {reason}", count) for reason, count in summary.mask_reasons.items()),
         ("retired", summary.retired),
+        ("retirement failed", summary.retire_failed),
         ("failed", summary.failed),
         ("malformed input lines", summary.malformed_lines),
         ("duplicate rollout id lines", summary.duplicate_lines),

@@ -21,6 +21,7 @@ from prefect.utilities.annotations import quote
 from capture_core.builder import BUILDERS
 from capture_core.config import public_storage_options
 from capture_core.handoff import FinalizedBatch, HandoffReceipt, RetireOutcome, receipt_key
+from capture_core.inbox import Claim, ClaimLostError
 from capture_core.rollout_io import BatchPlan
 from capture_core.run_layout import validate_run_id
 from capture_core.run_progress import (
@@ -72,6 +73,7 @@ class RunSteps:
     source_kwargs: dict[str, Any] | None
     rollouts: str = ""
     builder: str = "prefix_merging"
+    claim: Claim | None = None
     upload: Task[..., HandoffReceipt] = field(init=False)
     retire_task: Task[..., RetireOutcome] = field(init=False)
 
@@ -80,15 +82,15 @@ class RunSteps:
         self.upload = upload_batch.with_options(result_storage=storage)
         self.retire_task = retire_batch.with_options(result_storage=storage)
 
-    def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch]:
+    def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch | HandoffReceipt]:
         args = (self.run_id, self.rollouts, batch, self.store, self.options, self.source_kwargs)
-        return finalize_rollout_batch.submit(*args, self.builder)
+        return finalize_rollout_batch.submit(*args, self.builder, self.dest)
 
     def run_batch(
         self,
         batch: BatchPlan,
         earlier: HandoffReceipt | None,
-        finalizing: Lookahead[BatchPlan, PrefectFuture[FinalizedBatch]],
+        finalizing: Lookahead[BatchPlan, PrefectFuture[FinalizedBatch | HandoffReceipt]],
         tally: RunTally,
         gate: MaskGate,
     ) -> None:
@@ -112,11 +114,14 @@ class RunSteps:
     def hand_off(
         self,
         batch: BatchPlan,
-        finalizing: PrefectFuture[FinalizedBatch],
+        finalizing: PrefectFuture[FinalizedBatch | HandoffReceipt],
         tally: RunTally,
         gate: MaskGate,
     ) -> HandoffReceipt | None:
-        """Wait for the batch's finalize, pass the mask gate, then upload; `None` if not."""
+        """Wait for the batch's finalize, pass the mask gate, then upload; `None` if not.
+
+        A receipt that another pass persisted meanwhile stands instead of this pass's build.
+        """
         try:
             finalized = finalizing.result()
         except Exception as exc:
@@ -125,25 +130,47 @@ class RunSteps:
                 batch.index, outcomes, f"batch {batch.index}: finalize failed: {exc}"
             )
             return None
+        if isinstance(finalized, HandoffReceipt):
+            return self.handed_off_meanwhile(finalized, tally, gate)
         crash_point("after-finalize")
         if not tally.may_hand_off(gate, batch.index, finalized.outcomes):
             return None
         try:
             # quote: Prefect would otherwise walk every outcome and the part looking for
             # futures, twice per task; a finished batch holds none.
-            return self.upload(self.run_id, quote(finalized), self.dest, self.options)
+            args = (self.run_id, quote(finalized), self.dest, self.options)
+            return self.upload(*args, claim=self.claim)
+        except ClaimLostError:
+            raise
         except Exception as exc:
             message = f"batch {batch.index}: upload failed: {exc}"
             tally.batch_failed(batch.index, finalized.outcomes, message)
             return None
 
+    def handed_off_meanwhile(
+        self, receipt: HandoffReceipt, tally: RunTally, gate: MaskGate
+    ) -> HandoffReceipt:
+        """Another pass handed the batch off while this one finalized it: its receipt stands.
+
+        This pass's build is dropped: its captures may be retired by now, and rebuilding
+        them would mask rollouts whose records are already handed off.
+        """
+        get_run_logger().info(
+            "batch %d was handed off by another pass meanwhile; its receipt stands", receipt.batch
+        )
+        tally.earlier += 1
+        gate.add(receipt.rollouts)
+        return receipt
+
     def retire(self, receipt: HandoffReceipt, tally: RunTally) -> RetireOutcome:
         """Retire a handed-off batch and record the outcome (cached: an earlier run's)."""
         args = (quote(receipt), self.dest, self.store, self.options, self.source_kwargs)
         try:
-            state = self.retire_task(*args, return_state=True)
+            state = self.retire_task(*args, claim=self.claim, return_state=True)
             outcome: RetireOutcome = state.result()
             outcome.earlier = state.name == "Cached"
+        except ClaimLostError:
+            raise
         except Exception as exc:
             outcome = tally.retire_failed(receipt, str(exc))
         tally.retired(receipt, outcome)
@@ -170,20 +197,24 @@ def finalize_run(
     storage_options: dict[str, Any] | None = None,
     source_kwargs: dict[str, Any] | None = None,
     finalize_ahead: int = 2,
+    claim: Claim | None = None,
 ) -> RunSummary:
     """Finalize every rollout of `rollouts` into the run's records at `dest`, then retire.
 
     `store` is a capture-store path or URL, or a `module.path:ClassName` source built with
     `source_kwargs`. `storage_options` apply to rollouts, store and dest; credentials come
     from the environment. `finalize_ahead` batches finalize on the task runner meanwhile.
+    An inbox pass passes its `claim`: each write that decides the run's state (manifest,
+    part and receipt, retirement, ledger and report) first checks that it still holds it,
+    and the run stops with `ClaimLostError` once it does not.
     """
     options = public_storage_options(storage_options)
     check_arguments(run_id, builder)
     check_locations(store, dest, options, source_kwargs)
     plan = plan_rollouts(rollouts, batch_size, options)
     settings = (store, builder, batch_size, max_mask_fraction, mask_fraction_min_samples)
-    claim_run_id(dest, run_id, plan, *settings, options)
-    steps = RunSteps(run_id, dest, store, options, source_kwargs, rollouts, builder)
+    claim_run_id(dest, run_id, plan, *settings, options, claim)
+    steps = RunSteps(run_id, dest, store, options, source_kwargs, rollouts, builder, claim)
     earlier = find_receipts(dest, run_id, [receipt_key(b) for b in plan.batches], options)
     tally = RunTally(earlier=len(earlier), errors=list(filter(None, [plan.duplicates_error()])))
     gate = MaskGate(max_mask_fraction, mask_fraction_min_samples)
@@ -193,7 +224,7 @@ def finalize_run(
     for done, batch in enumerate(plan.batches, start=1):
         steps.run_batch(batch, earlier.get(receipt_key(batch)), finalizing, tally, gate)
         update_progress_artifact(progress, 100.0 * done / max(1, len(plan.batches)))
-    summary = write_run_report(run_id, dest, quote(tally), options)  # quote: see hand_off
+    summary = write_run_report(run_id, dest, quote(tally), options, claim)  # quote: see hand_off
     raise_if_failed(summary, tally)
     return summary
 

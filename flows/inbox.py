@@ -1,8 +1,10 @@
 """`finalize_inbox`: finalize every rollout file under an inbox that is not finalized yet.
 
-Completion is judged from the destination (each file's run ledger), never from memory, so a
-scheduled deployment can run it every few minutes. Files that appear while it runs are picked
-up next time; a file that keeps failing is reported and given up after `max_attempts`.
+Completion is judged from the destination (each file's run ledger and manifest), never from
+memory, so a scheduled deployment can run it every few minutes. A file re-published under a
+name already finalized with other content fails the pass, naming it; it is never skipped.
+Files that appear while it runs are picked up next time; a file that keeps failing is
+reported and given up after `max_attempts`.
 Each file is claimed before it is finalized, so overlapping passes (several workers on one
 schedule) finalize it once; a pass that died loses its claim after `claim_lease_seconds`.
 """
@@ -23,9 +25,11 @@ from capture_core.config import public_storage_options
 from capture_core.inbox import (
     Claim,
     ClaimDecision,
+    ClaimLostError,
     attempts,
     keep_claim,
     release_claim,
+    replaced_file,
     run_completed,
     run_id_for_file,
     take_claim,
@@ -46,17 +50,23 @@ class InboxReport(BaseModel):
 
 
 class InboxFile(BaseModel):
+    """A file of the inbox: its run, whether that completed, and why the file was refused."""
+
     url: str
     run_id: str
     done: bool
     attempts: int
+    replaced: str | None = None
 
 
 @task(name="scan-inbox", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
 def scan_inbox(
     inbox: str, pattern: str, dest: str, storage_options: dict[str, Any] | None = None
 ) -> list[InboxFile]:
-    """The inbox's rollout files, each with its run id and whether its run completed."""
+    """The inbox's rollout files, each with its run id and whether its run completed.
+
+    A file whose content differs from its run's manifest is marked `replaced`, never done.
+    """
     fs, root = filesystem_for(inbox, storage_options)
     scheme = url_scheme(inbox)
     protocol = f"{scheme}://" if scheme is not None else ""
@@ -66,12 +76,14 @@ def scan_inbox(
     for path in paths:
         url = protocol + path if protocol and not path.startswith(protocol) else path
         run_id = run_id_for_file(url)
+        replaced = replaced_file(dest_store, run_id, url, storage_options)
         files.append(
             InboxFile(
                 url=url,
                 run_id=run_id,
-                done=run_completed(dest_store, run_id),
+                done=replaced is None and run_completed(dest_store, run_id),
                 attempts=attempts(dest_store, run_id),
+                replaced=replaced,
             )
         )
     return files
@@ -139,6 +151,10 @@ def finalize_inbox(
     for item in scan_inbox(inbox, pattern, dest, options):
         if item.done:
             report.already_done.append(item.url)
+            continue
+        if item.replaced is not None:
+            report.failed[item.url] = item.replaced
+            logger.error("%s", item.replaced)
             continue
         decision = claim_file(
             dest, item.run_id, owner, uuid.uuid4().hex, claim_lease_seconds, max_attempts, options
@@ -209,11 +225,20 @@ def _finalize_claimed(
     settings: dict[str, Any],
     report: InboxReport,
 ) -> None:
-    """Finalize one claimed file while renewing its claim; release the claim afterwards."""
+    """Finalize one claimed file while renewing its claim; release the claim afterwards.
+
+    A pass that lost its claim (paused past its lease, and another pass took the file over)
+    stopped before writing anything more; the file is left to the pass that holds it.
+    """
     options = settings["storage_options"]
     try:
         with keep_claim(dest, claim, options):
-            summary = finalize_run(item.url, store, dest, item.run_id, **settings)
+            summary = finalize_run(item.url, store, dest, item.run_id, claim=claim, **settings)
+    except ClaimLostError as exc:
+        end_claim(dest, claim, False, options)
+        report.busy.append(item.url)
+        get_run_logger().warning("leaving %s: %s", item.url, exc)
+        return
     except Exception as exc:
         end_claim(dest, claim, False, options)
         report.failed[item.url] = _reason(exc)

@@ -26,12 +26,14 @@ from capture_core.handoff import (
     input_error,
     kept_as_evidence,
     plain_rollout_id,
+    receipt_key,
     retire_receipt,
 )
+from capture_core.inbox import Claim
 from capture_core.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
 from capture_core.storage import open_byte_store
 from capture_core.testing.faults import crash_point
-from tasks.common import TRANSIENT_RETRIES, run_async
+from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async
 from tasks.receipts import read_receipt
 
 StorageOptions = Mapping[str, Any] | None
@@ -97,11 +99,23 @@ def finalize_rollout_batch(
     storage_options: Mapping[str, Any] | None = None,
     source_kwargs: Mapping[str, Any] | None = None,
     builder: str = "prefix_merging",
-) -> FinalizedBatch:
-    """Freeze and rebuild every rollout of one batch; nothing is written or retired."""
+    dest: str | None = None,
+) -> FinalizedBatch | HandoffReceipt:
+    """Freeze and rebuild every rollout of one batch; nothing is written or retired.
+
+    With `dest`, the receipt of this batch that another pass of the run persisted meanwhile
+    is returned instead. Captures are retired only after their receipt is persisted, so a
+    capture this build found retired by that pass always comes with the receipt: the build,
+    masked "already retired", is dropped, never delivered or counted against the mask gate.
+    """
     lines = read_batch(rollouts, batch, storage_options)
     source = open_source(store, storage_options, source_kwargs)
     finalized = run_async(finalize_batch(run_id, batch, lines, source, builder))
+    meanwhile = (
+        None if dest is None else read_receipt(dest, run_id, receipt_key(batch), storage_options)
+    )
+    if meanwhile is not None:
+        return meanwhile
     masked = sum(o.masked and o.emitted for o in finalized.outcomes)
     logger = get_run_logger()
     logger.info("batch %d: finalized %d rollouts (%d masked)", batch.index, len(lines), masked)
@@ -117,9 +131,14 @@ def _receipt_key(context: Any, parameters: Mapping[str, Any]) -> str:
 
 @persisted_task("upload-batch", upload_run_name, _receipt_key)
 def upload_batch(
-    run_id: str, finalized: FinalizedBatch, dest: str, storage_options: StorageOptions = None
+    run_id: str,
+    finalized: FinalizedBatch,
+    dest: str,
+    storage_options: StorageOptions = None,
+    claim: Claim | None = None,
 ) -> HandoffReceipt:
     """Write the batch's part durably, verify it, and return the receipt Prefect persists."""
+    ensure_claim(dest, claim, storage_options)
     receipt = handoff_batch(run_id, finalized, open_byte_store(dest, storage_options))
     crash_point("after-upload")
     publish_receipt(receipt)
@@ -149,9 +168,11 @@ def retire_batch(
     store: str,
     storage_options: Mapping[str, Any] | None = None,
     source_kwargs: Mapping[str, Any] | None = None,
+    claim: Claim | None = None,
 ) -> RetireOutcome:
     """Retire the batch's retirable captures once its receipt is persisted and its part matches."""
     crash_point("after-receipt")
+    ensure_claim(dest, claim, storage_options)
     persisted = read_receipt(dest, receipt.run_id, receipt.receipt_key, storage_options)
     if persisted is None or persisted.sha256 != receipt.sha256:
         raise RuntimeError(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
 from capture_core.errors import is_transient
+from capture_core.inbox import Claim, check_claim
+from capture_core.storage import open_byte_store
 
 T = TypeVar("T")
 
@@ -36,3 +38,14 @@ def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coroutine)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coroutine).result()
+
+
+def ensure_claim(
+    dest: str, claim: Claim | None, storage_options: Mapping[str, Any] | None = None
+) -> None:
+    """Before a write that decides the run's state: fail unless the pass still holds `claim`.
+
+    `None` means the run is not an inbox pass (a CLI or deployment run) and holds no claim.
+    """
+    if claim is not None:
+        check_claim(open_byte_store(dest, storage_options), claim)

@@ -10,6 +10,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from capture_core.inbox import Claim
 from capture_core.run_layout import LedgerLine, RunLayout
 from capture_core.run_progress import RunTally
 from capture_core.run_report import (
@@ -20,7 +21,7 @@ from capture_core.run_report import (
     summary_table,
 )
 from capture_core.storage import open_byte_store
-from tasks.common import TRANSIENT_RETRIES
+from tasks.common import TRANSIENT_RETRIES, ensure_claim
 
 
 def artifact_key(run_id: str, kind: str) -> str:
@@ -30,9 +31,14 @@ def artifact_key(run_id: str, kind: str) -> str:
 
 @task(name="write-run-report", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
 def write_run_report(
-    run_id: str, dest: str, tally: RunTally, storage_options: Mapping[str, Any] | None = None
+    run_id: str,
+    dest: str,
+    tally: RunTally,
+    storage_options: Mapping[str, Any] | None = None,
+    claim: Claim | None = None,
 ) -> RunSummary:
     """Write the run's ledger from its tally, publish the table and markdown artifacts."""
+    ensure_claim(dest, claim, storage_options)
     ledger = tally.ledger()
     RunLayout(open_byte_store(dest, storage_options), run_id).write_ledger(ledger)
     summary = summarize(run_id, ledger)
@@ -41,11 +47,13 @@ def write_run_report(
     locate(summary, dest)
     publish_artifacts(summary, ledger, tally.seconds)
     get_run_logger().info(
-        "run %s: %d handed off, %d masked, %d retired, %d failed, %d malformed input lines",
+        "run %s: %d handed off, %d masked, %d retired, %d retirements failed, %d failed, "
+        "%d malformed input lines",
         run_id,
         summary.handed_off,
         summary.masked,
         summary.retired,
+        summary.retire_failed,
         summary.failed,
         summary.malformed_lines,
     )

@@ -9,12 +9,13 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from capture_core.capture_source import is_class_spec, open_source
+from capture_core.inbox import Claim
 from capture_core.nemo_gym_store import NemoGymFileStore
 from capture_core.rollout_io import RolloutFilePlan
 from capture_core.run_layout import MANIFEST, LedgerLine, RunLayout, RunManifest, run_location
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from tasks.common import TRANSIENT_RETRIES
+from tasks.common import TRANSIENT_RETRIES, ensure_claim
 
 
 @task(name="check-locations", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
@@ -46,12 +47,15 @@ def claim_run_id(
     max_mask_fraction: float | None,
     mask_fraction_min_samples: int,
     storage_options: Mapping[str, Any] | None = None,
+    claim: Claim | None = None,
 ) -> bool:
     """Bind the run id to this input; refuse a run id already used for another input."""
+    ensure_claim(dest, claim, storage_options)
     manifest = RunManifest(
         run_id=run_id,
         rollouts=plan.url,
         rollouts_sha256=plan.sha256,
+        rollouts_fingerprint=plan.fingerprint,
         store=store,
         builder=builder,
         batch_size=batch_size,

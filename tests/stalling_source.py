@@ -11,13 +11,18 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import orjson
 
 from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.store import TokenCaptureStore
+from tests.servers import wait_until
 
 WORKER_ENV = "TOKCAP_TEST_WORKER"
+T = TypeVar("T")
 
 
 def read_flag(flag: str) -> dict | None:
@@ -32,6 +37,19 @@ def read_flag(flag: str) -> dict | None:
 def release(flag: str) -> None:
     with open(flag + ".release", "wb"):
         pass
+
+
+def run_while_stalled(run: Callable[[], T], flag: str, timeout: float = 300) -> tuple[T, T]:
+    """Start `run` in a thread until it stalls on `flag`, call `run` again meanwhile, then
+    release the first; returns (first result, second result)."""
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(run)
+        wait_until(lambda: read_flag(flag) is not None or first.done(), 120, "pass 1 to stall")
+        try:
+            second = run()
+        finally:
+            release(flag)
+        return first.result(timeout=timeout), second
 
 
 def _claim_flag(flag: str) -> bool:
@@ -49,10 +67,18 @@ def _claim_flag(flag: str) -> bool:
 
 
 class StallingStore:
-    """Capture store at `root`; the first freeze of `stall_rollout` stalls (see module doc)."""
+    """Capture store at `root` (on S3 with `storage_options`); the first freeze of
+    `stall_rollout` stalls (see module doc)."""
 
-    def __init__(self, root: str, stall_rollout: str, flag: str, stall_seconds: float = 300):
-        self.store = TokenCaptureStore(root)
+    def __init__(
+        self,
+        root: str,
+        stall_rollout: str,
+        flag: str,
+        stall_seconds: float = 300,
+        storage_options: dict | None = None,
+    ):
+        self.store = TokenCaptureStore(root, storage_options)
         self.stall_rollout, self.flag, self.stall_seconds = stall_rollout, flag, stall_seconds
 
     async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:

@@ -23,7 +23,7 @@ from flows.inbox import finalize_inbox
 from tests.pipeline_helpers import dest_records, make_batch, rollout_ids, write_rollouts
 from tests.reliability_figures import record_case
 from tests.servers import wait_until
-from tests.stalling_source import read_flag, release
+from tests.stalling_source import run_while_stalled
 
 LEASE = 30.0
 
@@ -85,14 +85,7 @@ def test_a_pass_leaves_a_file_that_another_live_pass_is_finalizing(tmp_path) -> 
     def run_pass():
         return finalize_inbox(inbox, spec, dest, batch_size=2, source_kwargs=source)
 
-    with ThreadPoolExecutor(1) as pool:
-        first = pool.submit(run_pass)
-        wait_until(lambda: read_flag(flag) is not None or first.done(), 120, "pass 1 to stall")
-        try:
-            second = run_pass()
-        finally:
-            release(flag)
-        report = first.result(timeout=300)
+    report, second = run_while_stalled(run_pass, flag)
     assert second.busy == [url] and second.finalized == []
     assert report.finalized == [url]
     run_id = run_id_for_file(url)

@@ -83,3 +83,16 @@ def chain_entries(rollout_id: str, calls: int) -> list[TokenEntry]:
         )
         prompt = prompt + gen + [7]
     return entries
+
+
+def inbox_pass(arguments: str) -> None:
+    """One `finalize_inbox` pass with JSON `arguments`; prints its report as JSON.
+
+    Run as `python -c` by tests that pause and resume a pass (SIGSTOP, SIGCONT).
+    """
+    import orjson
+
+    from flows.inbox import finalize_inbox
+
+    report = finalize_inbox(**orjson.loads(arguments))
+    print(orjson.dumps(report.model_dump()).decode(), flush=True)
