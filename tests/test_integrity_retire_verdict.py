@@ -109,36 +109,27 @@ def test_a_part_record_that_does_not_permit_it_keeps_the_capture(tmp_path, edit:
 # -- the `tokcap retire` path -------------------------------------------------------------------
 
 
-def _write_flipped_receipt(locations: dict, run_id: str) -> None:
-    """Flip `can_retire` of the masked rollout in the persisted receipt, behind tokcap's back."""
+def _write_flipped_receipts(locations: dict, run_id: str) -> None:
+    """Flip `can_retire` of the masked rollout in the persisted receipts, behind tokcap's back."""
     dest = open_byte_store(locations["dest"], locations["options"])
-    keys = dest.list_prefix(f"{run_id}/receipts")
-    [key] = [k for k in keys if RECEIPT_KEY.fullmatch(k.rsplit("/", 1)[-1])]
-    stored = ResultRecord.deserialize(dest.get(key) or b"")
-    stored.result = _flipped(stored.result)
-    dest.replace(key, stored.serialize())
+    for key in dest.list_prefix(f"{run_id}/receipts"):
+        if RECEIPT_KEY.fullmatch(key.rsplit("/", 1)[-1]):
+            stored = ResultRecord.deserialize(dest.get(key) or b"")
+            stored.result = _flipped(stored.result)
+            dest.replace(key, stored.serialize())
 
 
 def test_tokcap_retire_keeps_a_capture_a_flipped_receipt_would_retire(
     locations: dict, prefect_api: str
 ) -> None:
-    from flows.finalize import RunFailedError, finalize_run, retire_uploaded
-    from tests.pipeline_helpers import FAILING_DROP_SOURCE, receipt_args, run_cli, write_rollouts
+    from flows.finalize import RunFailedError, retire_uploaded
+    from tests.pipeline_helpers import receipt_args, run_cli
+    from tests.test_integrity_pipeline import handed_off_not_retired
 
     options = locations["options"]
     store = TokenCaptureStore(locations["store"], options)
-    write_rollouts(locations["rollouts"], _capture(store), options)
-    kwargs = {"root": locations["store"], "storage_options": options}
-    with pytest.raises(RunFailedError, match="retirements failed"):
-        finalize_run(
-            locations["rollouts"],
-            FAILING_DROP_SOURCE,
-            locations["dest"],
-            "flip",
-            storage_options=options,
-            source_kwargs=kwargs,
-        )
-    _write_flipped_receipt(locations, "flip")
+    handed_off_not_retired(locations, "flip", 3, masked={1})
+    _write_flipped_receipts(locations, "flip")
     with pytest.raises(RunFailedError, match=f"{MASKED}: .*verified part records it masked"):
         retire_uploaded(locations["dest"], "flip", locations["store"], options)
     assert not store.read_entries("7-0") and not store.read_entries("7-2"), "the others retire"
