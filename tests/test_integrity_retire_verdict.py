@@ -15,12 +15,15 @@ import orjson
 import pytest
 from prefect.results import ResultRecord
 
+from capture_core.delivery import rollout_carries_token_ids
 from capture_core.handoff import (
     RECEIPT_KEY,
     HandoffReceipt,
     finalize_batch,
     handoff_batch,
+    plain_rollout_id,
     retire_receipt,
+    skimmed_record,
 )
 from capture_core.rollout_io import BatchPlan, ParsedLine
 from capture_core.storage import open_byte_store
@@ -144,3 +147,29 @@ def test_tokcap_retire_keeps_a_capture_a_flipped_receipt_would_retire(
     record_case(
         "receipt can_retire flipped on a masked rollout (tokcap retire)", records_lost=int(not kept)
     )
+
+
+def _verdict(record: object) -> tuple:
+    assert isinstance(record, dict)
+    return (plain_rollout_id(record), record.get("mask_sample"), rollout_carries_token_ids(record))
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"prompt_token_ids": [1, 2], "generation_token_ids": [3], "generation_log_probs": [-1.5]},
+        {"prompt_token_ids": [1], "generation_token_ids": [], "generation_log_probs": []},
+        {"generation_token_ids": [[3], [4]], "generation_log_probs": [-0.1]},
+        {"generation_token_ids": [None, -5], "routed_experts": [[1, 2], [3]]},
+        {"content": 'say "prompt_token_ids":[1] and "generation_token_ids":[] please'},
+        {"content": [{"generation_token_ids": [7]}], "generation_token_ids": [8]},
+    ],
+)
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_skimmed_part_line_decides_like_the_whole_record(item: dict, masked: bool) -> None:
+    record: dict = {"_ng_task_index": 7, "_ng_rollout_index": 0, "response": {"output": [item]}}
+    if masked:
+        record["mask_sample"] = True
+    line = orjson.dumps(record)
+    assert _verdict(skimmed_record(line)) == _verdict(orjson.loads(line))
+    assert skimmed_record(b"not json") is None
