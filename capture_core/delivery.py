@@ -26,7 +26,7 @@ from capture_core.build_result import (
 from capture_core.consumer import build_from_snapshot
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenSource
-from capture_core.records import check_response_token_arrays, response_items, strip_token_fields
+from capture_core.records import TOKEN_FIELDS, check_response_token_arrays, response_items
 from capture_core.terminal import TerminalInputs
 
 logger = logging.getLogger(__name__)
@@ -174,8 +174,9 @@ def _replacing_malformed(result: dict, built: BuildResult, malformed: str) -> Bu
     response = result.get("response")
     choices = response.get("choices") if isinstance(response, dict) else None
     for choice in choices if isinstance(choices, list) else []:
-        if isinstance(choice, dict) and isinstance(choice.get("message"), Mapping):
-            choice["message"] = strip_token_fields(choice["message"])
+        message = choice.get("message") if isinstance(choice, dict) else None
+        for field in TOKEN_FIELDS if isinstance(message, dict) else ():
+            message.pop(field, None)
     return built
 
 

@@ -19,7 +19,6 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -69,11 +68,11 @@ class TokenEntry(BaseModel):
 
     @field_validator("prompt_token_ids", "generation_token_ids")
     @classmethod
-    def _vocabulary_ids(cls, ids: list[int], info: ValidationInfo) -> list[int]:
+    def _vocabulary_ids(cls, ids: list[int]) -> list[int]:
         if ids and min(ids) < 0:
             raise ValueError(
-                f"{info.field_name} holds the negative id {min(ids)}; token ids index the "
-                "vocabulary, so capture the ids the model server returned (0 or more)"
+                f"holds the negative id {min(ids)}; token ids index the vocabulary, so capture "
+                "the ids the model server returned (0 or more)"
             )
         return ids
 
@@ -146,6 +145,24 @@ def describe_validation_error(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def check_response_token_arrays(response: Mapping[str, Any]) -> None:
+    """Validate every item of a response that carries token arrays as a captured call is.
+
+    A finished record may already carry arrays (one item per call of a delivered chain);
+    each carrier needs all three arrays, one finite log prob per generated id and
+    non-negative integer ids (the `TokenEntry` rules). Raises `ValueError` naming the first
+    bad item.
+    """
+    for index, item in enumerate(response_items(response)):
+        if not _carries_tokens(item):
+            continue
+        arrays = {field: item.get(field) for field in TOKEN_FIELDS}
+        try:
+            TokenEntry(rollout_id="record", model_call_id=f"response item {index}", **arrays)
+        except ValidationError as exc:
+            raise ValueError(f"response item {index}: {describe_validation_error(exc)}") from None
+
+
 def coerce_token_entry(entry: Any) -> TokenEntry:
     """Validate a `TokenEntry`, a NeMo Gym entry (anything with `model_dump()`) or a mapping.
 
@@ -198,13 +215,7 @@ def extract_token_fields(response: Mapping[str, Any]) -> dict[str, Any] | None:
             "them, so the capture cannot tell which call they belong to"
         )
     index = carriers[0]
-    fields = _carrier_fields(index, response_items(response)[index])
-    fields["token_item_index"] = index
-    return fields
-
-
-def _carrier_fields(index: int, item: Mapping[str, Any]) -> dict[str, Any]:
-    """The token arrays of the carrier item at `index`; a missing required one is an error."""
+    item = response_items(response)[index]
     missing = [field for field in REQUIRED_TOKEN_FIELDS if item.get(field) is None]
     if missing:
         raise ValueError(
@@ -213,24 +224,8 @@ def _carrier_fields(index: int, item: Mapping[str, Any]) -> dict[str, Any]:
         )
     fields = {field: item[field] for field in REQUIRED_TOKEN_FIELDS}
     fields["routed_experts"] = item.get("routed_experts")
+    fields["token_item_index"] = index
     return fields
-
-
-def check_response_token_arrays(response: Mapping[str, Any]) -> None:
-    """Validate every item of a response that carries token arrays as a captured call is.
-
-    A finished record may already carry arrays (one item per call of a delivered chain);
-    each carrier needs all three arrays, one finite log prob per generated id and
-    non-negative integer ids. Raises `ValueError` naming the first bad item.
-    """
-    for index, item in enumerate(response_items(response)):
-        if not _carries_tokens(item):
-            continue
-        fields = _carrier_fields(index, item)
-        try:
-            TokenEntry(rollout_id="record", model_call_id=f"response item {index}", **fields)
-        except ValidationError as exc:
-            raise ValueError(f"response item {index}: {describe_validation_error(exc)}") from None
 
 
 def strip_token_fields(item: Mapping[str, Any]) -> dict[str, Any]:
