@@ -1,6 +1,7 @@
 """Local retirement of a batch (`retire_receipt`), against raw removal of the same files.
 
-Workloads as in finalize_bench: 200 rollouts x 16 turns, and 1 rollout x 1,000 turns.
+Workloads as in finalize_bench: 200 rollouts x 16 turns, and 1 rollout x 1,000 turns; the
+part holds their finalized records (retirement re-reads and decides from them).
 Baseline, alternated with retirement over the repetitions: unlink every file the capture
 holds, then fsync each rollout folder once (removal with no decision, no tombstone and no
 verification), with as many threads as retirement's concurrency. Prints seconds, the ratio
@@ -21,12 +22,15 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import orjson
+
 from bench.finalize_bench import PRESETS
 from bench.ratios import alternate, median
+from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.handoff import HandoffReceipt, RolloutOutcome, retire_receipt, store_concurrency
 from capture_core.storage import ByteStore, open_byte_store
 from capture_core.store import TokenCaptureStore
-from capture_core.testing.synthetic import synthetic_rollout
+from capture_core.testing.synthetic import rollout_record, synthetic_rollout
 
 REFERENCE_SECONDS = {"many": 1.07, "long": 0.13}
 
@@ -45,10 +49,20 @@ def captured(key: str, rollouts: int) -> tuple[str, list]:
     return root, [store.freeze_now(f"{i}-0") for i in range(rollouts)]
 
 
-def handed_off(receipt: HandoffReceipt) -> ByteStore:
-    """A destination holding a part that matches `receipt`, which retirement re-verifies."""
+def finalized_part(store: TokenCaptureStore, rollouts: int) -> bytes:
+    """The part of the batch: each rollout's record finalized from its capture, in order.
+
+    Retirement decides from these records, so they are the real ones, not a placeholder.
+    """
+    records = [rollout_record(i, 0) for i in range(rollouts)]
+    for record in records:
+        asyncio.run(finalize_rollout_token_capture(record, store))
+    return b"".join(orjson.dumps(record) + b"\n" for record in records)
+
+
+def handed_off(receipt: HandoffReceipt, part: bytes) -> ByteStore:
+    """A destination holding `part`, matching `receipt`, which retirement re-verifies."""
     dest = open_byte_store(f"memory://tokcap-bench-{uuid.uuid4().hex}")
-    part = b"records handed off\n"
     dest.create(receipt.part_key, part)
     receipt.sha256, receipt.bytes = hashlib.sha256(part).hexdigest(), len(part)
     return dest
@@ -76,9 +90,10 @@ def retire_seconds(key: str, rollouts: int) -> float:
             for i, s in enumerate(snapshots)
         ],
     )
+    part = finalized_part(store, rollouts)
     try:
         start = time.perf_counter()
-        dest = handed_off(receipt)
+        dest = handed_off(receipt, part)
         outcome = asyncio.run(retire_receipt(receipt, store, dest))
         seconds = time.perf_counter() - start
         assert len(outcome.retired) == rollouts, outcome

@@ -2,7 +2,8 @@
 
 The finalizer freezes the rollout's captured calls and rebuilds `response.output` from them.
 It never retires; the caller retires only after durable handoff, by snapshot id and version.
-Existing token ids are the policy's sampled data: such a rollout is left unchanged.
+Existing token ids are the policy's sampled data: such a rollout is left unchanged, when
+they pass a captured call's validation; malformed ones are rebuilt from the capture, or mask.
 Failed or masked builds keep their capture as evidence.
 Training correlation preserves `/ng-rollout/<id>/training-token-capture`.
 The record's terminal fields and scored `response` attribute the call that earned the reward.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from capture_core.build_result import (
@@ -24,7 +26,7 @@ from capture_core.build_result import (
 from capture_core.consumer import build_from_snapshot
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenSource
-from capture_core.records import response_items
+from capture_core.records import TOKEN_FIELDS, check_response_token_arrays, response_items
 from capture_core.terminal import TerminalInputs
 
 logger = logging.getLogger(__name__)
@@ -117,22 +119,64 @@ async def _finalize(result: dict, source: TokenSource, builder: str) -> BuildRes
         rollout_id = maybe_rollout_id_from_run_body(result)
     except ValueError as exc:
         return _mask_unusable(result, f"malformed rollout id: {exc}", f"rollout masked: {exc}")
+    malformed = None
     if rollout_carries_token_ids(result):
-        return await _redundant_capture(rollout_id, source)
+        malformed = malformed_token_arrays(result)
+        if malformed is None:
+            return await _redundant_capture(rollout_id, source)
+        logger.warning("rollout %s: rebuilding it from its capture: %s", rollout_id, malformed)
     if rollout_id is None:
-        return _mask_unusable(
-            result, "no capture key", "rollout masked: it has no rollout id to find its capture"
-        )
+        error = _noting("no capture key", malformed)
+        return _mask_unusable(result, error, f"rollout masked: {error}")
     try:
         snapshot = await source.freeze(rollout_id)
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        error = _noting(f"{type(exc).__name__}: {exc}", malformed)
         message = f"rollout {rollout_id} masked: capture unreadable: {error}"
         return _mask_unusable(result, error, message)
     response = result.get("response")
     model = str(response.get("model") or "") if isinstance(response, dict) else ""
     built = build_from_snapshot(snapshot, builder, model, TerminalInputs.from_record(result))
+    if malformed is not None:
+        built = _replacing_malformed(result, built, malformed)
     _apply(result, built)
+    return built
+
+
+def malformed_token_arrays(result: dict) -> str | None:
+    """Why the token arrays already on the record fail a captured call's validation, or `None`.
+
+    Such arrays are not what the policy sampled (a length mismatch, a null or negative id, a
+    non-finite log prob, a missing array), so they never make the record a redundant capture.
+    """
+    response = result.get("response")
+    if not isinstance(response, Mapping):
+        return None
+    try:
+        check_response_token_arrays(response)
+    except ValueError as exc:
+        return f"the token arrays on the record are malformed ({exc})"
+    return None
+
+
+def _noting(error: str, malformed: str | None) -> str:
+    return error if malformed is None else f"{error}; {malformed}"
+
+
+def _replacing_malformed(result: dict, built: BuildResult, malformed: str) -> BuildResult:
+    """A build that replaces malformed arrays: none of them stays beside the rebuilt output.
+
+    A Chat response keeps its `choices` (the rebuilt `output` is read first), without their
+    token arrays. A build with nothing to deliver names the malformed arrays in its error.
+    """
+    if built.rebuilt_response is None:
+        return replace(built, error=_noting(built.error, malformed)) if built.error else built
+    response = result.get("response")
+    choices = response.get("choices") if isinstance(response, dict) else None
+    for choice in choices if isinstance(choices, list) else []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        for field in TOKEN_FIELDS if isinstance(message, dict) else ():
+            message.pop(field, None)
     return built
 
 

@@ -4,7 +4,8 @@ A batch is finalized through `delivery.finalize_rollout`, the one finalize path.
 Lines refused as input (unparsable, or a rollout id repeated in the file) are never finalized.
 A storage failure while freezing fails the batch (retry it); it never becomes a masked record.
 The part file is written create-only, durably, and verified by reading it back.
-A receipt names the part, its digest and each rollout's snapshot; only it permits retirement.
+A receipt names the part, its digest and each rollout's snapshot; retirement needs it, and
+what it retires is decided from the part's verified records, never from the receipt alone.
 Masked and failed rollouts are never retired. This module does not import Prefect.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import re
 
@@ -19,8 +21,8 @@ import orjson
 from pydantic import BaseModel, Field
 
 from capture_core import run_layout
-from capture_core.build_result import BuildResult
-from capture_core.delivery import finalize_rollout
+from capture_core.build_result import MASK_SAMPLE_KEY, BuildResult
+from capture_core.delivery import finalize_rollout, rollout_carries_token_ids
 from capture_core.errors import (
     CaptureStoreError,
     HandoffConflictError,
@@ -33,6 +35,8 @@ from capture_core.rollout_io import BatchPlan, ParsedLine
 from capture_core.storage import ByteStore
 from capture_core.terminal import abstention_reasons
 from capture_core.testing.faults import crash_point
+
+logger = logging.getLogger(__name__)
 
 
 class RolloutOutcome(BaseModel):
@@ -84,12 +88,15 @@ class RetireOutcome(BaseModel):
 
     Only an outcome without failures is final; `transient` says whether a retry may fix them.
     `earlier` marks an outcome recorded by an earlier run and reused, not work done now.
+    `disagreed` holds rollouts the receipt marks retirable and its verified part does not
+    (masked, missing, without tokens): their captures are kept, and the run reports them.
     """
 
     receipt_key: str
     retired: list[str] = Field(default_factory=list)
     kept: dict[str, str] = Field(default_factory=dict)
     failed: dict[str, str] = Field(default_factory=dict)
+    disagreed: dict[str, str] = Field(default_factory=dict)
     transient: bool = True
     earlier: bool = False
 
@@ -266,8 +273,8 @@ class PartMismatchError(CaptureStoreError):
     """A handed-off part no longer matches its receipt; no capture of its batch is retired."""
 
 
-def verify_part(dest: ByteStore, receipt: HandoffReceipt) -> None:
-    """Re-read the receipt's part and check its size and sha256 against the receipt.
+def verify_part(dest: ByteStore, receipt: HandoffReceipt) -> bytes:
+    """Re-read the receipt's part, check its size and sha256 against the receipt, return it.
 
     A transient read failure propagates (retry it); a missing or different part raises
     `PartMismatchError` naming it, because its records are not what the receipt certifies.
@@ -275,7 +282,7 @@ def verify_part(dest: ByteStore, receipt: HandoffReceipt) -> None:
     stored = dest.get(receipt.part_key)
     digest = None if stored is None else hashlib.sha256(stored).hexdigest()
     if stored is not None and len(stored) == receipt.bytes and digest == receipt.sha256:
-        return
+        return stored
     found = "is missing" if stored is None else f"has {len(stored)} bytes, sha256 {digest}"
     raise PartMismatchError(
         f"batch {receipt.batch}: part {dest.url}/{receipt.part_key} {found}, but its receipt "
@@ -285,13 +292,96 @@ def verify_part(dest: ByteStore, receipt: HandoffReceipt) -> None:
     )
 
 
-def retirable(receipt: HandoffReceipt) -> list[RolloutOutcome]:
-    """The rollouts a receipt permits retiring: rebuilt or redundant, at a known snapshot."""
+def claimed_retirable(receipt: HandoffReceipt) -> list[RolloutOutcome]:
+    """The rollouts a receipt marks retirable: rebuilt or redundant, at a known snapshot."""
     return [
         r
         for r in receipt.rollouts
         if r.rollout_id and r.can_retire and r.snapshot_id is not None and r.version is not None
     ]
+
+
+def retirable(receipt: HandoffReceipt, part: bytes) -> tuple[list[RolloutOutcome], dict[str, str]]:
+    """The rollouts the verified `part` permits retiring, and why it refutes the others.
+
+    The receipt's verdict is a claim; the part's records decide. A rollout the receipt marks
+    retirable is retired only when its record is in the part at its place (the part holds
+    one line per emitted rollout, in receipt order), names the same rollout, is not masked
+    and carries token ids. The drop still names the receipt's snapshot, and the store
+    drops only a capture at exactly that freeze.
+    """
+    claimed = {id(r) for r in claimed_retirable(receipt)}
+    emitted = [r for r in receipt.rollouts if r.emitted]
+    lines = part.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    refuted = {
+        r.rollout_id or "": f"has no record of line {r.line} (refused as input: {r.error})"
+        for r in receipt.rollouts
+        if id(r) in claimed and not r.emitted
+    }
+    if len(lines) != len(emitted):
+        why = f"holds {len(lines)} records where the receipt lists {len(emitted)}"
+        return [], {**refuted, **{r.rollout_id or "": why for r in emitted if id(r) in claimed}}
+    allowed: list[RolloutOutcome] = []
+    for rollout, line in zip(emitted, lines, strict=True):
+        if id(rollout) not in claimed:
+            continue
+        why = _part_refutes(rollout, line)
+        if why is None:
+            allowed.append(rollout)
+        else:
+            refuted[rollout.rollout_id or ""] = why
+    return allowed, refuted
+
+
+def _part_refutes(rollout: RolloutOutcome, line: bytes) -> str | None:
+    """Why the part's record at a rollout's place does not permit retiring it, or `None`."""
+    record = skimmed_record(line)
+    if not isinstance(record, dict):
+        return f"line {rollout.line} is not a JSON record"
+    found = plain_rollout_id(record)
+    if found != rollout.rollout_id:
+        return f"holds rollout {found!r} at line {rollout.line}"
+    if record.get(MASK_SAMPLE_KEY):
+        return "records it masked (mask_sample: true)"
+    if not rollout_carries_token_ids(record):
+        return "records it without token ids"
+    return None
+
+
+# A flat token array's opening, as orjson writes it; such an array ends at the next `]`.
+# The key's closing quote cannot occur unescaped inside a JSON string, so every match is a key.
+_TOKEN_ARRAY = re.compile(rb'"(?:prompt_token_ids|generation_token_ids|generation_log_probs)":\[')
+
+
+def skimmed_record(line: bytes) -> object:
+    """A part line parsed with each non-empty flat token array cut to `[0]`, or `None`.
+
+    What decides retirement (ids, `mask_sample`, whether ids are carried) survives the cut,
+    and parsing skips the arrays at memchr speed instead of building every id: a part of
+    long rollouts holds each call's cumulative prompt. A line the cut leaves unparsable is
+    parsed whole; `None` when that fails too.
+    """
+    pieces, position = [], 0
+    while (found := _TOKEN_ARRAY.search(line, position)) is not None:
+        start = found.end()
+        end = line.find(b"]", start)
+        if end < 0:
+            break
+        pieces += [line[position:start], b"0" if line[start:end].strip() else b""]
+        position = end
+    for candidate in (b"".join([*pieces, line[position:]]), line):
+        try:
+            return orjson.loads(candidate)
+        except orjson.JSONDecodeError:
+            continue
+    return None
+
+
+DISAGREED = (
+    "not retired: the receipt marks it retirable, but its verified part {why}; the capture is kept"
+)
 
 
 def kept_as_evidence(receipt: HandoffReceipt) -> int:
@@ -311,18 +401,21 @@ async def retire_receipt(
     dest: ByteStore,
     concurrency: int | None = None,
 ) -> RetireOutcome:
-    """Retire the rollouts a receipt marks retirable, each by its exact snapshot.
+    """Retire the rollouts a receipt marks retirable and its part permits, each by its snapshot.
 
     The part is re-verified against the receipt first (`verify_part`); nothing is dropped
-    unless it still holds exactly the certified records. Up to `concurrency` drops (default:
-    `store_concurrency()`) run at once. Drop failures are collected, not raised, so one bad
-    rollout does not stop the others.
+    unless it still holds exactly the certified records, and then only what those records
+    permit (`retirable`); a rollout they refute is kept and reported in `disagreed`. Up to
+    `concurrency` drops (default: `store_concurrency()`) run at once. Drop failures are
+    collected, not raised, so one bad rollout does not stop the others.
     """
     outcome = RetireOutcome(receipt_key=receipt.receipt_key)
-    rollouts = retirable(receipt)
-    if not rollouts:
+    if not claimed_retirable(receipt):
         return outcome
-    verify_part(dest, receipt)
+    rollouts, refuted = retirable(receipt, verify_part(dest, receipt))
+    for rollout_id, why in refuted.items():
+        outcome.disagreed[rollout_id] = DISAGREED.format(why=why)
+        logger.warning("receipt %s, rollout %s: %s", receipt.receipt_key, rollout_id, why)
     limit = asyncio.Semaphore(concurrency or store_concurrency())
 
     async def drop(rollout: RolloutOutcome) -> bool | Exception:

@@ -71,6 +71,16 @@ class TokenEntry(BaseModel):
             check_schema_version(data.get("schema_version"))
         return data
 
+    @field_validator("prompt_token_ids", "generation_token_ids")
+    @classmethod
+    def _vocabulary_ids(cls, ids: list[int]) -> list[int]:
+        if ids and min(ids) < 0:
+            raise ValueError(
+                f"holds the negative id {min(ids)}; token ids index the vocabulary, so capture "
+                "the ids the model server returned (0 or more)"
+            )
+        return ids
+
     @field_validator("response_id", mode="before")
     @classmethod
     def _served_id_or_none(cls, value: Any) -> str | None:
@@ -152,6 +162,24 @@ def describe_validation_error(exc: ValidationError) -> str:
         message = str(error["msg"]).removeprefix("Value error, ")
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts)
+
+
+def check_response_token_arrays(response: Mapping[str, Any]) -> None:
+    """Validate every item of a response that carries token arrays as a captured call is.
+
+    A finished record may already carry arrays (one item per call of a delivered chain);
+    each carrier needs all three arrays, one finite log prob per generated id and
+    non-negative integer ids (the `TokenEntry` rules). Raises `ValueError` naming the first
+    bad item.
+    """
+    for index, item in enumerate(response_items(response)):
+        if not _carries_tokens(item):
+            continue
+        arrays = {field: item.get(field) for field in TOKEN_FIELDS}
+        try:
+            TokenEntry(rollout_id="record", model_call_id=f"response item {index}", **arrays)
+        except ValidationError as exc:
+            raise ValueError(f"response item {index}: {describe_validation_error(exc)}") from None
 
 
 def coerce_token_entry(entry: Any) -> TokenEntry:

@@ -84,7 +84,7 @@ class MaskGate:
 def _handed_off_lines(receipt: HandoffReceipt, retire: RetireOutcome) -> Iterable[LedgerLine]:
     for rollout in receipt.rollouts:
         rid = rollout.rollout_id or ""
-        kept = retire.kept.get(rid)
+        kept = retire.kept.get(rid) or retire.disagreed.get(rid)
         yield LedgerLine(
             rollout_id=rollout.rollout_id,
             line=rollout.line,
@@ -155,8 +155,16 @@ class RunTally(BaseModel):
         return self.abort is None
 
     def retired(self, receipt: HandoffReceipt, outcome: RetireOutcome) -> None:
+        """Record a batch's retirement; a receipt its part refutes is an error of the run."""
         self.receipts.append(receipt)
         self.retirements[receipt.receipt_key] = outcome
+        if outcome.disagreed:
+            named = "; ".join(f"{k}: {v}" for k, v in sorted(outcome.disagreed.items())[:5])
+            self.errors.append(
+                f"batch {receipt.batch}: receipt {receipt.receipt_key} disagrees with the part "
+                f"it certifies for {len(outcome.disagreed)} rollouts ({named}). Check the "
+                "receipt for edits or damage; the part's records are what was handed off"
+            )
 
     def retire_failed(self, receipt: HandoffReceipt, error: str) -> RetireOutcome:
         """A retirement that raised: each retirable rollout of the receipt failed with it."""
@@ -211,5 +219,6 @@ def retire_counts(receipts: list[HandoffReceipt], outcomes: list[RetireOutcome])
         "receipts": len(receipts),
         "retired": sum(len(o.retired) for o in outcomes if not o.earlier),
         "retired_earlier": sum(len(o.retired) for o in outcomes if o.earlier),
-        "kept": sum(len(o.kept) for o in outcomes) + sum(map(kept_as_evidence, receipts)),
+        "kept": sum(len(o.kept) + len(o.disagreed) for o in outcomes)
+        + sum(map(kept_as_evidence, receipts)),
     }

@@ -32,6 +32,8 @@ CHAIN_NONE, CHAIN_DELIVERED, CHAIN_BROKEN, CHAIN_NOT_CAPTURED = (
     "not_captured",
 )
 DISAGREEMENT = "witness_disagreement"
+# The record's own declarations: an abstention of one of these masks the rollout.
+DECLARING = ("explicit:", "declared:")
 STRICT_CONTRADICTED = "content:contradicts_strict_chain"
 # Reading a path scans every call, so only this many candidate calls are read that way;
 # more are ambiguous (the same text in many calls), which keeps attribution linear.
@@ -127,25 +129,32 @@ def attribute_terminal(
         return _attribute(list(entries), inputs)
     except Exception as exc:  # attribution must never fail a build
         logger.warning("terminal attribution failed, abstaining: %s", exc)
-        declared = inputs.declared_response_id is not None
-        witness = "declared" if declared else "attribution"
+        witness = _declaring_witness(inputs)
         return TerminalAttribution(
-            reason=f"{witness}:attribution_error[{type(exc).__name__}]",
-            must_mask=declared,
+            reason=f"{witness or 'attribution'}:attribution_error[{type(exc).__name__}]",
+            must_mask=witness is not None,
         )
 
 
+def _declaring_witness(inputs: TerminalInputs) -> str | None:
+    """The witness of the record's own declaration (declared, else explicit), or `None`."""
+    if inputs.declared_response_id is not None:
+        return "declared"
+    return "explicit" if inputs.explicit_call_id is not None else None
+
+
 def _attribute(entries: list[TokenEntry], inputs: TerminalInputs) -> TerminalAttribution:
+    """The verdict; a declaration (explicit call or declared response id) naming no captured
+    call stops attribution and masks: the harness said what it kept, and it is not there."""
     by_id = {entry.model_call_id: entry for entry in entries}
     testimonies: list[_Testimony] = []
     if inputs.explicit_call_id is not None:
         testimonies.append(_explicit(by_id, inputs.explicit_call_id))
     if inputs.declared_response_id is not None:
-        declared = _by_response_id("declared", entries, inputs.declared_response_id)
-        if declared.call_id is None:
-            abstained = [t for t in (*testimonies, declared) if t.call_id is None]
-            return TerminalAttribution(reason=_trail(abstained), must_mask=True)
-        testimonies.append(declared)
+        testimonies.append(_by_response_id("declared", entries, inputs.declared_response_id))
+    unmet = [t for t in testimonies if t.call_id is None]
+    if unmet:
+        return TerminalAttribution(reason=_trail(unmet), must_mask=True)
     if inputs.response is not None:
         testimonies.append(_guarded("response_id", _response_id, entries, inputs.response))
         testimonies.append(_guarded("content", _content, entries, inputs.response))
@@ -346,7 +355,7 @@ def blocking_reason(metric: Mapping[str, Any] | None) -> str | None:
         return None
     reason = str(metric.get("reason") or "")
     parts = [part.strip() for part in reason.split(";")]
-    if any(p.startswith((DISAGREEMENT, "declared:", STRICT_CONTRADICTED)) for p in parts):
+    if any(p.startswith((DISAGREEMENT, *DECLARING, STRICT_CONTRADICTED)) for p in parts):
         return f"terminal not attributable: {reason}"
     return None
 

@@ -114,7 +114,8 @@ def one_sequence_split(base: list[int], same_prompt: bool) -> list[TokenEntry]:
 
 def carrying_record() -> dict:
     record = rollout_record(3, 4)
-    record["response"]["output"][0]["generation_token_ids"] = [1]
+    carried = {"prompt_token_ids": [7], "generation_token_ids": [1], "generation_log_probs": [-1]}
+    record["response"]["output"][0].update(carried)
     return record
 
 

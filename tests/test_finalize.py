@@ -135,7 +135,8 @@ def test_record_without_response_gets_the_rebuilt_one(store) -> None:
 def test_record_with_token_ids_is_unchanged_and_redundant_capture_can_retire(store) -> None:
     capture(store, "3-4")
     result = rollout_record(3, 4)
-    result["response"]["output"][0]["generation_token_ids"] = [1, 2]
+    carried = {"prompt_token_ids": [7], "generation_token_ids": [1, 2]}
+    result["response"]["output"][0].update(carried, generation_log_probs=[-0.1, -0.2])
     before = copy.deepcopy(result)
     assert rollout_carries_token_ids(result)
     built = finalize(result, store)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
 from capture_core.errors import HandoffConflictError
@@ -41,10 +42,22 @@ def frozen(store: TokenCaptureStore, rollout_id: str, line: int) -> RolloutOutco
     )
 
 
-def handed_off(dest, outcomes: list[RolloutOutcome]) -> HandoffReceipt:
+def part_record(outcome: RolloutOutcome) -> dict:
+    """A finalized record of `outcome`: its id, one token-carrying item, and its mask."""
+    item = {"prompt_token_ids": [1], "generation_token_ids": [2], "generation_log_probs": [-0.1]}
+    record: dict = {"_ng_rollout_id": outcome.rollout_id, "response": {"output": [item]}}
+    if outcome.masked:
+        record["mask_sample"] = True
+    return record
+
+
+def handed_off(dest, outcomes: list[RolloutOutcome], part: bytes | None = None) -> HandoffReceipt:
+    """Hand `outcomes` off; the part holds their records unless `part` is given."""
+    if part is None:
+        part = b"".join(orjson.dumps(part_record(o)) + b"\n" for o in outcomes if o.emitted)
     finalized = FinalizedBatch(
         index=0, receipt_key="batch-00000-k", part_key="run/records/p.jsonl",
-        part=b"{}\n", outcomes=outcomes,
+        part=part, outcomes=outcomes,
     )  # fmt: skip
     return handoff_batch("run", finalized, dest)
 
@@ -61,7 +74,8 @@ def test_a_different_existing_part_is_never_overwritten(dest) -> None:
 
 
 def test_the_receipt_counts_only_emitted_records(dest) -> None:
-    receipt = handed_off(dest, [RolloutOutcome(line=1), RolloutOutcome(line=2, error="bad")])
+    outcomes = [RolloutOutcome(line=1), RolloutOutcome(line=2, error="bad")]
+    receipt = handed_off(dest, outcomes, b"{}\n")
     assert receipt.records == 1 and receipt.bytes == 3
 
 
@@ -72,15 +86,12 @@ def test_an_edited_part_fails_verification_naming_it(dest) -> None:
         verify_part(dest, receipt)
 
 
-def test_only_retirable_rollouts_at_a_known_snapshot_are_retired() -> None:
+def test_only_retirable_rollouts_at_a_known_snapshot_are_retired(dest) -> None:
     unknown = RolloutOutcome(line=1, rollout_id="a", can_retire=True)
     masked = RolloutOutcome(line=2, rollout_id="b", masked=True, snapshot_id="s", version=1)
     ready = RolloutOutcome(line=3, rollout_id="c", can_retire=True, snapshot_id="s", version=1)
-    receipt = HandoffReceipt(
-        run_id="r", batch=0, receipt_key="k", part_key="p", sha256="", bytes=0, records=3,
-        rollouts=[unknown, masked, ready],
-    )  # fmt: skip
-    assert retirable(receipt) == [ready]
+    receipt = handed_off(dest, [unknown, masked, ready])
+    assert retirable(receipt, verify_part(dest, receipt)) == ([ready], {})
 
 
 def test_retire_drops_the_frozen_capture(tmp_path, dest) -> None:

@@ -36,10 +36,12 @@ from tests.reliability_figures import record_case
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
-def handed_off_not_retired(locations: dict, run_id: str, count: int = 4) -> list[dict]:
+def handed_off_not_retired(
+    locations: dict, run_id: str, count: int = 4, masked: set[int] = frozenset()
+) -> list[dict]:
     """Finalize `count` rollouts in batches of 2 with drops failing: receipts, no retirement."""
     options = locations["options"]
-    records = make_batch(TokenCaptureStore(locations["store"], options), count)
+    records = make_batch(TokenCaptureStore(locations["store"], options), count, masked=masked)
     write_rollouts(locations["rollouts"], records, options)
     kwargs = {"root": locations["store"], "storage_options": options}
     with pytest.raises(RunFailedError, match="retirements failed"):

@@ -112,7 +112,8 @@ def test_record_metrics_have_an_error_key_only_with_an_error(tmp_path) -> None:
 def test_redundant_and_unusable_results_have_nemo_gym_keys(tmp_path) -> None:
     store = TokenCaptureStore(tmp_path / "store")
     carrying = rollout_record(3, 4)
-    carrying["response"]["output"][0]["generation_token_ids"] = [1]
+    carried = {"prompt_token_ids": [7], "generation_token_ids": [1], "generation_log_probs": [-1]}
+    carrying["response"]["output"][0].update(carried)
     built = asyncio.run(finalize_rollout_token_capture(carrying, store))
     assert set(built) == {
         "rebuilt_response",

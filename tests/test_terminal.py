@@ -53,12 +53,13 @@ def attribute(entries: list[TokenEntry], **inputs: Any):
     return attribute_terminal(entries, TerminalInputs(**inputs))
 
 
-def test_explicit_witness_names_a_captured_call_or_abstains() -> None:
+def test_explicit_witness_names_a_captured_call_or_stops_and_masks() -> None:
     verdict = attribute(chain(), explicit_call_id="b")
     assert (verdict.method, verdict.call_id, verdict.must_mask) == ("explicit", "b", False)
-    missing = attribute(chain(), explicit_call_id="gone")
-    assert missing.call_id is None and not missing.must_mask
+    missing = attribute(chain(), explicit_call_id="gone", response={"id": "resp_b"})
+    assert missing.call_id is None and missing.must_mask, "never falls back to another witness"
     assert abstention_reasons(missing.reason) == ["explicit_terminal_not_captured"]
+    assert blocking_reason(missing.metrics()) is not None
 
 
 def test_declared_witness_attributes_and_its_failures_stop_and_mask() -> None:
