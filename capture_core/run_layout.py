@@ -1,8 +1,9 @@
 """One run's layout at the destination, and the bookkeeping files it owns.
 
 Under `<dest>/<run_id>/`: `run.json` (the manifest), `ledger.jsonl` (each rollout's fate),
-`records/` (the handed-off part files), `receipts/` (the upload task's persisted results)
-and `attempts/` (the inbox claims). This module is the only one that spells those names.
+`records/` (the handed-off part files), `receipts/` (the upload task's persisted results),
+`attempts/` (the inbox claims) and `set-aside/` (evidence of handoffs that were never
+recorded). This module is the only one that spells those names.
 The manifest binds a run id to one input (by digest) and its settings, create-only, so a run
 id cannot silently mix two inputs; retrigger and status read it back. It never holds storage
 options or credentials. This module does not import Prefect.
@@ -10,6 +11,7 @@ options or credentials. This module does not import Prefect.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import orjson
@@ -24,6 +26,7 @@ LEDGER = "ledger.jsonl"
 RECORDS = "records"
 RECEIPTS = "receipts"
 ATTEMPTS = "attempts"
+SET_ASIDE = "set-aside"
 
 
 def validate_run_id(run_id: str) -> str:
@@ -111,6 +114,34 @@ class RunLayout:
 
     def receipt_key(self, name: str) -> str:
         return self.key(RECEIPTS, name)
+
+    def set_aside_prefix(self, name: str) -> str:
+        """Where the evidence of receipt `name`'s unrecorded handoffs is kept."""
+        return self.key(SET_ASIDE, name)
+
+    def set_aside(self, name: str, found: bytes, part_key: str | None, reason: str) -> str:
+        """Keep an unrecorded receipt's bytes and its batch's part (if named) as evidence, then
+        remove both.
+
+        Each setting-aside gets its own numbered folder, written create-only before anything
+        is removed, so a crash in between leaves the evidence and the batch still unrecorded.
+        Returns the folder's key.
+        """
+        prefix = self.set_aside_prefix(name)
+        folder = f"{prefix}/{len(self.dest.list_children(prefix)):04d}"
+        note = {
+            "receipt": self.receipt_key(name),
+            "receipt_bytes": len(found),
+            "receipt_base64": base64.b64encode(found).decode(),
+            "part": part_key,
+            "reason": reason,
+        }
+        self.dest.create(f"{folder}/note.json", _encode(note))
+        part = None if part_key is None else self.dest.get(part_key)
+        if part_key is not None and part:
+            self.dest.create(f"{folder}/{part_key.rsplit('/', 1)[-1]}", part)
+        self.dest.delete([self.receipt_key(name), *([part_key] if part_key else [])])
+        return folder
 
     def attempt_key(self, number: int, kind: str) -> str:
         """An inbox claim marker: `attempts/NNNN.claim`, `.beat` or `.end`."""

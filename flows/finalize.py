@@ -184,7 +184,8 @@ def finalize_run(
     settings = (store, builder, batch_size, max_mask_fraction, mask_fraction_min_samples)
     claim_run_id(dest, run_id, plan, *settings, options)
     steps = RunSteps(run_id, dest, store, options, source_kwargs, rollouts, builder)
-    earlier = find_receipts(dest, run_id, [receipt_key(b) for b in plan.batches], options)
+    keys = [receipt_key(b) for b in plan.batches]
+    earlier = find_receipts(dest, run_id, keys, options, hand_off_unrecorded=True)
     tally = RunTally(earlier=len(earlier), errors=list(filter(None, [plan.duplicates_error()])))
     gate = MaskGate(max_mask_fraction, mask_fraction_min_samples)
     todo = [b for b in plan.batches if receipt_key(b) not in earlier]

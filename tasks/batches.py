@@ -32,7 +32,7 @@ from capture_core.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_fil
 from capture_core.storage import open_byte_store
 from capture_core.testing.faults import crash_point
 from tasks.common import TRANSIENT_RETRIES, run_async
-from tasks.receipts import read_receipt
+from tasks.receipts import read_receipt, set_aside_unrecorded
 
 StorageOptions = Mapping[str, Any] | None
 
@@ -119,7 +119,18 @@ def _receipt_key(context: Any, parameters: Mapping[str, Any]) -> str:
 def upload_batch(
     run_id: str, finalized: FinalizedBatch, dest: str, storage_options: StorageOptions = None
 ) -> HandoffReceipt:
-    """Write the batch's part durably, verify it, and return the receipt Prefect persists."""
+    """Write the batch's part durably, verify it, and return the receipt Prefect persists.
+
+    A receipt of this batch that records no handoff is set aside first, with the old part.
+    """
+    evidence = set_aside_unrecorded(dest, run_id, finalized, storage_options)
+    if evidence is not None:
+        get_run_logger().warning(
+            "batch %d: its receipt recorded no handoff and nothing of it was retired; the old "
+            "receipt and part are kept in %s and the batch is handed off again",
+            finalized.index,
+            evidence,
+        )
     receipt = handoff_batch(run_id, finalized, open_byte_store(dest, storage_options))
     crash_point("after-upload")
     publish_receipt(receipt)
