@@ -19,6 +19,7 @@ from prefect.futures import PrefectFuture
 from prefect.utilities.annotations import quote
 
 from capture_core.builder import BUILDERS
+from capture_core.capture_source import check_separate_locations
 from capture_core.config import public_storage_options
 from capture_core.handoff import FinalizedBatch, HandoffReceipt, RetireOutcome, receipt_key
 from capture_core.rollout_io import BatchPlan
@@ -179,6 +180,7 @@ def finalize_run(
     """
     options = public_storage_options(storage_options)
     check_arguments(run_id, builder)
+    check_separate_locations({"store": store, "dest": dest})
     check_locations(store, dest, options, source_kwargs)
     plan = plan_rollouts(rollouts, batch_size, options)
     settings = (store, builder, batch_size, max_mask_fraction, mask_fraction_min_samples)
@@ -227,6 +229,7 @@ def retire_uploaded(
     """
     options = public_storage_options(storage_options)
     validate_run_id(run_id)
+    check_separate_locations({"store": store, "dest": dest})
     load_manifest(dest, run_id, options)
     receipts = list(find_receipts(dest, run_id, None, options).values())
     steps, tally = RunSteps(run_id, dest, store, options, source_kwargs), RunTally()
@@ -249,6 +252,7 @@ def retrigger_failed(
 ) -> RetriggerReport:
     """Re-run only what did not complete in a run (finalize, upload or retire) and report it."""
     options = public_storage_options(storage_options)
+    check_separate_locations({"store": store, "dest": dest})
     manifest = load_manifest(dest, run_id, options)
     before = load_ledger(dest, run_id, options)
     settings = (manifest.builder, manifest.batch_size, manifest.max_mask_fraction)

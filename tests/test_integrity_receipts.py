@@ -98,8 +98,8 @@ def fill_leaving(mount: str, free: int) -> str:
     return filler
 
 
-def only_batch_receipt(rollouts: str) -> str:
-    (batch,) = plan_rollout_file(rollouts, 500).batches
+def only_batch_receipt(rollouts: str, options: dict | None = None) -> str:
+    (batch,) = plan_rollout_file(rollouts, 500, options).batches
     return receipt_key(batch)
 
 
@@ -170,7 +170,7 @@ def test_an_unrecorded_receipt_whose_batch_retired_nothing_is_handed_off_again(
     layout = RunLayout(open_byte_store(dest, options), run_id)
     (part,) = layout.dest.list_prefix(f"{run_id}/records")
     old_part = layout.dest.get(part)
-    name = only_batch_receipt(rollouts)
+    name = only_batch_receipt(rollouts, options)
     plant(dest, layout.receipt_key(name), left, options)
 
     rerun = run_cli(args, prefect_api)
@@ -196,7 +196,7 @@ def test_an_unrecorded_receipt_of_a_retired_batch_stops_the_run(
     done = run_cli(args, prefect_api)
     assert done.returncode == 0, done.stderr[-2000:]
     layout = RunLayout(open_byte_store(dest, options), run_id)
-    name = only_batch_receipt(rollouts)
+    name = only_batch_receipt(rollouts, options)
     plant(dest, layout.receipt_key(name), b"", options)
     parts_before = {k: layout.dest.get(k) for k in layout.dest.list_prefix(f"{run_id}/records")}
 
