@@ -41,7 +41,7 @@ from tasks.batches import (
     retire_batch,
     upload_batch,
 )
-from tasks.receipts import find_receipts, receipt_storage
+from tasks.receipts import UnrecordedReceiptError, find_receipts, receipt_storage
 from tasks.report import write_run_report
 from tasks.run_state import check_locations, claim_run_id, load_ledger, load_manifest, mark_retired
 
@@ -133,6 +133,8 @@ class RunSteps:
             # quote: Prefect would otherwise walk every outcome and the part looking for
             # futures, twice per task; a finished batch holds none.
             return self.upload(self.run_id, quote(finalized), self.dest, self.options)
+        except UnrecordedReceiptError:
+            raise  # the batch may be retired: stop before a ledger could say it was not
         except Exception as exc:
             message = f"batch {batch.index}: upload failed: {exc}"
             tally.batch_failed(batch.index, finalized.outcomes, message)

@@ -231,9 +231,8 @@ def set_aside_unrecorded(
 
     Its bytes and the batch's old part go under `set-aside/` as evidence, then both are
     removed, so the new part is written and verified afresh. Refused (the receipt error is
-    raised) when anything shows the batch was retired: a recorded retirement, or a capture
-    the new finalize found retired. Returns the evidence folder, or `None` when there was
-    no such receipt.
+    raised) when anything shows the batch may have been retired (`_retirement_seen`).
+    Returns the evidence folder, or `None` when there was no such receipt.
     """
     layout = RunLayout(open_byte_store(dest, storage_options), run_id)
     name = finalized.receipt_key
@@ -245,13 +244,19 @@ def set_aside_unrecorded(
     except UnrecordedReceiptError as exc:
         retired = _retirement_seen(layout, finalized)
         if retired:
-            raise UnrecordedReceiptError(f"{exc} (its batch was retired: {retired})") from None
+            raise UnrecordedReceiptError(
+                f"{exc} (its batch may have been retired: {retired})"
+            ) from None
         return layout.set_aside(name, data, finalized.part_key, str(exc))
     return None
 
 
 def _retirement_seen(layout: RunLayout, finalized: FinalizedBatch) -> str | None:
-    """What shows that some capture of the batch was retired, in words, or `None`."""
+    """What shows that the batch may have been retired, in words, or `None`.
+
+    A recorded retirement, a capture the new finalize found retired, or an old part whose
+    bytes differ from the batch finalized now (a retired capture no longer rebuilds the same).
+    """
     prefix = f"{finalized.receipt_key}-retired-"
     recorded = [k for k in layout.dest.list_prefix(layout.receipts_prefix) if prefix in k]
     if recorded:
@@ -261,4 +266,9 @@ def _retirement_seen(layout: RunLayout, finalized: FinalizedBatch) -> str | None
         for o in finalized.outcomes
         if "CaptureRetiredError" in f"{o.mask_reason} {o.error}"
     ]
-    return f"captures of {', '.join(gone[:5])} are retired" if gone else None
+    if gone:
+        return f"captures of {', '.join(gone[:5])} are retired"
+    old_part = layout.dest.get(finalized.part_key)
+    if old_part is not None and old_part != finalized.part:
+        return f"part {finalized.part_key} differs from the batch finalized now"
+    return None

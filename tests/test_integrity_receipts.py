@@ -183,10 +183,14 @@ def test_an_unrecorded_receipt_whose_batch_retired_nothing_is_handed_off_again(
     assert retired(store, options) == set(range(COUNT)) - MASKED
 
 
+@pytest.mark.parametrize("forget_retirement", [False, True])
 def test_an_unrecorded_receipt_of_a_retired_batch_stops_the_run(
-    locations: dict, prefect_api: str, reference: dict
+    locations: dict, prefect_api: str, reference: dict, forget_retirement: bool
 ) -> None:
-    record_case("empty receipt left after its batch was retired")
+    record_case(
+        "empty receipt left after its batch was retired"
+        + (" and its retirement record lost" if forget_retirement else "")
+    )
     options = locations["options"]
     base = locations["store"].rsplit("/", 1)[0]
     store, rollouts = captured_inputs(base, options)
@@ -198,7 +202,13 @@ def test_an_unrecorded_receipt_of_a_retired_batch_stops_the_run(
     layout = RunLayout(open_byte_store(dest, options), run_id)
     name = only_batch_receipt(rollouts, options)
     plant(dest, layout.receipt_key(name), b"", options)
+    if forget_retirement:
+        (recorded,) = [
+            k for k in layout.dest.list_prefix(layout.receipts_prefix) if "-retired-" in k
+        ]
+        layout.dest.delete([recorded])
     parts_before = {k: layout.dest.get(k) for k in layout.dest.list_prefix(f"{run_id}/records")}
+    ledger_before = layout.dest.get(layout.ledger_key)
 
     retrigger = with_options(receipt_args("retrigger", dest, run_id, store), options)
     for command in (args, retrigger):
@@ -207,5 +217,6 @@ def test_an_unrecorded_receipt_of_a_retired_batch_stops_the_run(
         assert "restore it" in again.stderr, again.stderr[-2000:]
     parts_after = {k: layout.dest.get(k) for k in layout.dest.list_prefix(f"{run_id}/records")}
     assert parts_after == parts_before, "the handed-off part is never replaced"
+    assert layout.dest.get(layout.ledger_key) == ledger_before, "the ledger still agrees"
     assert dest_records(dest, run_id, options) == reference["records"]
     assert layout.dest.list_prefix(layout.set_aside_prefix(name)) == []
