@@ -20,6 +20,7 @@ from tests.pipeline_helpers import (
     make_batch,
     receipt_args,
     run_cli,
+    with_storage_options,
     write_rollouts,
 )
 from tests.reliability_figures import record_case
@@ -61,12 +62,6 @@ def dest_keys(url: str, options: dict | None) -> list[str]:
     return open_byte_store(url, options).list_prefix("run")
 
 
-def with_options(args: list[str], options: dict | None) -> list[str]:
-    if options:
-        args = [*args, "--storage-option", f"endpoint_url={options['endpoint_url']}"]
-    return args
-
-
 @pytest.mark.usefixtures("prefect_api")
 def test_every_command_refuses_overlapping_locations(captured: dict, prefect_api: str) -> None:
     record_case("store and destination are the same location")
@@ -84,7 +79,8 @@ def test_every_command_refuses_overlapping_locations(captured: dict, prefect_api
         ["serve", "--inbox", captured["dest"], "--store", store, "--dest", captured["dest"]],
     ]
     for args in commands:
-        done = run_cli(with_options(args, options) if args[0] != "serve" else args, prefect_api)
+        serve = args[0] == "serve"  # serve takes no storage options
+        done = run_cli(args if serve else with_storage_options(args, options), prefect_api)
         assert done.returncode == 2, (args, done.stdout, done.stderr[-1500:])
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1, (args, lines)

@@ -26,6 +26,7 @@ from tests.pipeline_helpers import (
     make_batch,
     receipt_args,
     run_cli,
+    with_storage_options,
     write_rollouts,
 )
 from tests.reliability_figures import record_case
@@ -143,15 +144,12 @@ def plant(dest: str, key: str, data: bytes, options: dict | None) -> None:
     fs.pipe_file(path, data)
 
 
-def with_options(args: list[str], options: dict | None) -> list[str]:
-    if options:
-        args = [*args, "--storage-option", f"endpoint_url={options['endpoint_url']}"]
-    return args
-
-
-def run_args(locations: dict, run_id: str) -> list[str]:
-    args = finalize_args(locations["rollouts"], locations["store"], locations["dest"], run_id)
-    return with_options(args, locations["options"])
+def captured_run(locations: dict, run_id: str) -> tuple[str, str, list[str]]:
+    """Fresh captures beside the fixture's places: the store, rollout file and finalize args."""
+    base = locations["store"].rsplit("/", 1)[0]
+    store, rollouts = captured_inputs(base, locations["options"])
+    args = finalize_args(rollouts, store, locations["dest"], run_id)
+    return store, rollouts, with_storage_options(args, locations["options"])
 
 
 @pytest.mark.parametrize("left", [b"", b'{"metadata": {"storage_key": "bat'])
@@ -159,12 +157,8 @@ def test_an_unrecorded_receipt_whose_batch_retired_nothing_is_handed_off_again(
     locations: dict, prefect_api: str, reference: dict, left: bytes
 ) -> None:
     record_case(f"{'empty' if not left else 'torn'} receipt left before any retirement")
-    options = locations["options"]
-    base = locations["store"].rsplit("/", 1)[0]
-    store, rollouts = captured_inputs(base, options)
-    locations = {**locations, "store": store, "rollouts": rollouts}
-    dest, run_id = locations["dest"], "unrecorded"
-    args = run_args(locations, run_id)
+    options, dest, run_id = locations["options"], locations["dest"], "unrecorded"
+    store, rollouts, args = captured_run(locations, run_id)
     crashed = run_cli(args, prefect_api, env={CRASH_ENV: "after-upload"})
     assert crashed.returncode == -9, crashed.stderr[-1500:]
     layout = RunLayout(open_byte_store(dest, options), run_id)
@@ -191,12 +185,8 @@ def test_an_unrecorded_receipt_of_a_retired_batch_stops_the_run(
         "empty receipt left after its batch was retired"
         + (" and its retirement record lost" if forget_retirement else "")
     )
-    options = locations["options"]
-    base = locations["store"].rsplit("/", 1)[0]
-    store, rollouts = captured_inputs(base, options)
-    locations = {**locations, "store": store, "rollouts": rollouts}
-    dest, run_id = locations["dest"], "lost"
-    args = run_args(locations, run_id)
+    options, dest, run_id = locations["options"], locations["dest"], "lost"
+    store, rollouts, args = captured_run(locations, run_id)
     done = run_cli(args, prefect_api)
     assert done.returncode == 0, done.stderr[-2000:]
     layout = RunLayout(open_byte_store(dest, options), run_id)
@@ -210,7 +200,7 @@ def test_an_unrecorded_receipt_of_a_retired_batch_stops_the_run(
     parts_before = {k: layout.dest.get(k) for k in layout.dest.list_prefix(f"{run_id}/records")}
     ledger_before = layout.dest.get(layout.ledger_key)
 
-    retrigger = with_options(receipt_args("retrigger", dest, run_id, store), options)
+    retrigger = with_storage_options(receipt_args("retrigger", dest, run_id, store), options)
     for command in (args, retrigger):
         again = run_cli(command, prefect_api)
         assert again.returncode == 1, again.stderr[-2000:]
