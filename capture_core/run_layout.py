@@ -120,11 +120,11 @@ class RunLayout:
         return self.key(SET_ASIDE, name)
 
     def set_aside(self, name: str, found: bytes, part_key: str | None, reason: str) -> str:
-        """Keep an unrecorded receipt's bytes and its batch's part (if named) as evidence, then
-        remove both.
+        """Keep an unreadable receipt's bytes, and a copy of the part it names, as evidence;
+        then remove the receipt, unless it changed meanwhile. The part itself stays.
 
         Each setting-aside gets its own numbered folder, written create-only before anything
-        is removed, so a crash in between leaves the evidence and the batch still unrecorded.
+        is removed, so a crash in between leaves the evidence and the receipt as it was.
         Returns the folder's key.
         """
         prefix = self.set_aside_prefix(name)
@@ -140,7 +140,8 @@ class RunLayout:
         part = None if part_key is None else self.dest.get(part_key)
         if part_key is not None and part:
             self.dest.create(f"{folder}/{part_key.rsplit('/', 1)[-1]}", part)
-        self.dest.delete([self.receipt_key(name), *([part_key] if part_key else [])])
+        if self.dest.get(self.receipt_key(name)) == found:  # a concurrent pass may have won
+            self.dest.delete([self.receipt_key(name)])
         return folder
 
     def attempt_key(self, number: int, kind: str) -> str:

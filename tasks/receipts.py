@@ -229,10 +229,11 @@ def set_aside_unrecorded(
 ) -> str | None:
     """Before a batch is handed off again, set aside a receipt of it that records no handoff.
 
-    Its bytes and the batch's old part go under `set-aside/` as evidence, then both are
-    removed, so the new part is written and verified afresh. Refused (the receipt error is
-    raised) when anything shows the batch may have been retired (`_retirement_seen`).
-    Returns the evidence folder, or `None` when there was no such receipt.
+    Its bytes and a copy of the batch's old part go under `set-aside/` as evidence and the
+    receipt is removed; the old part stays, because it holds exactly the bytes finalized
+    now, and the handoff verifies it again. Refused (the receipt error is raised) when
+    anything shows the batch may have been retired (`_retirement_seen`). Returns the
+    evidence folder, or `None` when there was no such receipt.
     """
     layout = RunLayout(open_byte_store(dest, storage_options), run_id)
     name = finalized.receipt_key
