@@ -195,7 +195,7 @@ def empty_run_seconds(deployment_id: object, work: str) -> float:
     from prefect.client.orchestration import get_client
 
     os.makedirs(os.path.join(work, "inbox"), exist_ok=True)
-    params = {"inbox": os.path.join(work, "inbox"), "store": work, "dest": work}
+    params = {name: os.path.join(work, name) for name in ("inbox", "store", "dest")}
     with get_client(sync_client=True) as client:
         started = time.perf_counter()
         run = client.create_flow_run_from_deployment(deployment_id, parameters=params)

@@ -16,7 +16,7 @@ import orjson
 
 from capture_core.config import load_capture_class
 from capture_core.protocols import TokenSource
-from capture_core.storage import local_path
+from capture_core.storage import local_path, refuse_overlapping
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.faults import crash_point
 
@@ -30,6 +30,16 @@ def open_source(
     if is_class_spec(store):
         return load_capture_class(store, source_kwargs, TokenSource)
     return TokenCaptureStore(store, storage_options)
+
+
+def check_separate_locations(named: Mapping[str, str | None]) -> None:
+    """Refuse a store, destination or inbox that overlaps another (`refuse_overlapping`).
+
+    A `module.path:ClassName` store names no location, so it is left out, as is an unset one.
+    """
+    refuse_overlapping(
+        {label: value for label, value in named.items() if value and not is_class_spec(value)}
+    )
 
 
 def clear_captures(source: Any, rollout_ids: list[str], name: str = "") -> int:

@@ -2,8 +2,9 @@
 
 Under `<dest>/<run_id>/`: `run.json` (the manifest), `ledger.jsonl` (each rollout's fate),
 `records/` (the handed-off part files), `receipts/` (the upload task's persisted results),
-`attempts/` (the inbox claims) and `input-seen.json` (the last input fingerprint the inbox
-found with the manifest's digest). This module is the only one that spells those names.
+`attempts/` (the inbox claims), `input-seen.json` (the last input fingerprint the inbox
+found with the manifest's digest) and `set-aside/` (evidence of handoffs that were never
+recorded). This module is the only one that spells those names.
 The manifest binds a run id to one input (by digest) and its settings, create-only, so a run
 id cannot silently mix two inputs; retrigger and status read it back. It never holds storage
 options or credentials. This module does not import Prefect.
@@ -11,6 +12,7 @@ options or credentials. This module does not import Prefect.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import orjson
@@ -26,6 +28,7 @@ RECORDS = "records"
 RECEIPTS = "receipts"
 ATTEMPTS = "attempts"
 INPUT_SEEN = "input-seen.json"
+SET_ASIDE = "set-aside"
 
 
 def validate_run_id(run_id: str) -> str:
@@ -118,6 +121,35 @@ class RunLayout:
 
     def receipt_key(self, name: str) -> str:
         return self.key(RECEIPTS, name)
+
+    def set_aside_prefix(self, name: str) -> str:
+        """Where the evidence of receipt `name`'s unrecorded handoffs is kept."""
+        return self.key(SET_ASIDE, name)
+
+    def set_aside(self, name: str, found: bytes, part_key: str | None, reason: str) -> str:
+        """Keep an unreadable receipt's bytes, and a copy of the part it names, as evidence;
+        then remove the receipt, unless it changed meanwhile. The part itself stays.
+
+        Each setting-aside gets its own numbered folder, written create-only before anything
+        is removed, so a crash in between leaves the evidence and the receipt as it was.
+        Returns the folder's key.
+        """
+        prefix = self.set_aside_prefix(name)
+        folder = f"{prefix}/{len(self.dest.list_children(prefix)):04d}"
+        note = {
+            "receipt": self.receipt_key(name),
+            "receipt_bytes": len(found),
+            "receipt_base64": base64.b64encode(found).decode(),
+            "part": part_key,
+            "reason": reason,
+        }
+        self.dest.create(f"{folder}/note.json", _encode(note))
+        part = None if part_key is None else self.dest.get(part_key)
+        if part_key is not None and part:
+            self.dest.create(f"{folder}/{part_key.rsplit('/', 1)[-1]}", part)
+        if self.dest.get(self.receipt_key(name)) == found:  # a concurrent pass may have won
+            self.dest.delete([self.receipt_key(name)])
+        return folder
 
     def attempt_key(self, number: int, kind: str) -> str:
         """An inbox claim marker: `attempts/NNNN.claim`, `.beat` or `.end`."""

@@ -25,6 +25,7 @@ from flows.cli_checks import (
     check_dest,
     check_rollouts,
     check_run_id,
+    check_separate,
     check_storage_options,
     check_store,
     check_workdir,
@@ -207,6 +208,9 @@ def check_args(args: argparse.Namespace) -> None:
         check_store(args, must_exist=args.command != "serve")
     if getattr(args, "dest", None) is not None:
         check_dest(args, must_exist=args.command in ("retire", "retrigger", "status"))
+    if args.command == "serve":
+        args.inbox = absolute(args.inbox)
+    check_separate(args)
     if args.command == "finalize":
         try:
             parse_task_runner(args.task_runner)
@@ -214,10 +218,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--task-runner: {exc}") from None
     if args.command in ("retire", "retrigger", "status"):
         known_run(args.dest, args.run_id, args.options, need_ledger=args.command == "status")
-    if args.command == "serve":
-        args.inbox = absolute(args.inbox)
-        if args.cron is not None:
-            check_cron(args.cron)
+    if args.command == "serve" and args.cron is not None:
+        check_cron(args.cron)
     if args.command == "demo":
         check_workdir(args)
 

@@ -11,11 +11,11 @@ import argparse
 import os
 from typing import Any
 
-from capture_core.capture_source import is_class_spec
+from capture_core.capture_source import check_separate_locations, is_class_spec
 from capture_core.config import public_storage_options
 from capture_core.run_layout import RunManifest, read_ledger, read_manifest, validate_run_id
 from capture_core.run_report import RunSummary, locate, summarize
-from capture_core.storage import open_byte_store, url_scheme
+from capture_core.storage import OverlappingLocationsError, open_byte_store, url_scheme
 
 
 class UsageError(ValueError):
@@ -77,6 +77,15 @@ def check_dest(args: argparse.Namespace, must_exist: bool = False) -> None:
     if must_exist and not os.path.isdir(args.dest):
         raise UsageError(f"--dest {args.dest} is not a directory; give the run's destination")
     check_directory_can_exist("--dest", args.dest, "a directory for the finalized records")
+
+
+def check_separate(args: argparse.Namespace) -> None:
+    """`--store`, `--dest` and `--inbox` (those the command has) are separate locations."""
+    named = {f"--{name}": getattr(args, name, None) for name in ("store", "dest", "inbox")}
+    try:
+        check_separate_locations(named)
+    except OverlappingLocationsError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def check_workdir(args: argparse.Namespace) -> None:

@@ -19,6 +19,7 @@ from prefect.futures import PrefectFuture
 from prefect.utilities.annotations import quote
 
 from capture_core.builder import BUILDERS
+from capture_core.capture_source import check_separate_locations
 from capture_core.config import public_storage_options
 from capture_core.handoff import FinalizedBatch, HandoffReceipt, RetireOutcome, receipt_key
 from capture_core.inbox import Claim, ClaimLostError
@@ -41,7 +42,7 @@ from tasks.batches import (
     retire_batch,
     upload_batch,
 )
-from tasks.receipts import find_receipts, receipt_storage
+from tasks.receipts import UnrecordedReceiptError, find_receipts, receipt_storage
 from tasks.report import write_run_report
 from tasks.run_state import check_locations, claim_run_id, load_ledger, load_manifest, mark_retired
 
@@ -140,8 +141,8 @@ class RunSteps:
             # futures, twice per task; a finished batch holds none.
             args = (self.run_id, quote(finalized), self.dest, self.options)
             return self.upload(*args, claim=self.claim)
-        except ClaimLostError:
-            raise
+        except (ClaimLostError, UnrecordedReceiptError):
+            raise  # a lost claim writes nothing more; an unrecorded receipt may be retired
         except Exception as exc:
             message = f"batch {batch.index}: upload failed: {exc}"
             tally.batch_failed(batch.index, finalized.outcomes, message)
@@ -210,12 +211,14 @@ def finalize_run(
     """
     options = public_storage_options(storage_options)
     check_arguments(run_id, builder)
+    check_separate_locations({"store": store, "dest": dest})
     check_locations(store, dest, options, source_kwargs)
     plan = plan_rollouts(rollouts, batch_size, options)
     settings = (store, builder, batch_size, max_mask_fraction, mask_fraction_min_samples)
     claim_run_id(dest, run_id, plan, *settings, options, claim)
     steps = RunSteps(run_id, dest, store, options, source_kwargs, rollouts, builder, claim)
-    earlier = find_receipts(dest, run_id, [receipt_key(b) for b in plan.batches], options)
+    keys = [receipt_key(b) for b in plan.batches]
+    earlier = find_receipts(dest, run_id, keys, options, hand_off_unrecorded=True)
     tally = RunTally(earlier=len(earlier), errors=list(filter(None, [plan.duplicates_error()])))
     gate = MaskGate(max_mask_fraction, mask_fraction_min_samples)
     todo = [b for b in plan.batches if receipt_key(b) not in earlier]
@@ -257,6 +260,7 @@ def retire_uploaded(
     """
     options = public_storage_options(storage_options)
     validate_run_id(run_id)
+    check_separate_locations({"store": store, "dest": dest})
     load_manifest(dest, run_id, options)
     receipts = list(find_receipts(dest, run_id, None, options).values())
     steps, tally = RunSteps(run_id, dest, store, options, source_kwargs), RunTally()
@@ -279,6 +283,7 @@ def retrigger_failed(
 ) -> RetriggerReport:
     """Re-run only what did not complete in a run (finalize, upload or retire) and report it."""
     options = public_storage_options(storage_options)
+    check_separate_locations({"store": store, "dest": dest})
     manifest = load_manifest(dest, run_id, options)
     before = load_ledger(dest, run_id, options)
     settings = (manifest.builder, manifest.batch_size, manifest.max_mask_fraction)

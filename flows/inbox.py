@@ -21,6 +21,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
+from capture_core.capture_source import check_separate_locations
 from capture_core.config import public_storage_options
 from capture_core.inbox import (
     Claim,
@@ -145,6 +146,7 @@ def finalize_inbox(
 ) -> InboxReport:
     """Run `finalize_run` for each inbox file whose run has not completed and no pass holds."""
     options = public_storage_options(storage_options)
+    check_separate_locations({"inbox": inbox, "store": store, "dest": dest})
     logger = get_run_logger()
     report = InboxReport()
     owner = _owner()

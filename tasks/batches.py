@@ -34,7 +34,7 @@ from capture_core.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_fil
 from capture_core.storage import open_byte_store
 from capture_core.testing.faults import crash_point
 from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async
-from tasks.receipts import read_receipt
+from tasks.receipts import UnrecordedReceiptError, read_receipt, set_aside_unrecorded
 
 StorageOptions = Mapping[str, Any] | None
 
@@ -111,9 +111,7 @@ def finalize_rollout_batch(
     lines = read_batch(rollouts, batch, storage_options)
     source = open_source(store, storage_options, source_kwargs)
     finalized = run_async(finalize_batch(run_id, batch, lines, source, builder))
-    meanwhile = (
-        None if dest is None else read_receipt(dest, run_id, receipt_key(batch), storage_options)
-    )
+    meanwhile = None if dest is None else _receipt_meanwhile(dest, run_id, batch, storage_options)
     if meanwhile is not None:
         return meanwhile
     masked = sum(o.masked and o.emitted for o in finalized.outcomes)
@@ -123,6 +121,19 @@ def finalize_rollout_batch(
         if parsed.error:
             logger.warning("batch %d: %s; no record for this line", batch.index, parsed.error)
     return finalized
+
+
+def _receipt_meanwhile(
+    dest: str, run_id: str, batch: BatchPlan, storage_options: StorageOptions
+) -> HandoffReceipt | None:
+    """The receipt of `batch` another pass persisted, if it records a handoff.
+
+    A receipt that records none (empty or torn) is left to the upload, which sets it aside.
+    """
+    try:
+        return read_receipt(dest, run_id, receipt_key(batch), storage_options)
+    except UnrecordedReceiptError:
+        return None
 
 
 def _receipt_key(context: Any, parameters: Mapping[str, Any]) -> str:
@@ -137,8 +148,19 @@ def upload_batch(
     storage_options: StorageOptions = None,
     claim: Claim | None = None,
 ) -> HandoffReceipt:
-    """Write the batch's part durably, verify it, and return the receipt Prefect persists."""
+    """Write the batch's part durably, verify it, and return the receipt Prefect persists.
+
+    A receipt of this batch that records no handoff is set aside first, with the old part.
+    """
     ensure_claim(dest, claim, storage_options)
+    evidence = set_aside_unrecorded(dest, run_id, finalized, storage_options)
+    if evidence is not None:
+        get_run_logger().warning(
+            "batch %d: its receipt recorded no handoff and nothing of it was retired; the old "
+            "receipt and part are kept in %s and the batch is handed off again",
+            finalized.index,
+            evidence,
+        )
     receipt = handoff_batch(run_id, finalized, open_byte_store(dest, storage_options))
     crash_point("after-upload")
     publish_receipt(receipt)

@@ -1,57 +1,128 @@
 """Handoff receipts: their Prefect result storage under `<dest>/<run_id>/receipts`, and the
 tasks that prepare that storage and find the receipts persisted there.
 
-A local destination uses a path; any other URL uses a saved `RemoteFileSystem` block that
-holds only the location and public settings (credentials stay in the environment).
+The upload and retire tasks persist their results through `ReceiptStorage`, a block that
+writes through the destination's byte store: create-only and durable (temporary file, fsync,
+exclusive publish, folder fsync on a local disk; one conditional PUT on S3), so a result
+object is whole or absent, never empty or torn. The block holds only the location and public
+settings (credentials stay in the environment).
 A receipt exists exactly when the upload task's persisted result exists.
 Receipts are read through the destination's byte store, never `ResultStore.exists`, which
 reads every failure, transient or not, as "absent".
 An object there that is not a readable receipt is an error naming it, never "no receipt".
+One that is provably empty or unparseable (an older, non-atomic writer left it) records no
+handoff: `find_receipts` may leave its batch to be handed off again, and the upload task does
+so only when nothing of the batch was retired, setting the old part aside as evidence.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import orjson
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.filesystems import RemoteFileSystem
+from prefect.filesystems import WritableFileSystem
 from prefect.results import ResultRecord
+from pydantic import Field
 
 from capture_core.config import public_storage_options
-from capture_core.handoff import RECEIPT_KEY, HandoffReceipt, UnreadableReceiptError
+from capture_core.errors import TransientStoreError
+from capture_core.handoff import (
+    RECEIPT_KEY,
+    FinalizedBatch,
+    HandoffReceipt,
+    UnreadableReceiptError,
+)
 from capture_core.run_layout import RECEIPTS, RunLayout, run_location
-from capture_core.storage import is_s3, local_path, open_byte_store, s3_options
+from capture_core.storage import open_byte_store
 from tasks.common import TRANSIENT_RETRIES
+
+logger = logging.getLogger(__name__)
+
+
+class UnrecordedReceiptError(UnreadableReceiptError):
+    """A receipt object is empty or unparseable: it records no handoff, but it is evidence."""
 
 
 def receipts_location(dest: str, run_id: str) -> str:
     return run_location(dest, run_id, RECEIPTS)
 
 
-def _remote_settings(dest: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    settings = public_storage_options(storage_options)
-    return s3_options(settings) if is_s3(dest) else settings
+class ReceiptStorage(WritableFileSystem):
+    """Prefect result storage for one run's receipts, written through the destination's store.
+
+    Writes are create-only: an object already at the key is kept (the first result is the
+    record; a concurrent pass certified the same part). An existing object Prefect cannot
+    read was left by an older writer: it is set aside as evidence before the new one is
+    written (the upload task has already refused to go on if its batch retired anything).
+    """
+
+    _block_type_name = "tokcap receipt storage"
+    _block_type_slug = "tokcap-receipt-storage"
+
+    dest: str = Field(description="The run's destination location.")
+    run_id: str = Field(description="The run whose receipts these are.")
+    settings: dict[str, Any] = Field(default_factory=dict, description="Public storage options.")
+
+    def _layout(self) -> RunLayout:
+        return RunLayout(open_byte_store(self.dest, self.settings or None), self.run_id)
+
+    def read_path(self, path: str, _sync: bool | None = None) -> bytes:
+        layout = self._layout()
+        data = layout.dest.get(layout.receipt_key(path))
+        if data is None:
+            raise FileNotFoundError(f"no result {receipts_location(self.dest, self.run_id)}/{path}")
+        return data
+
+    async def aread_path(self, path: str) -> bytes:
+        return self.read_path(path)
+
+    def write_path(self, path: str, content: bytes, _sync: bool | None = None) -> str:
+        layout = self._layout()
+        key = layout.receipt_key(path)
+        if layout.dest.create(key, content):
+            return key
+        existing = layout.dest.get(key)
+        if existing is not None and not _is_result_record(existing):
+            reason = "Prefect could not read this result object; a new one was written"
+            layout.set_aside(path, existing, None, reason)
+            if layout.dest.create(key, content):
+                return key
+            existing = layout.dest.get(key)
+        if existing is None:
+            raise TransientStoreError(
+                f"result {receipts_location(self.dest, self.run_id)}/{path} was removed while "
+                "it was being persisted; the write is safe to retry"
+            )
+        if existing != content:
+            logger.info("result %s was already persisted; the first one is kept", key)
+        return key
+
+    async def awrite_path(self, path: str, content: bytes) -> str:
+        return self.write_path(path, content)
+
+
+def _is_result_record(data: bytes) -> bool:
+    try:
+        ResultRecord.deserialize(data)
+    except Exception:
+        return False
+    return True
 
 
 @task(name="prepare-receipt-storage", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
 def receipt_storage(
     dest: str, run_id: str, storage_options: Mapping[str, Any] | None = None
-) -> Any:
-    """Result storage for the upload task: a path, or a saved block for other filesystems."""
-    local = local_path(dest)
-    if local is not None:
-        return Path(local, run_id, RECEIPTS)
-    basepath = receipts_location(dest, run_id)
-    settings = _remote_settings(dest, storage_options)
-    digest = hashlib.sha256(orjson.dumps([basepath, settings], option=orjson.OPT_SORT_KEYS))
-    block = RemoteFileSystem(basepath=basepath, settings=settings)
-    name = f"tokcap-receipts-{digest.hexdigest()[:20]}"
-    block.save(name, overwrite=True)
+) -> ReceiptStorage:
+    """Result storage for the upload and retire tasks, saved as a block named by its location."""
+    settings = public_storage_options(storage_options)
+    digest = hashlib.sha256(orjson.dumps([dest, run_id, settings], option=orjson.OPT_SORT_KEYS))
+    block = ReceiptStorage(dest=dest, run_id=run_id, settings=settings)
+    block.save(f"tokcap-receipts-{digest.hexdigest()[:20]}", overwrite=True)
     return block
 
 
@@ -62,25 +133,40 @@ def read_receipt(
 
     The object is read once through the destination's byte store, so a storage failure
     propagates (the calling task retries a transient one) and never reads as "absent".
-    An object that exists but is not this batch's receipt raises `UnreadableReceiptError`.
+    An empty or unparseable object raises `UnrecordedReceiptError`; one that parses but is
+    not this batch's receipt raises `UnreadableReceiptError`.
     """
     layout = RunLayout(open_byte_store(dest, storage_options), run_id)
     data = layout.dest.get(layout.receipt_key(key))
-    if data is None:
-        return None
-    location = f"{receipts_location(dest, run_id)}/{key}"
+    return None if data is None else parse_receipt(receipts_location(dest, run_id), key, data)
+
+
+def parse_receipt(location: str, key: str, data: bytes) -> HandoffReceipt:
+    """The receipt `key` from its stored bytes; raises naming `location/key` when it is not."""
+    where = f"{location}/{key}"
+    if not data or not _parses(data):
+        detail = "it is empty" if not data else "it is not whole JSON (torn or garbage)"
+        raise UnrecordedReceiptError(_unrecorded(where, detail))
     try:
         receipt = ResultRecord.deserialize(data).result
     except Exception as exc:
         first_line = str(exc).partition("\n")[0][:160]
         detail = f"{type(exc).__name__}: {first_line}"
-        raise UnreadableReceiptError(_unreadable(location, detail)) from exc
+        raise UnreadableReceiptError(_unreadable(where, detail)) from exc
     if not isinstance(receipt, HandoffReceipt):
-        raise UnreadableReceiptError(_unreadable(location, f"it holds {type(receipt).__name__}"))
+        raise UnreadableReceiptError(_unreadable(where, f"it holds {type(receipt).__name__}"))
     if receipt.receipt_key != key:
         detail = f"it holds the receipt of {receipt.receipt_key}"
-        raise UnreadableReceiptError(_unreadable(location, detail))
+        raise UnreadableReceiptError(_unreadable(where, detail))
     return receipt
+
+
+def _parses(data: bytes) -> bool:
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def _unreadable(location: str, detail: str) -> str:
@@ -89,6 +175,16 @@ def _unreadable(location: str, detail: str) -> str:
         "handoff, and that batch's captures may already be retired: do not delete it. Restore "
         "it (from a backup or an earlier object version), then run again; until then nothing "
         "of this run is finalized again or retired"
+    )
+
+
+def _unrecorded(location: str, detail: str) -> str:
+    return (
+        f"receipt {location} exists but cannot be read ({detail}): it records no handoff. "
+        "If nothing of its batch was retired, `tokcap retrigger` hands the batch off again and "
+        "keeps the old part aside as evidence; if its batch's captures were retired, do not "
+        "delete it: restore it (from a backup or an earlier object version), then run again. "
+        "Until then nothing of this batch is retired"
     )
 
 
@@ -107,11 +203,73 @@ def find_receipts(
     run_id: str,
     keys: list[str] | None,
     storage_options: Mapping[str, Any] | None = None,
+    hand_off_unrecorded: bool = False,
 ) -> dict[str, HandoffReceipt]:
-    """Receipts of these batches (every receipt persisted for the run when `keys` is None)."""
+    """Receipts of these batches (every receipt persisted for the run when `keys` is None).
+
+    `hand_off_unrecorded`: leave out a receipt that records no handoff (empty or
+    unparseable), so its batch is handed off again; otherwise it raises.
+    """
     found = {}
     for key in list_receipt_keys(dest, run_id, storage_options) if keys is None else keys:
-        receipt = read_receipt(dest, run_id, key, storage_options)
+        try:
+            receipt = read_receipt(dest, run_id, key, storage_options)
+        except UnrecordedReceiptError:
+            if not hand_off_unrecorded:
+                raise
+            logger.warning("receipt %s records no handoff; its batch is handed off again", key)
+            continue
         if receipt is not None:
             found[key] = receipt
     return found
+
+
+def set_aside_unrecorded(
+    dest: str, run_id: str, finalized: FinalizedBatch, storage_options: Mapping[str, Any] | None
+) -> str | None:
+    """Before a batch is handed off again, set aside a receipt of it that records no handoff.
+
+    Its bytes and a copy of the batch's old part go under `set-aside/` as evidence and the
+    receipt is removed; the old part stays, because it holds exactly the bytes finalized
+    now, and the handoff verifies it again. Refused (the receipt error is raised) when
+    anything shows the batch may have been retired (`_retirement_seen`). Returns the
+    evidence folder, or `None` when there was no such receipt.
+    """
+    layout = RunLayout(open_byte_store(dest, storage_options), run_id)
+    name = finalized.receipt_key
+    data = layout.dest.get(layout.receipt_key(name))
+    if data is None:
+        return None
+    try:
+        parse_receipt(receipts_location(dest, run_id), name, data)
+    except UnrecordedReceiptError as exc:
+        retired = _retirement_seen(layout, finalized)
+        if retired:
+            raise UnrecordedReceiptError(
+                f"{exc} (its batch may have been retired: {retired})"
+            ) from None
+        return layout.set_aside(name, data, finalized.part_key, str(exc))
+    return None
+
+
+def _retirement_seen(layout: RunLayout, finalized: FinalizedBatch) -> str | None:
+    """What shows that the batch may have been retired, in words, or `None`.
+
+    A recorded retirement, a capture the new finalize found retired, or an old part whose
+    bytes differ from the batch finalized now (a retired capture no longer rebuilds the same).
+    """
+    prefix = f"{finalized.receipt_key}-retired-"
+    recorded = [k for k in layout.dest.list_prefix(layout.receipts_prefix) if prefix in k]
+    if recorded:
+        return f"retirement recorded in {recorded[0]}"
+    gone = [
+        o.rollout_id or f"line {o.line}"
+        for o in finalized.outcomes
+        if "CaptureRetiredError" in f"{o.mask_reason} {o.error}"
+    ]
+    if gone:
+        return f"captures of {', '.join(gone[:5])} are retired"
+    old_part = layout.dest.get(finalized.part_key)
+    if old_part is not None and old_part != finalized.part:
+        return f"part {finalized.part_key} differs from the batch finalized now"
+    return None

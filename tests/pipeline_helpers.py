@@ -117,6 +117,13 @@ def finalize_args(rollouts: str, store: str, dest: str, run_id: str, *extra: str
     ]
 
 
+def with_storage_options(args: list[str], options: dict | None) -> list[str]:
+    """`tokcap` arguments plus `--storage-option endpoint_url=...` when `options` name one."""
+    if options:
+        args = [*args, "--storage-option", f"endpoint_url={options['endpoint_url']}"]
+    return args
+
+
 def finalize_args_for(inputs: dict[str, str], run_id: str, *extra: str) -> list[str]:
     """`tokcap finalize` arguments for one run over `inputs` (its rollouts, store and dest)."""
     return finalize_args(inputs["rollouts"], inputs["store"], inputs["dest"], run_id, *extra)

@@ -88,7 +88,17 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
             "malformed run id",
         ),
         (
-            ["serve", "--inbox", "{dest}", "--store", "{store}", "--dest", "{dest}", "--cron", "x"],
+            [
+                "serve",
+                "--inbox",
+                "{missing}",
+                "--store",
+                "{store}",
+                "--dest",
+                "{dest}",
+                "--cron",
+                "x",
+            ],
             2,
             "--cron 'x' is not a cron expression",
         ),

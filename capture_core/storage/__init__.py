@@ -12,8 +12,12 @@ from capture_core.storage.local import TMP_DIR, LocalStore, fsync_dir
 from capture_core.storage.locations import (
     LOCAL_SCHEMES,
     S3_PROTOCOLS,
+    OverlappingLocationsError,
     is_s3,
     local_path,
+    locations_overlap,
+    place,
+    refuse_overlapping,
     url_scheme,
 )
 from capture_core.storage.options import S3_CLIENT_RETRIES, S3_DEFAULTS, s3_options
@@ -35,6 +39,7 @@ __all__ = [
     "ByteStore",
     "FsspecStore",
     "LocalStore",
+    "OverlappingLocationsError",
     "check_key",
     "check_new_object",
     "filesystem_for",
@@ -42,7 +47,10 @@ __all__ = [
     "is_reserved",
     "is_s3",
     "local_path",
+    "locations_overlap",
     "open_byte_store",
+    "place",
+    "refuse_overlapping",
     "s3_options",
     "url_scheme",
 ]

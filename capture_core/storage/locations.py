@@ -1,12 +1,15 @@
 """How a location string is read: a local path, or a URL with a scheme.
 
 Every module that must tell local from remote, or S3 from other filesystems, asks here,
-so the spellings (`/x`, `file:///x`, `local:///x`, `s3://b/p`, `s3a://b/p`) are read one way.
+so the spellings (`/x`, `file:///x`, `local:///x`, `s3://b/p`, `s3a://b/p`) are read one way,
+and whether two locations overlap is decided here only.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
+from collections.abc import Mapping
 
 LOCAL_SCHEMES = ("file://", "local://")
 S3_PROTOCOLS = ("s3", "s3a")
@@ -31,3 +34,50 @@ def local_path(location: str | os.PathLike[str]) -> str | None:
             text = text[len(scheme) :]
             break
     return text if "://" not in text and "::" not in text else None
+
+
+class OverlappingLocationsError(ValueError):
+    """Two locations that must be separate are the same place, or one lies inside the other."""
+
+
+def place(location: str | os.PathLike[str]) -> tuple[str, str]:
+    """Where a location points, as (kind, path): `local` and the real absolute path (`..`,
+    symlinks and trailing slashes resolved), `s3` and `bucket/prefix`, or the URL's scheme
+    and its normalized path."""
+    local = local_path(location)
+    if local is not None:
+        return "local", os.path.realpath(os.path.expanduser(local))
+    text = os.fspath(location)
+    scheme, _, rest = text.partition("://")
+    kind = "s3" if scheme in S3_PROTOCOLS else scheme
+    return kind, posixpath.normpath("/" + rest).lstrip("/")
+
+
+def locations_overlap(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two locations are the same place or one lies inside the other."""
+    (kind_a, path_a), (kind_b, path_b) = place(a), place(b)
+    if kind_a != kind_b:
+        return False
+    if path_a == path_b or not path_a or not path_b:
+        return True
+    return path_a.startswith(path_b.rstrip("/") + "/") or path_b.startswith(
+        path_a.rstrip("/") + "/"
+    )
+
+
+def refuse_overlapping(named: Mapping[str, str]) -> None:
+    """Raise `OverlappingLocationsError` in one line naming the first two that overlap.
+
+    Captures, finalized runs and inbox files each need their own place: a clear of captures
+    or a retirement would otherwise delete a run's parts and receipts, or an inbox pass read
+    a run's files as input.
+    """
+    items = list(named.items())
+    for i, (label_a, a) in enumerate(items):
+        for label_b, b in items[i + 1 :]:
+            if locations_overlap(a, b):
+                raise OverlappingLocationsError(
+                    f"{label_a} {a} and {label_b} {b} are the same location or one lies "
+                    f"inside the other; give {label_a} and {label_b} separate locations "
+                    "(a clear or retirement of one would delete the other's files)"
+                )
