@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import uuid
 
 import orjson
@@ -14,7 +15,7 @@ from capture_core import compact
 from capture_core.errors import UnreadableCaptureError
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore, call_key, encode_entry
-from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
+from capture_core.testing.synthetic import RolloutShape, interleaved, synthetic_rollout
 
 
 def stored(store: TokenCaptureStore, rollout_id: str, call: str) -> dict:
@@ -96,6 +97,54 @@ def test_writers_in_different_processes(tmp_path) -> None:
     assert not snapshot.incomplete
     expected = synthetic_rollout("r2", RolloutShape(turns=8))
     assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == expected
+
+
+def stored_bytes(root: str) -> int:
+    """Bytes of every entry object under a local store root."""
+    return sum(
+        os.path.getsize(os.path.join(folder, name))
+        for folder, _dirs, names in os.walk(root)
+        if os.path.basename(folder) == "e"
+        for name in names
+    )
+
+
+def minimal_content(rollouts: list[list[TokenEntry]]) -> int:
+    """Each rollout's final cumulative tokens plus every log prob, as compact JSON."""
+    total = 0
+    for entries in rollouts:
+        last = entries[-1]
+        tokens = last.prompt_token_ids + last.generation_token_ids
+        log_probs = [lp for e in entries for lp in e.generation_log_probs]
+        total += len(orjson.dumps({"token_ids": tokens, "log_probs": log_probs}))
+    return total
+
+
+def test_storage_stays_linear_past_the_parent_lookup_bound_and_across_writers(tmp_path) -> None:
+    shape = RolloutShape(turns=6, prompt_tokens=128, generated_tokens=32, tool_tokens=16)
+    rollouts = [synthetic_rollout(f"{i}-0", shape, seed=i) for i in range(24)]
+    one_by_one = str(tmp_path / "one-by-one")
+    writer = TokenCaptureStore(one_by_one)
+    for entries in rollouts:
+        for entry in entries:
+            writer.put_now(entry)
+    bounded = str(tmp_path / "bounded")
+    small = TokenCaptureStore(bounded, parent_index_bytes=3_000)  # about two rollouts
+    for entry in interleaved(rollouts):
+        small.put_now(entry)
+    assert small._parents.held_bytes <= 3_000
+    two = str(tmp_path / "two-writers")
+    writers = (TokenCaptureStore(two), TokenCaptureStore(two))
+    for entry in interleaved(rollouts):
+        writers[int(entry.model_call_id[-1]) % 2].put_now(entry)  # alternate calls
+    linear = stored_bytes(one_by_one)
+    assert stored_bytes(bounded) == linear and stored_bytes(two) == linear
+    assert linear / minimal_content(rollouts) < 1.4, "stored bytes over minimal content"
+    for root in (bounded, two):
+        for entries in rollouts:
+            snapshot = TokenCaptureStore(root).freeze_now(entries[0].rollout_id)
+            assert not snapshot.incomplete
+            assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
 
 
 def rewrite(store: TokenCaptureStore, rollout_id: str, call: str, mutate) -> None:
