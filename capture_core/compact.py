@@ -193,14 +193,16 @@ def generation_digest(raw: bytes | memoryview) -> bytes:
 
 
 def known_of(
-    call_key: str, prompt_length: int, digest: str | None, generation: Sequence[int]
+    call_key: str, prompt_length: int, digest: str | None, generation_raw: bytes | None
 ) -> Known | None:
     """A stored call as a parent candidate, or `None` when it cannot be one (ids beyond
     int64 have no prompt digest; a call with no tokens would be an empty prefix)."""
-    raw = token_bytes(generation)
-    if digest is None or raw is None or prompt_length + len(generation) == 0:
+    if digest is None or generation_raw is None or prompt_length + len(generation_raw) == 0:
         return None
-    return Known(call_key, prompt_length, digest, len(generation), generation_digest(raw))
+    generation_length = len(generation_raw) // 8
+    return Known(
+        call_key, prompt_length, digest, generation_length, generation_digest(generation_raw)
+    )
 
 
 @dataclass(frozen=True)
@@ -232,8 +234,8 @@ def encode(entry: TokenEntry, call_key: str, candidates: Sequence[Known] = ()) -
     prompt = entry.prompt_token_ids
     rest = _normalized(entry_fields(entry))
     prompt_raw = token_bytes(prompt)
-    gen = entry.generation_token_ids
-    if prompt_raw is None or token_bytes(gen) is None:
+    gen_raw = token_bytes(entry.generation_token_ids)
+    if prompt_raw is None or gen_raw is None:
         # Stored whole, never a parent. A prompt beyond int64 has no prompt digest; the seal
         # still covers it.
         digest = digest_text(hashlib.sha256(prompt_raw)) if prompt_raw is not None else None
@@ -243,7 +245,7 @@ def encode(entry: TokenEntry, call_key: str, candidates: Sequence[Known] = ()) -
     shared = parent.length if parent is not None else 0
     parent_key = parent.call_key if parent is not None else None
     data = _sealed(rest, digest, parent_key, shared, prompt[shared:] if shared else prompt)
-    known = known_of(call_key, len(prompt), digest, gen)
+    known = known_of(call_key, len(prompt), digest, gen_raw)
     return EncodedEntry(data, rest, digest, parent_key, known)
 
 

@@ -135,7 +135,8 @@ def _read_back(rollout_id: str, name: str, data: bytes) -> compact.Known | None:
     tail = entry.tail if entry.tail is not None else entry.prompt
     if entry.fields.get("rollout_id") != rollout_id or not isinstance(generation, list):
         return None
-    return compact.known_of(name, entry.shared + len(tail or []), entry.digest, generation)
+    raw = compact.token_bytes(generation)
+    return compact.known_of(name, entry.shared + len(tail or []), entry.digest, raw)
 
 
 def _length(candidate: compact.Known) -> int:
