@@ -62,12 +62,17 @@ class ParentIndex:
         """Parent candidates among the rollout's `listed` entry names.
 
         Names not seen before are read back through `read` (names to bytes) and learned;
-        candidates no longer listed (a cleared rollout) are left out.
+        what was known of a rollout that lost a known entry (retired or cleared) is dropped.
         """
         listed = set(listed)
         with self._lock:
             state = self._rollouts.get(rollout_id)
-            unseen = listed - state.seen if state is not None else set(listed)
+            if state is not None and not state.seen <= listed:
+                # Events only grow: a known entry gone means the rollout was retired or
+                # cleared (its id may be reused), so nothing known of it still holds.
+                self._drop(rollout_id)
+                state = None
+            unseen = listed - state.seen if state is not None else listed
         learned: list[compact.Known] = []
         settled: list[str] = []
         if unseen:
@@ -91,9 +96,12 @@ class ParentIndex:
     def forget(self, rollout_id: str) -> None:
         """Drop a rollout (its capture was deleted; its id may be reused)."""
         with self._lock:
-            state = self._rollouts.pop(rollout_id, None)
-            if state is not None:
-                self._bytes -= state.size
+            self._drop(rollout_id)
+
+    def _drop(self, rollout_id: str) -> None:
+        state = self._rollouts.pop(rollout_id, None)
+        if state is not None:
+            self._bytes -= state.size
 
     def _update(
         self, rollout_id: str, names: Sequence[str], learned: Sequence[compact.Known]

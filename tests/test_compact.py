@@ -205,6 +205,21 @@ def test_reused_rollout_id_after_clear_does_not_reference_deleted_parents(tmp_pa
     assert not snapshot.incomplete and len(snapshot.entries) == 2
 
 
+def test_a_writer_that_knew_an_earlier_attempt_extends_the_new_attempt_exactly(tmp_path) -> None:
+    stale, other = TokenCaptureStore(str(tmp_path)), TokenCaptureStore(str(tmp_path))
+    for entry in synthetic_rollout("r6", RolloutShape(turns=3), seed=1):
+        stale.put_now(entry)
+    other.delete("r6")  # another process clears the rollout; its id is reused
+    attempt = synthetic_rollout("r6", RolloutShape(turns=3), seed=2)
+    other.put_now(attempt[0])
+    other.put_now(attempt[1])
+    stale.put_now(attempt[2])
+    assert stored(stale, "r6", "call-00002")["p"]["a"] == call_key("call-00001")
+    snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r6")
+    assert not snapshot.incomplete
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == attempt
+
+
 def test_unknown_extra_fields_never_collide_with_short_stored_names(tmp_path) -> None:
     store = TokenCaptureStore(str(tmp_path))
     entry = TokenEntry(
