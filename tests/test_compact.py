@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
-import os
 import uuid
 
 import orjson
@@ -16,6 +16,7 @@ from capture_core.errors import UnreadableCaptureError
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore, call_key, encode_entry
 from capture_core.testing.synthetic import RolloutShape, interleaved, synthetic_rollout
+from tests import backends
 
 
 def stored(store: TokenCaptureStore, rollout_id: str, call: str) -> dict:
@@ -99,14 +100,15 @@ def test_writers_in_different_processes(tmp_path) -> None:
     assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == expected
 
 
-def stored_bytes(root: str) -> int:
-    """Bytes of every entry object under a local store root."""
-    return sum(
-        os.path.getsize(os.path.join(folder, name))
-        for folder, _dirs, names in os.walk(root)
-        if os.path.basename(folder) == "e"
-        for name in names
-    )
+def stored_bytes(store: TokenCaptureStore) -> int:
+    """Bytes of every entry object in a store."""
+    keys = [
+        key
+        for rollout in store.byte_store.list_children("")
+        for key in store.byte_store.list_prefix(rollout)
+        if "/e/" in key
+    ]
+    return sum(len(data or b"") for data in store.byte_store.get_many(keys).values())
 
 
 def minimal_content(rollouts: list[list[TokenEntry]]) -> int:
@@ -120,29 +122,30 @@ def minimal_content(rollouts: list[list[TokenEntry]]) -> int:
     return total
 
 
-def test_storage_stays_linear_past_the_parent_lookup_bound_and_across_writers(tmp_path) -> None:
-    shape = RolloutShape(turns=6, prompt_tokens=128, generated_tokens=32, tool_tokens=16)
-    rollouts = [synthetic_rollout(f"{i}-0", shape, seed=i) for i in range(24)]
-    one_by_one = str(tmp_path / "one-by-one")
-    writer = TokenCaptureStore(one_by_one)
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_storage_stays_linear_past_the_parent_lookup_bound_and_across_writers(
+    backend: str, request: pytest.FixtureRequest, tmp_path
+) -> None:
+    root, options = backends.store_location(backend, request, tmp_path)
+    shape = RolloutShape(turns=4, prompt_tokens=128, generated_tokens=32, tool_tokens=16)
+    rollouts = [synthetic_rollout(f"{i}-0", shape, seed=i) for i in range(10)]
+    one_by_one = TokenCaptureStore(f"{root}/one-by-one", options)
     for entries in rollouts:
         for entry in entries:
-            writer.put_now(entry)
-    bounded = str(tmp_path / "bounded")
-    small = TokenCaptureStore(bounded, parent_index_bytes=3_000)  # about two rollouts
+            one_by_one.put_now(entry)
+    bounded = TokenCaptureStore(f"{root}/bounded", options, parent_index_bytes=2_500)
     for entry in interleaved(rollouts):
-        small.put_now(entry)
-    assert small._parents.held_bytes <= 3_000
-    two = str(tmp_path / "two-writers")
-    writers = (TokenCaptureStore(two), TokenCaptureStore(two))
+        bounded.put_now(entry)
+    assert bounded._parents.held_bytes <= 2_500, "the bound (about two rollouts) holds"
+    writers = [TokenCaptureStore(f"{root}/two-writers", options) for _ in range(2)]
     for entry in interleaved(rollouts):
         writers[int(entry.model_call_id[-1]) % 2].put_now(entry)  # alternate calls
     linear = stored_bytes(one_by_one)
-    assert stored_bytes(bounded) == linear and stored_bytes(two) == linear
-    assert linear / minimal_content(rollouts) < 1.4, "stored bytes over minimal content"
-    for root in (bounded, two):
+    assert stored_bytes(bounded) == linear and stored_bytes(writers[0]) == linear
+    assert linear / minimal_content(rollouts) < 1.45, "stored bytes over minimal content"
+    for store in (bounded, writers[0]):
         for entries in rollouts:
-            snapshot = TokenCaptureStore(root).freeze_now(entries[0].rollout_id)
+            snapshot = TokenCaptureStore(store.root, options).freeze_now(entries[0].rollout_id)
             assert not snapshot.incomplete
             assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
 
@@ -203,6 +206,21 @@ def test_reused_rollout_id_after_clear_does_not_reference_deleted_parents(tmp_pa
         writer.put_now(entry)
     snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r5")
     assert not snapshot.incomplete and len(snapshot.entries) == 2
+
+
+def test_a_second_writer_on_s3_stores_deltas_against_the_first_writers_calls(
+    s3_url, s3_options
+) -> None:
+    writers = [TokenCaptureStore(s3_url, s3_options) for _ in range(2)]
+    entries = synthetic_rollout("r7", RolloutShape(turns=4))
+    for n, entry in enumerate(entries):
+        writers[n % 2].put_now(entry)
+    for before, entry in itertools.pairwise(entries):
+        block = stored(writers[0], "r7", entry.model_call_id)["p"]
+        assert block["a"] == call_key(before.model_call_id), "a delta against the other writer's"
+    snapshot = TokenCaptureStore(s3_url, s3_options).freeze_now("r7")
+    assert not snapshot.incomplete
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
 
 
 def test_a_writer_that_knew_an_earlier_attempt_extends_the_new_attempt_exactly(tmp_path) -> None:
