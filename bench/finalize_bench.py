@@ -8,7 +8,7 @@ sides alternate over the repetitions; each finalize runs on a fresh copy of its 
 store (a freeze is done once). Peak RSS is measured in a fresh process that finalizes one
 rollout. Prints medians, ranges and ratios; asserts nothing.
 Usage: .venv/bin/python -m bench.finalize_bench [--preset many|long|all] [--rollouts N]
-       [--repetitions R]
+       [--repetitions R] [--dir D]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from bench import filesystem
 from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.nemo_gym_store import NemoGymFileStore
@@ -191,11 +192,11 @@ def finalize_fresh(template: str, records: list[dict]) -> float:
         shutil.rmtree(copy, ignore_errors=True)
 
 
-def run_preset(key: str, rollouts: int | None, repetitions: int) -> None:
+def run_preset(key: str, rollouts: int | None, repetitions: int, space: str | None) -> None:
     preset = PRESETS[key]
     count = rollouts or preset.rollouts
-    root = tempfile.mkdtemp(prefix=f"tokcap-bench-{key}-")
-    gym_root = tempfile.mkdtemp(prefix=f"nemo-gym-bench-{key}-")
+    root = tempfile.mkdtemp(prefix=f"tokcap-bench-{key}-", dir=space)
+    gym_root = tempfile.mkdtemp(prefix=f"nemo-gym-bench-{key}-", dir=space)
     try:
         start = time.perf_counter()
         records = write_captures(root, preset, count)
@@ -252,9 +253,13 @@ def main() -> None:
     parser.add_argument("--preset", choices=["many", "long", "all"], default="all")
     parser.add_argument("--rollouts", type=int, default=None, help="override the rollout count")
     parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument(
+        "--dir", default=None, help="where to write (/dev/shm: no fsync cost, CPU alone)"
+    )
     args = parser.parse_args()
+    print(filesystem.describe(args.dir or tempfile.gettempdir()))
     for key in ("many", "long") if args.preset == "all" else (args.preset,):
-        run_preset(key, args.rollouts, args.repetitions)
+        run_preset(key, args.rollouts, args.repetitions, args.dir)
 
 
 if __name__ == "__main__":
