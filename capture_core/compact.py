@@ -250,31 +250,29 @@ def encode(entry: TokenEntry, call_key: str, candidates: Sequence[Known] = ()) -
 
 
 def _hash_and_match(prompt_raw: bytes, candidates: Sequence[Known]) -> tuple[Any, Known | None]:
-    """The prompt's sha256 state and the longest candidate whose tokens start the prompt."""
+    """The prompt's sha256 state and the longest candidate whose tokens start the prompt.
+
+    One pass over the prompt; the state at each candidate's prompt length is kept, and its
+    digest computed only when that candidate's turn comes (longest first).
+    """
     view = memoryview(prompt_raw)
     total = len(prompt_raw) // 8
-    fitting = sorted((c for c in candidates if c.length <= total), key=_prompt_length)
+    fitting = [c for c in candidates if c.length <= total]
     hasher = hashlib.sha256()
     done = 0
-    prefix_digests: dict[int, str] = {}
-    for candidate in fitting:
-        end = candidate.prompt_length
-        if end not in prefix_digests:
-            hasher.update(view[done * 8 : end * 8])
-            done = end
-            prefix_digests[end] = digest_text(hasher)
+    states: dict[int, Any] = {}
+    for end in sorted({c.prompt_length for c in fitting}):
+        hasher.update(view[done * 8 : end * 8])
+        done = end
+        states[end] = hasher.copy()
     hasher.update(view[done * 8 :])
     for candidate in sorted(fitting, key=_length, reverse=True):
         start, end = candidate.prompt_length * 8, candidate.length * 8
-        if prefix_digests[candidate.prompt_length] == candidate.prompt_digest and (
+        if digest_text(states[candidate.prompt_length]) == candidate.prompt_digest and (
             generation_digest(view[start:end]) == candidate.generation_digest
         ):
             return hasher, candidate
     return hasher, None
-
-
-def _prompt_length(candidate: Known) -> int:
-    return candidate.prompt_length
 
 
 def _length(candidate: Known) -> int:

@@ -26,7 +26,7 @@ from capture_core.prompt_rebuild import parse_stored
 # Parent lookup memory of one store, by default (a setting of `TokenCaptureStore`).
 DEFAULT_MAX_BYTES = 32 * 2**20
 # Candidates kept per rollout: the latest calls; an agent extends one of its last few.
-PER_ROLLOUT = 8
+PER_ROLLOUT = 4
 # Estimated bytes held per rollout, per known call name and per candidate (Python objects).
 _ROLLOUT_BYTES, _NAME_BYTES, _CANDIDATE_BYTES = 600, 100, 250
 
@@ -85,7 +85,10 @@ class ParentIndex:
                     learned.append(known)
         learned.sort(key=_length)
         with self._lock:
-            state = self._update(rollout_id, settled, learned)
+            if settled or state is None:
+                state = self._update(rollout_id, settled, learned)
+            elif rollout_id in self._rollouts:
+                self._rollouts.move_to_end(rollout_id)
             return [c for c in state.candidates if c.call_key in listed]
 
     def remember(self, rollout_id: str, name: str, known: compact.Known | None) -> None:
@@ -114,9 +117,10 @@ class ParentIndex:
         fresh = [n for n in names if n not in state.seen]
         state.seen.update(fresh)
         held = len(state.candidates)
-        known = {c.call_key for c in state.candidates}
-        state.candidates.extend(c for c in learned if c.call_key not in known)
-        del state.candidates[: -self.per_rollout]
+        if learned:
+            known = {c.call_key for c in state.candidates}
+            state.candidates.extend(c for c in learned if c.call_key not in known)
+            del state.candidates[: -self.per_rollout]
         growth = sum(_NAME_BYTES + len(n) for n in fresh)
         growth += _CANDIDATE_BYTES * (len(state.candidates) - held)
         state.size += growth
