@@ -1,11 +1,14 @@
 """Finalize throughput and memory on synthetic agentic rollouts, against parsing their JSON.
 
-Baseline, measured in the same run: `orjson.loads` of every stored entry's bytes (already
-in memory). Finalize is `finalize_rollout_token_capture` per rollout from a local store:
-freeze, read, validate, build, project and check contiguity.
-Peak RSS is measured in a fresh process that finalizes one rollout.
-Prints figures and ratios; asserts nothing.
+Baseline: `orjson.loads` of every entry as full-prompt JSON (already in memory).
+Finalize is `finalize_rollout_token_capture` per rollout from a local store: freeze, read,
+validate, build, project and check contiguity. The reference, NeMo Gym's file store
+(`NemoGymFileStore`, the same captures in its layout), is finalized the same way. The three
+sides alternate over the repetitions; each finalize runs on a fresh copy of its captured
+store (a freeze is done once). Peak RSS is measured in a fresh process that finalizes one
+rollout. Prints medians, ranges and ratios; asserts nothing.
 Usage: .venv/bin/python -m bench.finalize_bench [--preset many|long|all] [--rollouts N]
+       [--repetitions R] [--dir D]
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from dataclasses import dataclass
 
 import orjson
 
+from bench import filesystem
+from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.delivery import finalize_rollout_token_capture
+from capture_core.nemo_gym_store import NemoGymFileStore
 from capture_core.store import TokenCaptureStore, encode_entry
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
@@ -51,12 +57,15 @@ PRESETS = {
 }
 
 
-def write_captures(root: str, preset: Preset, rollouts: int) -> list[dict]:
+def write_captures(
+    root: str, preset: Preset, rollouts: int, layout: type = TokenCaptureStore
+) -> list[dict]:
     """Capture every rollout, its calls in order as an agent makes them, rollouts in parallel.
 
-    Every 10th rollout has a resolved retry, every 25th a lost call.
+    Every 10th rollout has a resolved retry, every 25th a lost call. `layout`: the store
+    class that writes them (`NemoGymFileStore` for NeMo Gym's layout).
     """
-    store = TokenCaptureStore(root)
+    store = layout(root)
 
     def capture(i: int) -> dict:
         shape = preset.shape
@@ -163,42 +172,76 @@ def peak_rss(root: str, record: dict) -> tuple[int, int]:
     return figures["before"], figures["after"]
 
 
-def run_preset(key: str, rollouts: int | None) -> None:
+def durable_copy(source: str, target: str) -> None:
+    """Copy a file and fsync it, so a timed freeze's fsyncs never flush the copy's data."""
+    shutil.copy2(source, target)
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def finalize_fresh(template: str, records: list[dict]) -> float:
+    """Seconds to finalize `records` from a fresh copy of the captured store `template`."""
+    copy = f"{template}-run"
+    shutil.copytree(template, copy, copy_function=durable_copy)
+    try:
+        return finalize_seconds(copy, records)[0]
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def run_preset(key: str, rollouts: int | None, repetitions: int, space: str | None) -> None:
     preset = PRESETS[key]
     count = rollouts or preset.rollouts
-    root = tempfile.mkdtemp(prefix=f"tokcap-bench-{key}-")
+    root = tempfile.mkdtemp(prefix=f"tokcap-bench-{key}-", dir=space)
+    gym_root = tempfile.mkdtemp(prefix=f"nemo-gym-bench-{key}-", dir=space)
     try:
         start = time.perf_counter()
         records = write_captures(root, preset, count)
+        write_captures(gym_root, preset, count, NemoGymFileStore)
         blobs = stored_entry_blobs(root)
         stored = sum(len(b) for b in blobs)
         full = full_prompt_blobs(root)
         print(
             f"\n== {preset.name}, {count} rollout(s): {len(blobs)} entries, "
             f"{stored / 2**20:.1f} MiB stored, {sum(map(len, full)) / 2**20:.1f} MiB as "
-            f"full-prompt JSON (captured in {time.perf_counter() - start:.1f}s)"
+            f"full-prompt JSON (captured in both layouts in {time.perf_counter() - start:.1f}s)"
         )
-        parse_full, parse_stored = parse_seconds(full), parse_seconds(blobs)
-        full_bytes = sum(map(len, full))
-        del full
-        finalize, masked = finalize_seconds(root, records)
-        print(
-            f"orjson parse, full-prompt JSON: {parse_full:.3f}s; stored JSON: {parse_stored:.3f}s"
+        seconds = alternate_sides(
+            {
+                "parse": lambda: parse_seconds(full),
+                "tokcap": lambda: finalize_fresh(root, records),
+                "nemo_gym": lambda: finalize_fresh(gym_root, records),
+            },
+            repetitions,
         )
-        print(f"finalize all rollouts:          {finalize:.3f}s ({masked} masked)")
+        ratios = {
+            side: [t / p for t, p in zip(seconds[side], seconds["parse"], strict=True)]
+            for side in ("tokcap", "nemo_gym")
+        }
+        print(f"orjson parse, full-prompt JSON: {describe_seconds(seconds['parse'])}")
+        for side, name in (("tokcap", "tokcap"), ("nemo_gym", "NeMo Gym's file store")):
+            r = ratios[side]
+            print(
+                f"finalize from {name}: {describe_seconds(seconds[side])}; finalize/parse = "
+                f"{median(r):.2f}x (range {min(r):.2f}-{max(r):.2f})"
+            )
         print(
-            f"ratio finalize/parse of full-prompt JSON = {finalize / parse_full:.2f}x (goal <= 3x)"
+            f"goal: tokcap <= 2x; tokcap / NeMo Gym = "
+            f"{median(seconds['tokcap']) / median(seconds['nemo_gym']):.2f}x"
         )
         if key == "long":
             before, after = peak_rss_of_one_rollout(preset.shape)
             print(
                 f"peak RSS of one finalize: {after / 2**20:.0f} MiB ({(after - before) / 2**20:.0f}"
-                f" MiB above the {before / 2**20:.0f} MiB baseline); growth / full-prompt JSON "
-                f"bytes = {(after - before) / full_bytes:.2f}x (goal <= 2x); growth / stored "
-                f"(delta) bytes = {(after - before) / stored:.0f}x"
+                f" MiB above the {before / 2**20:.0f} MiB baseline); growth / stored (delta) "
+                f"bytes = {(after - before) / stored:.0f}x"
             )
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(gym_root, ignore_errors=True)
 
 
 def main() -> None:
@@ -209,9 +252,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--preset", choices=["many", "long", "all"], default="all")
     parser.add_argument("--rollouts", type=int, default=None, help="override the rollout count")
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument(
+        "--dir", default=None, help="where to write (/dev/shm: no fsync cost, CPU alone)"
+    )
     args = parser.parse_args()
+    print(filesystem.describe(args.dir or tempfile.gettempdir()))
     for key in ("many", "long") if args.preset == "all" else (args.preset,):
-        run_preset(key, args.rollouts)
+        run_preset(key, args.rollouts, args.repetitions, args.dir)
 
 
 if __name__ == "__main__":

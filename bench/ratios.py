@@ -43,5 +43,23 @@ def alternate(
     return Ratio(base, meas)
 
 
+def alternate_sides(
+    sides: dict[str, Callable[[], float]], repetitions: int
+) -> dict[str, list[float]]:
+    """Run every side in turn, `repetitions` times (at least 3); each returns its seconds.
+    The first side runs first in odd repetitions and last in even ones."""
+    seconds: dict[str, list[float]] = {name: [] for name in sides}
+    order = list(sides)
+    for rep in range(max(repetitions, 3)):
+        for name in order if rep % 2 == 0 else order[::-1]:
+            seconds[name].append(sides[name]())
+    return seconds
+
+
+def describe_seconds(values: list[float]) -> str:
+    """Median and range of a side's seconds."""
+    return f"{median(values):.3f}s (range {min(values):.3f}-{max(values):.3f})"
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)

@@ -1,12 +1,15 @@
-"""Local retirement of a batch (`retire_receipt`), against raw removal of the same files.
+"""Local retirement of a batch (`retire_receipt`), beside NeMo Gym's file store and raw
+removal of the same files, in the same run.
 
 Workloads as in finalize_bench: 200 rollouts x 16 turns, and 1 rollout x 1,000 turns; the
 part holds their finalized records (retirement re-reads and decides from them).
-Baseline, alternated with retirement over the repetitions: unlink every file the capture
-holds, then fsync each rollout folder once (removal with no decision, no tombstone and no
-verification), with as many threads as retirement's concurrency. Prints seconds, the ratio
-and the reference's figures. Asserts nothing.
-Usage: .venv/bin/python -m bench.retire_bench [--repetitions R]
+Three sides, alternated over the repetitions: retirement from tokcap's store; the same
+retirement from a store in NeMo Gym's file-store layout (`NemoGymFileStore`, the
+reference: its protocol under its per-rollout lock); raw removal: unlink every file the
+capture holds, then fsync each rollout folder once (no decision, no tombstone, no
+verification), with as many threads as retirement's concurrency. Prints each side's median
+and range and tokcap's ratio to both. Asserts nothing.
+Usage: .venv/bin/python -m bench.retire_bench [--repetitions R] [--preset many|long|all]
 """
 
 from __future__ import annotations
@@ -25,20 +28,23 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 
 from bench.finalize_bench import PRESETS
-from bench.ratios import alternate, median
+from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.handoff import HandoffReceipt, RolloutOutcome, retire_receipt, store_concurrency
+from capture_core.nemo_gym_store import NemoGymFileStore
 from capture_core.storage import ByteStore, open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import rollout_record, synthetic_rollout
 
+# The reference's figures when they were first measured (seconds), for the record.
 REFERENCE_SECONDS = {"many": 1.07, "long": 0.13}
+STORES = {"tokcap": TokenCaptureStore, "nemo_gym": NemoGymFileStore}
 
 
-def captured(key: str, rollouts: int) -> tuple[str, list]:
+def captured(key: str, rollouts: int, layout: str = "tokcap") -> tuple[str, list]:
     """A fresh store holding the preset's frozen rollouts; return it and their snapshots."""
-    root = tempfile.mkdtemp(prefix="tokcap-retire-")
-    store = TokenCaptureStore(root)
+    root = tempfile.mkdtemp(prefix=f"{layout}-retire-")
+    store = STORES[layout](root)
 
     def one(i: int) -> None:
         for entry in synthetic_rollout(f"{i}-0", PRESETS[key].shape, seed=i):
@@ -68,9 +74,9 @@ def handed_off(receipt: HandoffReceipt, part: bytes) -> ByteStore:
     return dest
 
 
-def retire_seconds(key: str, rollouts: int) -> float:
-    root, snapshots = captured(key, rollouts)
-    store = TokenCaptureStore(root)
+def retire_seconds(key: str, rollouts: int, layout: str = "tokcap") -> float:
+    root, snapshots = captured(key, rollouts, layout)
+    store = STORES[layout](root)
     receipt = HandoffReceipt(
         run_id="bench",
         batch=0,
@@ -127,21 +133,31 @@ def raw_seconds(key: str, rollouts: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--preset", choices=["many", "long", "all"], default="all")
     args = parser.parse_args()
     logging.getLogger("capture_core").setLevel(logging.ERROR)
-    for key in ("many", "long"):
+    for key in ("many", "long") if args.preset == "all" else (args.preset,):
         preset = PRESETS[key]
-        ratio = alternate(
-            lambda key=key, n=preset.rollouts: raw_seconds(key, n),
-            lambda key=key, n=preset.rollouts: retire_seconds(key, n),
+        n = preset.rollouts
+        seconds = alternate_sides(
+            {
+                "tokcap": lambda key=key, n=n: retire_seconds(key, n),
+                "nemo_gym": lambda key=key, n=n: retire_seconds(key, n, "nemo_gym"),
+                "raw": lambda key=key, n=n: raw_seconds(key, n),
+            },
             args.repetitions,
         )
+        mine, gym, raw = (median(seconds[side]) for side in ("tokcap", "nemo_gym", "raw"))
         print(
-            f"retire {preset.name}: {median(ratio.measured):.3f}s "
-            f"(range {min(ratio.measured):.3f}-{max(ratio.measured):.3f}); raw unlink "
-            f"{median(ratio.baseline):.3f}s; drop/raw = {ratio.describe()}; reference "
-            f"{REFERENCE_SECONDS[key]:.2f}s"
+            f"retire {preset.name}, {len(seconds['raw'])} reps: tokcap "
+            f"{describe_seconds(seconds['tokcap'])}; NeMo Gym's file store "
+            f"{describe_seconds(seconds['nemo_gym'])}; raw unlink "
+            f"{describe_seconds(seconds['raw'])}"
+        )
+        print(
+            f"  tokcap / NeMo Gym = {mine / gym:.2f}x (goal <= 1x); tokcap / raw = "
+            f"{mine / raw:.2f}x; the reference first measured {REFERENCE_SECONDS[key]:.2f}s"
         )
 
 

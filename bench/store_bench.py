@@ -83,13 +83,13 @@ def raw_durable_create(folder: str, name: str, data: bytes) -> None:
 
 def encoding_cpu_seconds(rollouts: list[list[TokenEntry]]) -> float:
     """CPU seconds per put of the encoding alone (delta, digests, JSON, seal), one thread."""
-    index = compact.RecentCumulatives()
     start = time.process_time()
     for entries in rollouts:
+        parents: list[compact.Known] = []
         for entry in entries:
-            encoded = compact.encode(entry, call_key(entry.model_call_id), index)
-            if encoded.cumulative is not None:
-                index.remember(entry.rollout_id, encoded.cumulative)
+            encoded = compact.encode(entry, call_key(entry.model_call_id), parents)
+            if encoded.known is not None:
+                parents = [*parents[-7:], encoded.known]
     return (time.process_time() - start) / sum(len(entries) for entries in rollouts)
 
 

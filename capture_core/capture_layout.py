@@ -39,6 +39,11 @@ def entry_key(rollout_id: str, name: str) -> str:
     return event_key(rollout_id, ENTRY, name)
 
 
+def entry_folder(rollout_id: str) -> str:
+    """The folder of a rollout's entries (listed by a put looking for its parent)."""
+    return f"{rollout_id}/{ENTRY}"
+
+
 def intent_key(rollout_id: str, name: str) -> str:
     return event_key(rollout_id, INTENT, name)
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import binascii
 import hashlib
 import struct
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -173,96 +171,67 @@ def token_bytes(tokens: Sequence[int]) -> bytes | None:
         return None
 
 
-@dataclass(frozen=True)
-class _Cumulative:
-    """A stored call's prompt plus generation as int64 bytes (a private copy: one object the
-    garbage collector never scans, and no hold on the caller's token objects), and the
-    sha256 state after hashing them, so a child's prompt digest costs only its new tokens."""
+@dataclass(frozen=True, slots=True)
+class Known:
+    """What a put needs of a stored call to extend it: the length and stored digest of its
+    prompt, the length and digest of its generation. Never its tokens, so a few dozen bytes
+    whatever the context length."""
 
     call_key: str
-    tokens: bytes
-    hasher: Any
+    prompt_length: int
+    prompt_digest: str
+    generation_length: int
+    generation_digest: bytes
 
     @property
     def length(self) -> int:
-        return len(self.tokens) // 8
+        """Tokens a child shares with this call: its prompt plus its generation."""
+        return self.prompt_length + self.generation_length
 
 
-class RecentCumulatives:
-    """A bounded per-process index of recently stored cumulative sequences, by rollout.
+def generation_digest(raw: bytes | memoryview) -> bytes:
+    """The first 128 bits of sha256 over a generation's int64 bytes."""
+    return hashlib.sha256(raw).digest()[:16]
 
-    Lookups never read storage; a miss just means the next put stores its full prompt.
-    Bounded by rollouts, by candidates per rollout and by the tokens held in all.
-    """
 
-    def __init__(
-        self, per_rollout: int = 4, rollouts: int = 4096, max_tokens: int = 4_000_000
-    ) -> None:
-        self.per_rollout, self.rollouts, self.max_tokens = per_rollout, rollouts, max_tokens
-        self._index: OrderedDict[str, list[_Cumulative]] = OrderedDict()
-        self._tokens = 0
-        self._lock = threading.Lock()
-
-    def longest_prefix_of(self, rollout_id: str, prompt_raw: bytes) -> _Cumulative | None:
-        """The longest remembered sequence whose int64 bytes start `prompt_raw`, exactly.
-
-        Equal int64 bytes are equal token ids, so this is an exact comparison (a memcmp
-        over the whole shared prefix), never a sampled fingerprint.
-        """
-        with self._lock:
-            known = list(self._index.get(rollout_id, ()))
-        known.sort(key=_byte_length, reverse=True)
-        for candidate in known:
-            if prompt_raw.startswith(candidate.tokens):
-                return candidate
+def known_of(
+    call_key: str, prompt_length: int, digest: str | None, generation_raw: bytes | None
+) -> Known | None:
+    """A stored call as a parent candidate, or `None` when it cannot be one (ids beyond
+    int64 have no prompt digest; a call with no tokens would be an empty prefix)."""
+    if digest is None or generation_raw is None or prompt_length + len(generation_raw) == 0:
         return None
-
-    def remember(self, rollout_id: str, cumulative: _Cumulative) -> None:
-        with self._lock:
-            entries = self._index.setdefault(rollout_id, [])
-            self._index.move_to_end(rollout_id)
-            entries.append(cumulative)
-            self._tokens += cumulative.length
-            for old in entries[: -self.per_rollout]:
-                self._tokens -= old.length
-            del entries[: -self.per_rollout]
-            while len(self._index) > 1 and (
-                len(self._index) > self.rollouts or self._tokens > self.max_tokens
-            ):
-                _rollout, evicted = self._index.popitem(last=False)
-                self._tokens -= sum(c.length for c in evicted)
-
-    def forget(self, rollout_id: str) -> None:
-        with self._lock:
-            self._tokens -= sum(c.length for c in self._index.pop(rollout_id, ()))
+    generation_length = len(generation_raw) // 8
+    return Known(
+        call_key, prompt_length, digest, generation_length, generation_digest(generation_raw)
+    )
 
 
 @dataclass(frozen=True)
 class EncodedEntry:
-    """An entry's stored bytes, the parent it is a delta against, and the cumulative sequence
-    to remember once it is stored. `identity` (fields but prompt, prompt digest) is computed
-    only when needed: when an object already exists under the entry's key."""
+    """An entry's stored bytes, the parent it is a delta against, and what to remember of
+    it once it is stored. `identity` (fields but prompt, prompt digest) is computed only
+    when needed: when an object already exists under the entry's key."""
 
     data: bytes
     fields: dict[str, Any]
     digest: str | None
     parent: str | None = None
-    cumulative: _Cumulative | None = None
+    known: Known | None = None
 
     @property
     def identity(self) -> tuple[bytes, str | None]:
         return encode_json(self.fields), self.digest
 
 
-def encode(
-    entry: TokenEntry, call_key: str, index: RecentCumulatives, use_parent: Any = None
-) -> EncodedEntry:
-    """Encode an entry as a delta against the longest known parent, or with its full prompt.
+def encode(entry: TokenEntry, call_key: str, candidates: Sequence[Known] = ()) -> EncodedEntry:
+    """Encode an entry as a delta against the longest candidate it extends, or whole.
 
-    A parent is used only when the prompt's int64 bytes start with exactly its tokens'
-    (compared, not sampled); the prompt digest then continues the parent's sha256 over the
-    new tokens only. `use_parent(call_key)` may veto a parent (for example one that no
-    longer exists).
+    One sha256 pass over the prompt gives its digest and, on the way, the digest of its
+    first `prompt_length` tokens for each candidate; a candidate is the parent only when
+    that digest equals its stored prompt digest and the next tokens hash to its generation
+    digest. The reader checks the same chain (`prompt_rebuild`), so a wrong choice could
+    only mask, never rebuild a wrong prompt.
     """
     prompt = entry.prompt_token_ids
     rest = _normalized(entry_fields(entry))
@@ -273,21 +242,43 @@ def encode(
         # still covers it.
         digest = digest_text(hashlib.sha256(prompt_raw)) if prompt_raw is not None else None
         return EncodedEntry(_sealed(rest, digest, None, 0, prompt), rest, digest)
-    parent = index.longest_prefix_of(entry.rollout_id, prompt_raw)
-    if parent is not None and use_parent is not None and not use_parent(parent.call_key):
-        parent = None
-    shared = parent.length if parent is not None else 0
-    hasher = parent.hasher.copy() if parent is not None else hashlib.sha256()
-    hasher.update(memoryview(prompt_raw)[shared * 8 :])
+    hasher, parent = _hash_and_match(prompt_raw, [c for c in candidates if c.call_key != call_key])
     digest = digest_text(hasher)
+    shared = parent.length if parent is not None else 0
     parent_key = parent.call_key if parent is not None else None
     data = _sealed(rest, digest, parent_key, shared, prompt[shared:] if shared else prompt)
-    remember = None
-    if prompt_raw or gen_raw:
-        cumulative = hasher.copy()
-        cumulative.update(gen_raw)
-        remember = _Cumulative(call_key, prompt_raw + gen_raw, cumulative)
-    return EncodedEntry(data, rest, digest, parent_key, remember)
+    known = known_of(call_key, len(prompt), digest, gen_raw)
+    return EncodedEntry(data, rest, digest, parent_key, known)
+
+
+def _hash_and_match(prompt_raw: bytes, candidates: Sequence[Known]) -> tuple[Any, Known | None]:
+    """The prompt's sha256 state and the longest candidate whose tokens start the prompt.
+
+    One pass over the prompt; the state at each candidate's prompt length is kept, and its
+    digest computed only when that candidate's turn comes (longest first).
+    """
+    view = memoryview(prompt_raw)
+    total = len(prompt_raw) // 8
+    fitting = [c for c in candidates if c.length <= total]
+    hasher = hashlib.sha256()
+    done = 0
+    states: dict[int, Any] = {}
+    for end in sorted({c.prompt_length for c in fitting}):
+        hasher.update(view[done * 8 : end * 8])
+        done = end
+        states[end] = hasher.copy()
+    hasher.update(view[done * 8 :])
+    for candidate in sorted(fitting, key=_length, reverse=True):
+        start, end = candidate.prompt_length * 8, candidate.length * 8
+        if digest_text(states[candidate.prompt_length]) == candidate.prompt_digest and (
+            generation_digest(view[start:end]) == candidate.generation_digest
+        ):
+            return hasher, candidate
+    return hasher, None
+
+
+def _length(candidate: Known) -> int:
+    return candidate.length
 
 
 def _sealed(
@@ -296,10 +287,6 @@ def _sealed(
     block = {"h": digest, "a": parent, "n": shared, "d": tail}
     body = encode_json({**_pack(rest), "schema_version": STORED_SCHEMA_VERSION, _PROMPT: block})
     return seal(body)
-
-
-def _byte_length(cumulative: _Cumulative) -> int:
-    return len(cumulative.tokens)
 
 
 def stored_identity(data: bytes) -> tuple[bytes, str | None] | None:

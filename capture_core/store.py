@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from capture_core import capture_entries, compact, retirement
+from capture_core import capture_entries, compact, parent_index, retirement
 from capture_core import capture_layout as layout
 from capture_core.capture_entries import encode_entry
 from capture_core.capture_layout import EVENT_KINDS, FROZEN, RETIRED, call_key
@@ -53,8 +53,9 @@ class TokenCaptureStore:
     """Capture store at `root`: a local path (plain, `file://`, `local://`), `memory://` or S3.
 
     `storage_options` go to the fsspec filesystem (endpoint, credentials); they are never
-    logged or shown in `repr`. Async methods run blocking I/O on the process's shared I/O
-    thread pool (`capture_core.io_pool`).
+    logged or shown in `repr`. `parent_index_bytes` bounds the memory a writer spends finding
+    delta parents (docs/store.md, Delta parents). Async methods run blocking I/O on the
+    process's shared I/O thread pool (`capture_core.io_pool`).
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -72,18 +73,21 @@ class TokenCaptureStore:
         return super().__new__(cls)
 
     def __init__(
-        self, root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+        self,
+        root: str | os.PathLike[str],
+        storage_options: Mapping[str, Any] | None = None,
+        parent_index_bytes: int = parent_index.DEFAULT_MAX_BYTES,
     ) -> None:
         self.root = os.fspath(root)
         self.storage_options = dict(storage_options or {})
         self._bytes = open_byte_store(self.root, self.storage_options)
-        self._recent = compact.RecentCumulatives()
+        self._parents = parent_index.ParentIndex(parent_index_bytes)
 
     def __repr__(self) -> str:
         return f"TokenCaptureStore({self.root!r})"
 
-    def __reduce__(self) -> tuple[type[TokenCaptureStore], tuple[str, dict[str, Any]]]:
-        return (TokenCaptureStore, (self.root, self.storage_options))
+    def __reduce__(self) -> tuple[type[TokenCaptureStore], tuple[str, dict[str, Any], int]]:
+        return (TokenCaptureStore, (self.root, self.storage_options, self._parents.max_bytes))
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -123,12 +127,7 @@ class TokenCaptureStore:
         rollout_id = validate_rollout_id(record.rollout_id)
         name = call_key(record.model_call_id)
         key = layout.entry_key(rollout_id, name)
-        encoded = compact.encode(
-            record,
-            name,
-            self._recent,
-            lambda parent: self._bytes.exists(layout.entry_key(rollout_id, parent)),
-        )
+        encoded = compact.encode(record, name, self._parent_candidates(rollout_id))
         if self._fence(rollout_id):
             existing = self._settled(key)
             if existing is not None and compact.stored_identity(existing) == encoded.identity:
@@ -137,21 +136,33 @@ class TokenCaptureStore:
                 f"rollout {rollout_id} is already frozen or retired; call "
                 f"{record.model_call_id!r} arrived too late and was not recorded"
             )
-        existing = self._create_entry(rollout_id, record.model_call_id, key, encoded)
+        existing = self._create_entry(rollout_id, record.model_call_id, name, encoded)
         if existing is None:
             return
         if compact.stored_identity(existing) == encoded.identity:
-            self._remember(rollout_id, encoded)
+            self._parents.remember(rollout_id, name, encoded.known)
             return
         self._refuse_conflict(rollout_id, record.model_call_id, existing)
 
+    def _parent_candidates(self, rollout_id: str) -> list[compact.Known]:
+        """The stored calls of the rollout a put may extend: one listing, plus a read of
+        each entry this process has not seen (another writer's, or after eviction)."""
+        listed = self._bytes.list_children(layout.entry_folder(rollout_id))
+
+        def read(names: Sequence[str]) -> dict[str, bytes | None]:
+            found = self._bytes.get_many([layout.entry_key(rollout_id, n) for n in names])
+            return {name: found[layout.entry_key(rollout_id, name)] for name in names}
+
+        return self._parents.candidates(rollout_id, listed, read)
+
     def _create_entry(
-        self, rollout_id: str, model_call_id: str, key: str, encoded: compact.EncodedEntry
+        self, rollout_id: str, model_call_id: str, name: str, encoded: compact.EncodedEntry
     ) -> bytes | None:
-        """Store the entry; return `None` once stored, or the object already at `key`."""
+        """Store the entry; return `None` once stored, or the object already under `name`."""
+        key = layout.entry_key(rollout_id, name)
         for _attempt in range(3):
             if self._bytes.create_in_place(key, encoded.data):
-                self._remember(rollout_id, encoded)
+                self._parents.remember(rollout_id, name, encoded.known)
                 if self._fence(rollout_id):
                     raise CaptureFencedError(
                         f"call {model_call_id!r} of rollout {rollout_id} was stored while the "
@@ -192,10 +203,6 @@ class TokenCaptureStore:
                 return data
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
-
-    def _remember(self, rollout_id: str, encoded: compact.EncodedEntry) -> None:
-        if encoded.cumulative is not None:
-            self._recent.remember(rollout_id, encoded.cumulative)
 
     async def mark_incomplete(
         self, rollout_id: str, model_call_id: str = "", reason: str = ""
@@ -331,6 +338,7 @@ class TokenCaptureStore:
             decision = retirement.decide(self._bytes, rollout_id, proposal)
         retired = retirement.retires(decision, snapshot_id, version)
         if retired:
+            self._parents.forget(rollout_id)
             self._delete_payloads(rollout_id)
         return retired
 
@@ -355,7 +363,7 @@ class TokenCaptureStore:
         Used by the dispatch-time clear. Safe to repeat; verified by listing.
         """
         validate_rollout_id(rollout_id)
-        self._recent.forget(rollout_id)
+        self._parents.forget(rollout_id)
         if self._bytes.delete_prefix(rollout_id):
             return
         raise CaptureStoreError(

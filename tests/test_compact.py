@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import uuid
 
@@ -14,7 +15,8 @@ from capture_core import compact
 from capture_core.errors import UnreadableCaptureError
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore, call_key, encode_entry
-from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
+from capture_core.testing.synthetic import RolloutShape, interleaved, synthetic_rollout
+from tests import backends
 
 
 def stored(store: TokenCaptureStore, rollout_id: str, call: str) -> dict:
@@ -98,6 +100,56 @@ def test_writers_in_different_processes(tmp_path) -> None:
     assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == expected
 
 
+def stored_bytes(store: TokenCaptureStore) -> int:
+    """Bytes of every entry object in a store."""
+    keys = [
+        key
+        for rollout in store.byte_store.list_children("")
+        for key in store.byte_store.list_prefix(rollout)
+        if "/e/" in key
+    ]
+    return sum(len(data or b"") for data in store.byte_store.get_many(keys).values())
+
+
+def minimal_content(rollouts: list[list[TokenEntry]]) -> int:
+    """Each rollout's final cumulative tokens plus every log prob, as compact JSON."""
+    total = 0
+    for entries in rollouts:
+        last = entries[-1]
+        tokens = last.prompt_token_ids + last.generation_token_ids
+        log_probs = [lp for e in entries for lp in e.generation_log_probs]
+        total += len(orjson.dumps({"token_ids": tokens, "log_probs": log_probs}))
+    return total
+
+
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_storage_stays_linear_past_the_parent_lookup_bound_and_across_writers(
+    backend: str, request: pytest.FixtureRequest, tmp_path
+) -> None:
+    root, options = backends.store_location(backend, request, tmp_path)
+    shape = RolloutShape(turns=4, prompt_tokens=128, generated_tokens=32, tool_tokens=16)
+    rollouts = [synthetic_rollout(f"{i}-0", shape, seed=i) for i in range(10)]
+    one_by_one = TokenCaptureStore(f"{root}/one-by-one", options)
+    for entries in rollouts:
+        for entry in entries:
+            one_by_one.put_now(entry)
+    bounded = TokenCaptureStore(f"{root}/bounded", options, parent_index_bytes=2_500)
+    for entry in interleaved(rollouts):
+        bounded.put_now(entry)
+    assert bounded._parents.held_bytes <= 2_500, "the bound (about two rollouts) holds"
+    writers = [TokenCaptureStore(f"{root}/two-writers", options) for _ in range(2)]
+    for entry in interleaved(rollouts):
+        writers[int(entry.model_call_id[-1]) % 2].put_now(entry)  # alternate calls
+    linear = stored_bytes(one_by_one)
+    assert stored_bytes(bounded) == linear and stored_bytes(writers[0]) == linear
+    assert linear / minimal_content(rollouts) < 1.45, "stored bytes over minimal content"
+    for store in (bounded, writers[0]):
+        for entries in rollouts:
+            snapshot = TokenCaptureStore(store.root, options).freeze_now(entries[0].rollout_id)
+            assert not snapshot.incomplete
+            assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
+
+
 def rewrite(store: TokenCaptureStore, rollout_id: str, call: str, mutate) -> None:
     """Edit a stored object and seal it again, so only the prompt-chain checks can notice."""
     key = f"{rollout_id}/e/{call_key(call)}"
@@ -154,6 +206,36 @@ def test_reused_rollout_id_after_clear_does_not_reference_deleted_parents(tmp_pa
         writer.put_now(entry)
     snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r5")
     assert not snapshot.incomplete and len(snapshot.entries) == 2
+
+
+def test_a_second_writer_on_s3_stores_deltas_against_the_first_writers_calls(
+    s3_url, s3_options
+) -> None:
+    writers = [TokenCaptureStore(s3_url, s3_options) for _ in range(2)]
+    entries = synthetic_rollout("r7", RolloutShape(turns=4))
+    for n, entry in enumerate(entries):
+        writers[n % 2].put_now(entry)
+    for before, entry in itertools.pairwise(entries):
+        block = stored(writers[0], "r7", entry.model_call_id)["p"]
+        assert block["a"] == call_key(before.model_call_id), "a delta against the other writer's"
+    snapshot = TokenCaptureStore(s3_url, s3_options).freeze_now("r7")
+    assert not snapshot.incomplete
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
+
+
+def test_a_writer_that_knew_an_earlier_attempt_extends_the_new_attempt_exactly(tmp_path) -> None:
+    stale, other = TokenCaptureStore(str(tmp_path)), TokenCaptureStore(str(tmp_path))
+    for entry in synthetic_rollout("r6", RolloutShape(turns=3), seed=1):
+        stale.put_now(entry)
+    other.delete("r6")  # another process clears the rollout; its id is reused
+    attempt = synthetic_rollout("r6", RolloutShape(turns=3), seed=2)
+    other.put_now(attempt[0])
+    other.put_now(attempt[1])
+    stale.put_now(attempt[2])
+    assert stored(stale, "r6", "call-00002")["p"]["a"] == call_key("call-00001")
+    snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r6")
+    assert not snapshot.incomplete
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == attempt
 
 
 def test_unknown_extra_fields_never_collide_with_short_stored_names(tmp_path) -> None:

@@ -16,7 +16,6 @@ import orjson
 import pytest
 
 from capture_core import compact
-from capture_core.compact import RecentCumulatives
 from capture_core.errors import (
     CaptureConflictError,
     CaptureFencedError,
@@ -148,7 +147,7 @@ def test_garbage_object_names_rollout_and_object(store_location) -> None:
 def test_misplaced_entry_is_refused(store_location) -> None:
     root, options = store_location
     store = TokenCaptureStore(root, options)
-    moved = compact.encode(make_entry("other", "a", [1], [2]), call_key("a"), RecentCumulatives())
+    moved = compact.encode(make_entry("other", "a", [1], [2]), call_key("a"))
     store.byte_store.create(f"r1/e/{call_key('a')}", moved.data)
     with pytest.raises(UnreadableCaptureError, match="copied into the wrong place"):
         store.freeze_now("r1")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from capture_core.records import TokenEntry
 
-__all__ = ["VOCAB", "RolloutShape", "rollout_record", "synthetic_rollout"]
+__all__ = ["VOCAB", "RolloutShape", "interleaved", "rollout_record", "synthetic_rollout"]
 
 VOCAB = 151_000
 
@@ -105,6 +105,13 @@ def synthetic_rollout(rollout_id: str, shape: RolloutShape, seed: int = 0) -> li
     if shape.auxiliary_call:
         entries.append(_auxiliary_call(rollout_id, shape, rng))
     return entries
+
+
+def interleaved(rollouts: list[list[TokenEntry]]) -> list[TokenEntry]:
+    """Every rollout's calls in the order a busy model server writes them: each rollout's
+    first call, then each one's second, and so on (calls of one rollout stay in order)."""
+    longest = max((len(entries) for entries in rollouts), default=0)
+    return [entries[i] for i in range(longest) for entries in rollouts if i < len(entries)]
 
 
 def _auxiliary_call(rollout_id: str, shape: RolloutShape, rng: random.Random) -> TokenEntry:
