@@ -24,6 +24,7 @@ from capture_core.inbox import (
     Claim,
     ClaimLostError,
     claim_is_live,
+    keep_claim,
     read_claim,
     run_id_for_file,
     take_claim,
@@ -43,7 +44,8 @@ from tests.stalling_source import read_flag, release, run_while_stalled
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 STALLING = "tests.stalling_source:StallingStore"
-LEASE = 6.0
+# Long enough that renewals every quarter lease keep a claim alive on a loaded 2-core machine.
+LEASE = 15.0
 
 
 def stalling(locations: dict, flag: str, rollout: str) -> dict:
@@ -91,7 +93,8 @@ def test_a_pass_whose_claim_was_taken_over_writes_nothing(locations) -> None:
         run_holding(paused.claim)
     assert [k for k in dest.list_prefix("taken") if "/attempts/" not in k] == []
     assert RunLayout(dest, "taken").read_manifest() is None
-    summary = run_holding(holder.claim)
+    with keep_claim(locations["dest"], holder.claim, options):
+        summary = run_holding(holder.claim)
     assert summary.ok and summary.retired == 2
     record_case("a pass that lost its claim writes under the run")
 
