@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
 from bench.retire_bench import handed_off
+from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.handoff import HandoffReceipt, RolloutOutcome, retire_receipt, store_concurrency
 from capture_core.store import TokenCaptureStore
 from tests.test_integrity_torn_puts import turns
@@ -55,12 +57,20 @@ def receipt_for(store: TokenCaptureStore, count: int) -> HandoffReceipt:
     )
 
 
+def finalized_part(store: TokenCaptureStore, count: int) -> bytes:
+    """The batch's part: each rollout's record finalized from its capture (retire re-reads it)."""
+    records = [{"_ng_rollout_id": f"r{i}", "reward": 1.0} for i in range(count)]
+    for record in records:
+        asyncio.run(finalize_rollout_token_capture(record, store))
+    return b"".join(orjson.dumps(record) + b"\n" for record in records)
+
+
 @pytest.mark.parametrize("bound", [1, 3])
 def test_retirement_runs_at_most_the_configured_drops_at_once(tmp_path, bound: int) -> None:
     store = TokenCaptureStore(str(tmp_path))
     receipt = receipt_for(store, 8)
     source = CountingSource(store)
-    dest = handed_off(receipt)
+    dest = handed_off(receipt, finalized_part(store, 8))
     outcome = asyncio.run(retire_receipt(receipt, source, dest, concurrency=bound))  # type: ignore[arg-type]
     assert sorted(outcome.retired) == sorted(f"r{i}" for i in range(8))
     assert source.most == bound
