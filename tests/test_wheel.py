@@ -163,16 +163,20 @@ def test_installed_tokcap_serves_the_scheduled_inbox(
 ) -> None:
     cwd, env = elsewhere
     inbox = str(tmp_path / "served-inbox")
-    locations = ["--inbox", inbox, "--store", str(tmp_path / "store"), "--dest", str(tmp_path)]
-    served = subprocess.Popen(
-        ["tokcap", "serve", *locations, "--cron", "*/5 * * * *"],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    store, dest = str(tmp_path / "store"), str(tmp_path / "dest")
+    locations = ["--inbox", inbox, "--store", store, "--dest", dest]
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        served = subprocess.Popen(
+            ["tokcap", "serve", *locations, "--cron", "*/5 * * * *"],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
     def inbox_cron() -> list[str]:
+        assert served.poll() is None, f"serve exited: {log.read_text()[-2000:]}"
         found = registered().get("finalize-inbox/inbox")
         if found is None or found.parameters.get("inbox") != inbox:
             return []
