@@ -1,5 +1,8 @@
 """A sweep paused after it listed a rollout's keys, waking after the rollout was cleared and
-dispatched again, must not delete the next attempt's calls (they reuse the same keys)."""
+dispatched again, must not delete the next attempt's calls.
+
+The retired attempt left payloads under its tombstone (its drop's deletion was cut short by a
+crash), and the next attempt's calls have the same keys (same model call ids)."""
 
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ class DeletePausingBytes(PausingBytes):
     strict=True,
     reason="sweep defect: the listed keys are deleted by name after the check, so a sweep "
     "paused between its listing and its delete removes the calls of the next attempt of a "
-    "cleared and re-dispatched rollout id (same call keys); no conditional delete fences it",
+    "cleared and re-dispatched rollout id that reuse a leftover payload's key; nothing "
+    "fences the delete (it would need a conditional delete or per-attempt keys)",
 )
 def test_a_sweep_waking_after_the_next_attempt_keeps_its_calls(shared_store_location) -> None:
     url, options = shared_store_location
