@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from capture_core.rollout_io import file_fingerprint, file_sha256
-from capture_core.run_layout import RunLayout
+from capture_core.run_layout import RunLayout, UnreadableManifestError
 from capture_core.run_report import summarize
 from capture_core.storage import ByteStore, open_byte_store
 
@@ -48,15 +48,18 @@ def run_completed(dest: ByteStore, run_id: str) -> bool:
 def replaced_file(
     dest: ByteStore, run_id: str, url: str, storage_options: Mapping[str, Any] | None = None
 ) -> str | None:
-    """Why the file at `url` is not the input its run recorded, or `None` when it is (or the
-    run has not started).
+    """Why the file at `url` is not the input its run recorded (or cannot be shown to be: its
+    manifest is unreadable), or `None` when it is (or the run has not started).
 
     A file re-published under its name maps to the same run id; its run must never call it
     done. The file is read in full only under a fingerprint not seen with the recorded digest
     (the manifest's, or the last one found to match, which is then remembered).
     """
     layout = RunLayout(dest, run_id)
-    manifest = layout.read_manifest()
+    try:
+        manifest = layout.read_manifest()
+    except UnreadableManifestError as exc:  # its input cannot be told: refused, by name
+        return str(exc)
     if manifest is None:
         return None
     recorded = manifest.rollouts_sha256

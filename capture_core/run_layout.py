@@ -72,6 +72,10 @@ class RunIdInUseError(ValueError):
     """The run id already holds another input or other settings; nothing of this run ran."""
 
 
+class UnreadableManifestError(ValueError):
+    """A run's manifest exists but is not one (torn or edited): its input cannot be told."""
+
+
 class LedgerLine(BaseModel):
     """One rollout's fate in a run.
 
@@ -214,8 +218,24 @@ class RunLayout:
         return False
 
     def read_manifest(self) -> RunManifest | None:
+        """The manifest, or `None` when there is none; `UnreadableManifestError` naming it
+        when the object there is not a manifest."""
         data = self.dest.get(self.manifest_key)
-        return None if data is None else RunManifest.model_validate(orjson.loads(data))
+        if data is None:
+            return None
+        try:
+            return RunManifest.model_validate(orjson.loads(data))
+        except ValueError as exc:  # not JSON, or not a manifest
+            first_line = str(exc).partition("\n")[0][:160]
+            detail = f"{type(exc).__name__}: {first_line}"
+            raise UnreadableManifestError(
+                f"manifest {self.dest.url}/{self.manifest_key} exists but cannot be read "
+                f"({detail}). It binds run {self.run_id} to its input and settings: restore "
+                "it (from a backup or an earlier object version), then run again; do not "
+                "delete it (a new manifest would let other input finish under this run's "
+                "receipts). To finalize the input anyway, use a new run id (in an inbox: "
+                "publish the file under a new name)"
+            ) from exc
 
     def read_ledger(self) -> list[LedgerLine] | None:
         data = self.dest.get(self.ledger_key)

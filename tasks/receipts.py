@@ -37,7 +37,7 @@ from capture_core.handoff import (
     HandoffReceipt,
     UnreadableReceiptError,
 )
-from capture_core.run_layout import RECEIPTS, RunLayout, run_location
+from capture_core.run_layout import RECEIPTS, RunLayout, part_key, run_location
 from capture_core.storage import open_byte_store
 from tasks.common import TRANSIENT_RETRIES
 
@@ -138,11 +138,15 @@ def read_receipt(
     """
     layout = RunLayout(open_byte_store(dest, storage_options), run_id)
     data = layout.dest.get(layout.receipt_key(key))
-    return None if data is None else parse_receipt(receipts_location(dest, run_id), key, data)
+    if data is None:
+        return None
+    return parse_receipt(receipts_location(dest, run_id), key, data, run_id)
 
 
-def parse_receipt(location: str, key: str, data: bytes) -> HandoffReceipt:
-    """The receipt `key` from its stored bytes; raises naming `location/key` when it is not."""
+def parse_receipt(location: str, key: str, data: bytes, run_id: str) -> HandoffReceipt:
+    """Run `run_id`'s receipt `key` from its stored bytes; raises naming `location/key` when
+    it is not (a receipt of another batch, or of another run: copied, it certifies nothing
+    here, and its part is not among this run's records)."""
     where = f"{location}/{key}"
     if not data or not _parses(data):
         detail = "it is empty" if not data else "it is not whole JSON (torn or garbage)"
@@ -158,6 +162,9 @@ def parse_receipt(location: str, key: str, data: bytes) -> HandoffReceipt:
     if receipt.receipt_key != key:
         detail = f"it holds the receipt of {receipt.receipt_key}"
         raise UnreadableReceiptError(_unreadable(where, detail))
+    own_part = part_key(run_id, receipt.batch, key.rsplit("-", 1)[-1])
+    if receipt.run_id != run_id or receipt.part_key != own_part:
+        raise UnreadableReceiptError(_foreign(where, run_id, receipt))
     return receipt
 
 
@@ -175,6 +182,16 @@ def _unreadable(location: str, detail: str) -> str:
         "handoff, and that batch's captures may already be retired: do not delete it. Restore "
         "it (from a backup or an earlier object version), then run again; until then nothing "
         "of this run is finalized again or retired"
+    )
+
+
+def _foreign(location: str, run_id: str, receipt: HandoffReceipt) -> str:
+    return (
+        f"receipt {location} holds the receipt of run {receipt.run_id} (part "
+        f"{receipt.part_key}), not of run {run_id}: copied from another run, it certifies "
+        f"nothing here, and run {run_id}'s records hold no part of that batch. Remove the "
+        f"copied receipts from run {run_id} (run {receipt.run_id} keeps its own), or use run id "
+        f"{receipt.run_id}; until then nothing of this run is finalized again or retired"
     )
 
 
@@ -241,7 +258,7 @@ def set_aside_unrecorded(
     if data is None:
         return None
     try:
-        parse_receipt(receipts_location(dest, run_id), name, data)
+        parse_receipt(receipts_location(dest, run_id), name, data, run_id)
     except UnrecordedReceiptError as exc:
         retired = _retirement_seen(layout, finalized)
         if retired:

@@ -110,3 +110,16 @@ def test_every_flow_refuses_overlapping_locations(captured: dict) -> None:
     assert dest_keys(store, options) == []
     assert dest_keys(inside, options) == []
     assert dest_keys(captured["inbox"], options) == []
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_a_chained_url_names_the_place_it_reads(captured: dict) -> None:
+    """`simplecache::s3://b/dest` reads `s3://b/dest`: the outer protocols cache, not move it."""
+    record_case("an inbox spelled as a chained URL of the destination")
+    dest, options = captured["dest"], captured["options"]
+    for outer in ("simplecache::", "blockcache::", "filecache::simplecache::"):
+        assert locations_overlap(f"{outer}{dest}", dest)
+        assert locations_overlap(f"{outer}{dest}/inbox", dest)
+        assert not locations_overlap(f"{outer}{dest}", captured["store"])
+    with pytest.raises(OverlappingLocationsError, match="one lies inside the other"):
+        finalize_inbox(f"simplecache::{dest}", captured["store"], dest, storage_options=options)

@@ -43,7 +43,9 @@ class OverlappingLocationsError(ValueError):
 def place(location: str | os.PathLike[str]) -> tuple[str, str]:
     """Where a location points, as (kind, path): `local` and the real absolute path (`..`,
     symlinks and trailing slashes resolved), `s3` and `bucket/prefix`, or the URL's scheme
-    and its normalized path."""
+    and its normalized path. A chained URL (`simplecache::s3://b/p`) points where its last
+    link does: the links before it cache or unpack what that one holds."""
+    location = os.fspath(location).rsplit("::", 1)[-1]
     local = local_path(location)
     if local is not None:
         return "local", os.path.realpath(os.path.expanduser(local))
