@@ -333,7 +333,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "finalize": cmd_finalize,
     "clear": cmd_clear,
-    "sweep": cmd_sweep,
+    "sweep": lambda args: cmd_sweep(args, run_flow, _flow_options(args)),
     "retire": cmd_retire,
     "retrigger": cmd_retrigger,
     "status": cmd_status,

@@ -35,13 +35,17 @@ def add_sweep(
     add_storage(sweep)
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    """Run the sweep flow and print how many tombstones it removed."""
-    from flows.cli import _flow_options, run_flow
-    from flows.sweep import sweep_retired_captures
+def cmd_sweep(
+    args: argparse.Namespace, run_flow: Callable[..., Any], flow_options: dict[str, Any]
+) -> int:
+    """Run the sweep flow through the CLI's `run_flow` and print how many tombstones went.
+
+    `run_flow` and `flow_options` come from flows/cli.py, which imports this module.
+    """
+    from flows.sweep import sweep_retired_captures  # imports Prefect: not at CLI start
 
     summary = run_flow(
-        sweep_retired_captures, store=args.store, older_than=args.older_than, **_flow_options(args)
+        sweep_retired_captures, store=args.store, older_than=args.older_than, **flow_options
     )
     print(
         f"swept {summary.swept} retired rollouts' tombstones older than {summary.older_than} "
