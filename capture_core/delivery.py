@@ -8,6 +8,8 @@ Failed or masked builds keep their capture as evidence.
 Training correlation preserves `/ng-rollout/<id>/training-token-capture`.
 The record's terminal fields and scored `response` attribute the call that earned the reward.
 `finalize_rollout` is the typed form the pipeline uses; the seed functions return its dict.
+With `delivery="all_traces"` the record keeps `response` and gets `training_traces` instead
+(docs/traces.md); a masked record never carries one.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenSource
 from capture_core.records import TOKEN_FIELDS, check_response_token_arrays, response_items
 from capture_core.terminal import TerminalInputs
+from capture_core.trace_envelope import DELIVERIES, ENVELOPE_KEY, MAIN_CHAIN
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +86,11 @@ def capture_build_can_retire(built: dict | None) -> bool:
 
 
 async def finalize_rollout_token_capture(
-    result: dict, source: TokenSource | None, *, builder: str = "prefix_merging"
+    result: dict,
+    source: TokenSource | None,
+    *,
+    builder: str = "prefix_merging",
+    delivery: str = MAIN_CHAIN,
 ) -> dict | None:
     """Rebuild one finished rollout record's `response.output` from its recorded token ids.
 
@@ -92,20 +99,64 @@ async def finalize_rollout_token_capture(
     It freezes through `source` and never retires. It never raises: missing or ambiguous
     tokens mask the rollout. Returns the build, or `None` when there is no source (or a
     record that already carries token ids cannot be frozen). `builder` is an extension;
-    single-response delivery accepts only `prefix_merging`.
+    single-response delivery accepts only `prefix_merging`. `delivery="all_traces"` leaves
+    `response` as it is and adds the checked `training_traces` envelope, built with `builder`
+    (`prefix_merging` or `per_request`), also for a record that already carries token ids.
     """
-    built = await finalize_rollout(result, source, builder=builder)
+    built = await finalize_rollout(result, source, builder=builder, delivery=delivery)
     return None if built is None else built.to_dict()
 
 
 async def finalize_rollout(
-    result: dict, source: TokenSource | None, *, builder: str = "prefix_merging"
+    result: dict,
+    source: TokenSource | None,
+    *,
+    builder: str = "prefix_merging",
+    delivery: str = MAIN_CHAIN,
 ) -> BuildResult | None:
     """`finalize_rollout_token_capture` with the build typed: the same effect on `result`."""
     if source is None:
         return None
+    if delivery != MAIN_CHAIN:
+        return await _finalize_traces(result, source, builder, delivery)
     try:
         return await _finalize(result, source, builder)
+    except Exception as exc:
+        return _mask_unusable(
+            result,
+            f"{type(exc).__name__}: {exc}",
+            f"token capture finalize failed unexpectedly: {exc}",
+        )
+
+
+async def _finalize_traces(
+    result: dict, source: TokenSource, builder: str, delivery: str
+) -> BuildResult:
+    """The `all_traces` finalize: the envelope from the capture, or a mask and no envelope.
+
+    An envelope already on the record (stale, or from elsewhere) never survives: it is
+    replaced by the one built here or removed.
+    """
+    result.pop(ENVELOPE_KEY, None)
+    try:
+        if delivery not in DELIVERIES:
+            error = f"unknown delivery {delivery!r}; use one of {', '.join(DELIVERIES)}"
+            return _mask_unusable(result, error, f"rollout masked: {error}")
+        rollout_id = maybe_rollout_id_from_run_body(result)
+        if rollout_id is None:
+            return _mask_unusable(result, "no capture key", "rollout masked: no capture key")
+        try:
+            snapshot = await source.freeze(rollout_id)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            message = f"rollout {rollout_id} masked: capture unreadable: {error}"
+            return _mask_unusable(result, error, message)
+        terminal = TerminalInputs.from_record(result)
+        built = build_from_snapshot(snapshot, builder, "", terminal, delivery)
+        _apply(result, built)
+        return built
+    except ValueError as exc:
+        return _mask_unusable(result, f"malformed rollout id: {exc}", f"rollout masked: {exc}")
     except Exception as exc:
         return _mask_unusable(
             result,
@@ -198,6 +249,8 @@ async def _redundant_capture(rollout_id: str | None, source: TokenSource) -> Bui
 def _apply(result: dict, built: BuildResult) -> None:
     """Write a build into the record: only `response.output`, the metrics and the mask."""
     rebuilt = built.rebuilt_response
+    if built.training_traces is not None:
+        result[ENVELOPE_KEY] = built.training_traces
     if rebuilt is not None:
         if isinstance(result.get("response"), dict):
             result["response"]["output"] = rebuilt["output"]
