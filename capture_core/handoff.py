@@ -35,6 +35,12 @@ from capture_core.rollout_io import BatchPlan, ParsedLine
 from capture_core.storage import ByteStore
 from capture_core.terminal import abstention_reasons
 from capture_core.testing.faults import crash_point
+from capture_core.trace_envelope import (
+    ENVELOPE_KEY,
+    MAIN_CHAIN,
+    TraceEnvelopeError,
+    check_envelope,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +59,10 @@ class RolloutOutcome(BaseModel):
     error: str | None = None
     terminal_method: str | None = None
     terminal_abstentions: list[str] = Field(default_factory=list)
+    traces: int | None = None
+    """`all_traces` builds: training rows, owned calls and tokens trained of the envelope."""
+    owned_calls: int | None = None
+    tokens_trained: int | None = None
 
     @property
     def emitted(self) -> bool:
@@ -161,7 +171,21 @@ def _outcome(line: int, result: dict, built: BuildResult | None) -> RolloutOutco
         delivered_fraction=capture.get("delivered_fraction"),
         terminal_method=terminal.get("method") if terminal else None,
         terminal_abstentions=abstention_reasons(str(terminal.get("reason") or "")),
+        **_trace_counts(built),
     )
+
+
+def _trace_counts(built: BuildResult | None) -> dict[str, int]:
+    """The ledger's trace counts of an `all_traces` build (none for other builds)."""
+    counts = built.metrics.traces if built is not None and built.metrics is not None else None
+    if counts is None:
+        return {}
+    trained = built is not None and built.training_traces is not None
+    return {
+        "traces": counts.traces if trained else 0,
+        "owned_calls": counts.owned_calls if trained else 0,
+        "tokens_trained": counts.tokens_trained if trained else 0,
+    }
 
 
 def plain_rollout_id(result: dict) -> str | None:
@@ -188,6 +212,7 @@ async def finalize_batch(
     source: TokenSource,
     builder: str = "prefix_merging",
     concurrency: int | None = None,
+    delivery: str = MAIN_CHAIN,
 ) -> FinalizedBatch:
     """Finalize every record of a batch and encode the part file in input order.
 
@@ -202,7 +227,7 @@ async def finalize_batch(
         if parsed.record is None or input_error(batch, parsed) is not None:
             return None
         async with limit:
-            return await finalize_rollout(parsed.record, guard, builder=builder)
+            return await finalize_rollout(parsed.record, guard, builder=builder, delivery=delivery)
 
     built_all = await asyncio.gather(*(map(finalize_one, lines, guards)))
     outcomes: list[RolloutOutcome] = []
@@ -345,6 +370,12 @@ def _part_refutes(rollout: RolloutOutcome, line: bytes) -> str | None:
         return f"holds rollout {found!r} at line {rollout.line}"
     if record.get(MASK_SAMPLE_KEY):
         return "records it masked (mask_sample: true)"
+    if rollout.traces is not None:  # an all_traces build: its envelope must check
+        try:
+            check_envelope(record.get(ENVELOPE_KEY), rollout.rollout_id)
+        except TraceEnvelopeError as exc:
+            return f"records no envelope that passes its checks ({exc})"
+        return None
     if not rollout_carries_token_ids(record):
         return "records it without token ids"
     return None

@@ -237,9 +237,12 @@ class _Plan:
         if len(generation) >= MIN_SEEN_GENERATION:
             needle = array("q", generation).tobytes()
             on_path = set(self.forest.path_to(terminal))
+            scored_at = self.calls[terminal].created_at
             for i, call in enumerate(self.calls):
                 if i in after or i in on_path or len(call.prompt_token_ids) < len(generation):
                     continue
+                if 0 < call.created_at < scored_at:
+                    continue  # captured before the scored call: it cannot have seen the answer
                 if _holds(call.prompt_token_ids, needle):
                     after.add(i)
                     after.update(self._subtree(i))
@@ -321,14 +324,10 @@ class _Plan:
     def _trace(self, path: list[int], owners: list[int], builder: str) -> dict[str, Any]:
         """One row: the path's tokens, with the owners' generations as its spans."""
         calls = self.calls
-        if builder == "per_request":
-            only = calls[path[0]]
-            tokens = [*only.prompt_token_ids, *only.generation_token_ids]
-        else:
-            tokens = [*calls[path[0]].prompt_token_ids, *calls[path[0]].generation_token_ids]
-            for i in path[1:]:
-                tokens.extend(calls[i].prompt_token_ids[len(tokens) :])
-                tokens.extend(calls[i].generation_token_ids)
+        # Each prompt on a path extends the call before it, so the row is the leaf's
+        # prompt plus generation (`check_envelope` verifies every span against its call).
+        leaf_call = calls[path[-1]]
+        tokens = [*leaf_call.prompt_token_ids, *leaf_call.generation_token_ids]
         logprobs = [0.0] * len(tokens)
         mask = [0] * len(tokens)
         spans = []
@@ -338,9 +337,8 @@ class _Plan:
             logprobs[start:end] = calls[i].generation_log_probs
             mask[start:end] = [1] * (end - start)
             spans.append({"model_call_id": calls[i].model_call_id, "start": start, "end": end})
-        leaf = calls[path[-1]].model_call_id
         return {
-            "trace_id": f"{self.rollout_id}:{leaf}",
+            "trace_id": f"{self.rollout_id}:{leaf_call.model_call_id}",
             "model_call_ids": [calls[i].model_call_id for i in path],
             "token_ids": tokens,
             "generation_logprobs": logprobs,

@@ -35,6 +35,7 @@ from capture_core.run_progress import (
 )
 from capture_core.run_report import RunSummary
 from capture_core.testing.faults import crash_point
+from capture_core.trace_envelope import DELIVERIES, MAIN_CHAIN
 from tasks.batches import (
     describe_batch,
     finalize_rollout_batch,
@@ -75,6 +76,7 @@ class RunSteps:
     rollouts: str = ""
     builder: str = "prefix_merging"
     claim: Claim | None = None
+    delivery: str = MAIN_CHAIN
     upload: Task[..., HandoffReceipt] = field(init=False)
     retire_task: Task[..., RetireOutcome] = field(init=False)
 
@@ -85,7 +87,7 @@ class RunSteps:
 
     def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch | HandoffReceipt]:
         args = (self.run_id, self.rollouts, batch, self.store, self.options, self.source_kwargs)
-        return finalize_rollout_batch.submit(*args, self.builder, self.dest)
+        return finalize_rollout_batch.submit(*args, self.builder, self.dest, delivery=self.delivery)
 
     def run_batch(
         self,
@@ -178,11 +180,13 @@ class RunSteps:
         return outcome
 
 
-def check_arguments(run_id: str, builder: str) -> None:
-    """Refuse a bad run id or builder before any task runs."""
+def check_arguments(run_id: str, builder: str, delivery: str = MAIN_CHAIN) -> None:
+    """Refuse a bad run id, builder or delivery before any task runs."""
     validate_run_id(run_id)
     if builder not in BUILDERS:
         raise ValueError(f"unknown builder {builder!r}; use one of {', '.join(BUILDERS)}")
+    if delivery not in DELIVERIES:
+        raise ValueError(f"unknown delivery {delivery!r}; use one of {', '.join(DELIVERIES)}")
 
 
 @flow(name="finalize-run", flow_run_name="finalize {run_id} from {rollouts}", log_prints=False)
@@ -199,6 +203,7 @@ def finalize_run(
     source_kwargs: dict[str, Any] | None = None,
     finalize_ahead: int = 2,
     claim: Claim | None = None,
+    delivery: str = MAIN_CHAIN,
 ) -> RunSummary:
     """Finalize every rollout of `rollouts` into the run's records at `dest`, then retire.
 
@@ -207,19 +212,26 @@ def finalize_run(
     from the environment. `finalize_ahead` batches finalize on the task runner meanwhile.
     An inbox pass passes its `claim`: each write that decides the run's state (manifest,
     part and receipt, retirement, ledger and report) first checks that it still holds it,
-    and the run stops with `ClaimLostError` once it does not.
+    and the run stops with `ClaimLostError` once it does not. `delivery="all_traces"` adds
+    each rollout's `training_traces` envelope and keeps its `response` (docs/traces.md).
     """
     options = public_storage_options(storage_options)
-    check_arguments(run_id, builder)
+    check_arguments(run_id, builder, delivery)
     check_separate_locations({"store": store, "dest": dest})
     check_locations(store, dest, options, source_kwargs)
     plan = plan_rollouts(rollouts, batch_size, options)
     settings = (store, builder, batch_size, max_mask_fraction, mask_fraction_min_samples)
-    claim_run_id(dest, run_id, plan, *settings, options, claim)
-    steps = RunSteps(run_id, dest, store, options, source_kwargs, rollouts, builder, claim)
+    claim_run_id(dest, run_id, plan, *settings, options, claim, delivery=delivery)
+    steps = RunSteps(
+        run_id, dest, store, options, source_kwargs, rollouts, builder, claim, delivery
+    )
     keys = [receipt_key(b) for b in plan.batches]
     earlier = find_receipts(dest, run_id, keys, options, hand_off_unrecorded=True)
-    tally = RunTally(earlier=len(earlier), errors=list(filter(None, [plan.duplicates_error()])))
+    tally = RunTally(
+        earlier=len(earlier),
+        errors=list(filter(None, [plan.duplicates_error()])),
+        delivery=delivery,
+    )
     gate = MaskGate(max_mask_fraction, mask_fraction_min_samples)
     todo = [b for b in plan.batches if receipt_key(b) not in earlier]
     finalizing = Lookahead(todo, steps.finalize, lambda b: b.index, finalize_ahead)
@@ -298,6 +310,7 @@ def retrigger_failed(
             manifest.mask_fraction_min_samples,
             options,
             source_kwargs,
+            delivery=manifest.delivery,
         )
     except RunFailedError as exc:
         error = exc

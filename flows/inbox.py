@@ -36,6 +36,7 @@ from capture_core.inbox import (
     take_claim,
 )
 from capture_core.storage import filesystem_for, open_byte_store, url_scheme
+from capture_core.trace_envelope import MAIN_CHAIN
 from flows.finalize import finalize_run
 from tasks.common import TRANSIENT_RETRIES
 
@@ -143,8 +144,12 @@ def finalize_inbox(
     storage_options: dict[str, Any] | None = None,
     source_kwargs: dict[str, Any] | None = None,
     claim_lease_seconds: float = 300.0,
+    delivery: str = MAIN_CHAIN,
 ) -> InboxReport:
-    """Run `finalize_run` for each inbox file whose run has not completed and no pass holds."""
+    """Run `finalize_run` for each inbox file whose run has not completed and no pass holds.
+
+    `delivery` is each run's (`main_chain`, or `all_traces` for training_traces envelopes).
+    """
     options = public_storage_options(storage_options)
     check_separate_locations({"inbox": inbox, "store": store, "dest": dest})
     logger = get_run_logger()
@@ -180,6 +185,7 @@ def finalize_inbox(
                 "max_mask_fraction": max_mask_fraction,
                 "storage_options": options,
                 "source_kwargs": source_kwargs,
+                "delivery": delivery,
             }
             _finalize_claimed(item, decision.claim, store, dest, settings, report)
     return _conclude(inbox, report)

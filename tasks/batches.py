@@ -33,6 +33,7 @@ from capture_core.inbox import Claim
 from capture_core.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
 from capture_core.storage import open_byte_store
 from capture_core.testing.faults import crash_point
+from capture_core.trace_envelope import MAIN_CHAIN
 from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async
 from tasks.receipts import UnrecordedReceiptError, read_receipt, set_aside_unrecorded
 
@@ -100,6 +101,7 @@ def finalize_rollout_batch(
     source_kwargs: Mapping[str, Any] | None = None,
     builder: str = "prefix_merging",
     dest: str | None = None,
+    delivery: str = MAIN_CHAIN,
 ) -> FinalizedBatch | HandoffReceipt:
     """Freeze and rebuild every rollout of one batch; nothing is written or retired.
 
@@ -110,7 +112,7 @@ def finalize_rollout_batch(
     """
     lines = read_batch(rollouts, batch, storage_options)
     source = open_source(store, storage_options, source_kwargs)
-    finalized = run_async(finalize_batch(run_id, batch, lines, source, builder))
+    finalized = run_async(finalize_batch(run_id, batch, lines, source, builder, delivery=delivery))
     meanwhile = None if dest is None else _receipt_meanwhile(dest, run_id, batch, storage_options)
     if meanwhile is not None:
         return meanwhile

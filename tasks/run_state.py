@@ -15,6 +15,7 @@ from capture_core.rollout_io import RolloutFilePlan
 from capture_core.run_layout import MANIFEST, LedgerLine, RunLayout, RunManifest, run_location
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
+from capture_core.trace_envelope import MAIN_CHAIN
 from tasks.common import TRANSIENT_RETRIES, ensure_claim
 
 
@@ -48,6 +49,7 @@ def claim_run_id(
     mask_fraction_min_samples: int,
     storage_options: Mapping[str, Any] | None = None,
     claim: Claim | None = None,
+    delivery: str = MAIN_CHAIN,
 ) -> bool:
     """Bind the run id to this input; refuse a run id already used for another input."""
     ensure_claim(dest, claim, storage_options)
@@ -62,6 +64,7 @@ def claim_run_id(
         batches=len(plan.batches),
         max_mask_fraction=max_mask_fraction,
         mask_fraction_min_samples=mask_fraction_min_samples,
+        delivery=delivery,
     )
     return RunLayout(open_byte_store(dest, storage_options), run_id).claim(manifest)
 
