@@ -200,6 +200,8 @@ class _Plan:
         if terminal is not None:
             self._exclude_after(terminal)
         self._settle_groups(terminal)
+        if not self.kept():
+            raise _Unsafe("no call is left to train once the excluded calls are left out")
         if any(not self.calls[i].prompt_token_ids for i in self.kept()):
             raise _Unsafe(
                 "a call with an empty prompt cannot train: its first token has no context"
