@@ -52,11 +52,22 @@ def _delivered(record: dict, store: TokenCaptureStore, rollout_id: str) -> list[
     return owned_calls(envelope)
 
 
-def _assert_masked(record: dict, built: dict, why: str) -> None:
+def _assert_masked(record: dict, built: dict, why: str | None = None) -> None:
+    """Masked, no envelope, capture kept; `why` in the error, or (`None`) an incomplete capture."""
     assert built["mask_sample"] is True and record["mask_sample"] is True
     assert ENVELOPE_KEY not in record and ENVELOPE_KEY not in built
-    assert why in (built.get("error") or record[TOKEN_CAPTURE_KEY].get("error") or why)
+    if why is None:
+        assert built["metrics"].get("capture_incomplete") is True
+    else:
+        assert why in (record[TOKEN_CAPTURE_KEY].get("error") or "")
     assert not capture_build_can_retire(built), "a masked build keeps its capture as evidence"
+
+
+def _captured(store: TokenCaptureStore, task: int, index: int) -> list:
+    calls = synthetic_rollout(f"{task}-{index}", RolloutShape(turns=3))
+    for entry in calls:
+        store.put_now(entry)
+    return calls
 
 
 def test_lost_call_masks_and_carries_no_envelope(store) -> None:
@@ -64,8 +75,7 @@ def test_lost_call_masks_and_carries_no_envelope(store) -> None:
     write_episode(store, ep)
     record = copy.deepcopy(ep.record)
     built = _finalize(record, store)
-    _assert_masked(record, built, "")
-    assert built["metrics"].get("capture_incomplete") is True
+    _assert_masked(record, built)
     record_case("all_traces: a lost call masks the rollout", wrong_tokens_delivered=0)
 
 
@@ -76,28 +86,24 @@ def test_a_forged_envelope_on_the_input_never_survives(store) -> None:
     forged = {"schema_version": 1, "rollout_id": ep.rollout_id, "builder": "per_request"}
     record[ENVELOPE_KEY] = {**forged, "traces": [{"token_ids": [1, 2]}]}
     built = _finalize(record, store)
-    _assert_masked(record, built, "")
+    _assert_masked(record, built)
     record_case("all_traces: an envelope already on the input is dropped", wrong_tokens_delivered=0)
 
 
 def test_conflicting_duplicate_masks(store) -> None:
-    calls = synthetic_rollout("3-4", RolloutShape(turns=3))
-    for entry in calls:
-        store.put_now(entry)
+    calls = _captured(store, 3, 4)
     n = len(calls[1].generation_token_ids)
     other = calls[1].model_copy(update={"generation_token_ids": [5] * n})
     with pytest.raises(CaptureConflictError):
         store.put_now(other)
     record = rollout_record(3, 4)
     built = _finalize(record, store)
-    _assert_masked(record, built, "")
+    _assert_masked(record, built)
     record_case("all_traces: two different captures of one call id mask", wrong_tokens_delivered=0)
 
 
 def test_edited_capture_masks(store) -> None:
-    calls = synthetic_rollout("3-5", RolloutShape(turns=3))
-    for entry in calls:
-        store.put_now(entry)
+    calls = _captured(store, 3, 5)
     key = f"3-5/e/{call_key(calls[-1].model_call_id)}"
     replace_object(store, key, edit_one_digit(store.byte_store.get(key) or b"", b'"g":['))
     record = rollout_record(3, 5)
