@@ -9,9 +9,10 @@ and its record encoded as the part line it becomes. Judged against the generator
 per shape, the share of healthy episodes' sampled tokens trained exactly once; calls owned
 twice; abandoned tries trained; rollouts with a lost call trained. Every delivered envelope
 is checked again as a consumer would (`check_envelope` against the frozen capture).
-Time: finalize (freeze, read, build, check, encode) of all rollouts per delivery, sides
-alternating over the repetitions; and the in-memory build alone (`assemble` against
-`assemble_traces` over the entries already read), also alternating.
+Time, in CPU seconds of the process (the machine is shared): finalize (freeze, read, build,
+check, encode) of all rollouts per delivery, sides alternating over the repetitions; and the
+in-memory build alone (`assemble` against `assemble_traces` over the entries already read),
+also alternating.
 Prints figures; asserts nothing.
 Usage: .venv/bin/python -m bench.traces_bench [--per-shape N] [--seed S] [--scale K]
        [--repetitions R]
@@ -28,9 +29,11 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
+from bench.agent_captures import AgentRollout, agent_rollouts, write_capture
 from bench.ratios import alternate_sides, describe_seconds
 from bench.trace_shapes import SHAPES, Episode, episodes, write_episode
 from capture_core.consumer import assemble, assemble_traces
@@ -124,9 +127,10 @@ def measure(eps: list[Episode], store: TokenCaptureStore) -> Tally:
 
 
 def _timed(action) -> float:
-    started = time.perf_counter()
+    """CPU seconds of the process (all threads): a shared machine's other jobs do not count."""
+    started = time.process_time()
     action()
-    return time.perf_counter() - started
+    return time.process_time() - started
 
 
 def time_sides(eps: list[Episode], store: TokenCaptureStore, repetitions: int) -> dict:
@@ -208,12 +212,76 @@ def report(tally: Tally, seconds: dict, eps: list[Episode]) -> None:
         )
 
 
+@dataclass
+class MixTally:
+    """All_traces on `bench.agent_captures`' busy-harness mix, judged by its scored chains."""
+
+    deliverable: int = 0
+    delivered: int = 0
+    scored_calls_trained: int = 0
+    scored_calls: int = 0
+    abandoned_trained: int = 0
+    lost_trained: int = 0
+    undecidable_trained: int = 0
+
+
+def _tokens(entry: Any) -> tuple:
+    """A call's prompt and generation: identical calls train the same tokens."""
+    return (tuple(entry.prompt_token_ids), tuple(entry.generation_token_ids))
+
+
+def _abandoned(rollout: AgentRollout) -> set[str]:
+    """Tries of a scored turn that were not kept, unless identical to the kept one."""
+    kept = {_tokens(e) for e in rollout.scored_chain}
+    prompts = {tuple(e.prompt_token_ids) for e in rollout.scored_chain}
+    return {
+        e.model_call_id
+        for e in rollout.entries
+        if tuple(e.prompt_token_ids) in prompts and _tokens(e) not in kept
+    }
+
+
+def measure_mix(n: int, seed: int, root: str) -> MixTally:
+    tally = MixTally()
+    store = TokenCaptureStore(root)
+    for rollout in agent_rollouts(n, seed=seed):
+        write_capture(store, rollout)
+        record = copy.deepcopy(rollout.record)
+        asyncio.run(finalize_rollout_token_capture(record, store, delivery="all_traces"))
+        envelope = record.get(ENVELOPE_KEY)
+        owned = (
+            {s["model_call_id"] for t in envelope["traces"] for s in t["sampled_spans"]}
+            if envelope
+            else set()
+        )
+        tally.abandoned_trained += len(owned & _abandoned(rollout))
+        tally.lost_trained += bool(envelope) and not rollout.healthy
+        tally.undecidable_trained += bool(envelope) and rollout.healthy and not rollout.decidable
+        if rollout.deliverable:
+            tally.deliverable += 1
+            tally.delivered += bool(envelope)
+            tally.scored_calls += len(rollout.scored_chain)
+            trained = {_tokens(e) for e in rollout.entries if e.model_call_id in owned}
+            tally.scored_calls_trained += sum(_tokens(e) in trained for e in rollout.scored_chain)
+    return tally
+
+
+def report_mix(tally: MixTally, n: int) -> None:
+    print(f"bench.agent_captures mix, {n} rollouts, all_traces:")
+    print(f"  deliverable rollouts delivered {tally.delivered}/{tally.deliverable}")
+    print(f"  scored-chain calls trained {tally.scored_calls_trained}/{tally.scored_calls}")
+    print(f"  abandoned tries trained {tally.abandoned_trained}")
+    print(f"  rollouts with a lost call trained {tally.lost_trained}")
+    print(f"  undecidable rollouts trained {tally.undecidable_trained}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-shape", type=int, default=40, help="episodes per shape")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scale", type=int, default=1, help="multiply every token count")
     parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--mix", type=int, default=400, help="agent_captures rollouts (0: none)")
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # masked rollouts warn; the figures say it all
     eps = episodes(args.per_shape, seed=args.seed, scale=args.scale)
@@ -223,7 +291,11 @@ def main() -> None:
             write_episode(store, ep)
         tally = measure(eps, store)
         seconds = time_sides(eps, store, args.repetitions)
+        mix = measure_mix(args.mix, args.seed, f"{root}/mix") if args.mix else None
     report(tally, seconds, eps)
+    if mix is not None:
+        print()
+        report_mix(mix, args.mix)
 
 
 if __name__ == "__main__":
