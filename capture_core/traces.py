@@ -200,9 +200,10 @@ class _Plan:
         if terminal is not None:
             self._exclude_after(terminal)
         self._settle_groups(terminal)
-        if not self.kept():
+        kept = self.kept()
+        if not kept:
             raise _Unsafe("no call is left to train once the excluded calls are left out")
-        if any(not self.calls[i].prompt_token_ids for i in self.kept()):
+        if any(not self.calls[i].prompt_token_ids for i in kept):
             raise _Unsafe(
                 "a call with an empty prompt cannot train: its first token has no context"
             )
@@ -263,9 +264,10 @@ class _Plan:
         """
         assert self.forest is not None
         children = self.forest.children
-        reading = _transcript_reading(self.terminal)
+        groups = _same_prompt_groups(self.calls)
+        reading = _transcript_reading(self.terminal) if groups else ()
         unsettled: list[list[str]] = []
-        for group in _same_prompt_groups(self.calls):
+        for group in groups:
             live = [i for i in group if i not in self.excluded]
             if len(live) < 2:
                 continue
@@ -333,7 +335,7 @@ class _Plan:
         logprobs = [0.0] * len(tokens)
         mask = [0] * len(tokens)
         spans = []
-        for i in sorted(owners, key=lambda i: len(calls[i].prompt_token_ids)):
+        for i in owners:  # in path order, so spans come in position order
             start = len(calls[i].prompt_token_ids)
             end = start + len(calls[i].generation_token_ids)
             logprobs[start:end] = calls[i].generation_log_probs
