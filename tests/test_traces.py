@@ -13,6 +13,7 @@ import random
 import pytest
 
 from bench.trace_shapes import SHAPES, episode
+from capture_core.config import TokenIdCaptureConfig
 from capture_core.terminal import TerminalInputs
 from capture_core.trace_envelope import TraceEnvelopeError, check_envelope, owned_calls
 from capture_core.traces import (
@@ -258,3 +259,11 @@ def test_check_envelope_against_the_capture_refuses_other_tokens() -> None:
         check_envelope(context, "r", calls=calls)
     with pytest.raises(TraceEnvelopeError, match="unowned"):
         check_envelope(_valid(), "r", calls=calls, owners=["a", "b", "c"])
+
+
+def test_the_delivery_key_is_read_and_a_misspelt_one_refused() -> None:
+    block = {"enabled": True, "dir": "/captures", "delivery": "all_traces"}
+    assert TokenIdCaptureConfig.from_global({"token_id_capture": block}).delivery == "all_traces"
+    assert TokenIdCaptureConfig.from_global({}).delivery == "main_chain"
+    with pytest.raises(ValueError, match="token_id_capture.delivery"):
+        TokenIdCaptureConfig.from_global({"token_id_capture": {**block, "delivery": "all"}})
