@@ -10,7 +10,9 @@ Left out, never owned (`TraceBuild.excluded`, with the reason):
 - calls that generated nothing, and calls with exactly another call's tokens (one trains);
 - abandoned tries: among calls with one prompt, a try that nothing extends and nothing
   names, when another try of the group is extended, named, or is the scored call; and
-  every call built on an abandoned try;
+  every call built on an abandoned try. Tries that said the same thing as the transcript
+  are told apart only by a later turn of the transcript made on top of one: an extension
+  alone (a summary of the kept try, a judge of a rejected one) is no evidence there;
 - calls made after the scored response: with an attributed terminal call, the calls that
   extend it and the calls whose prompt holds its whole generation (they saw the answer);
 - an unsettled group (no try extended or named) only when a scored call elsewhere is
@@ -273,6 +275,8 @@ class _Plan:
                 continue
             if terminal in live:
                 used = [terminal]
+            elif _tied(self.calls, live, reading):
+                used = [i for i in live if self._continues(i, reading)]
             else:
                 used = [i for i in live if children.get(i) or _named(self.calls, i, live, reading)]
             if used:
@@ -288,6 +292,14 @@ class _Plan:
                 f"unsettled retry groups {unsettled}: nothing extends or names one of their "
                 "tries and no scored call is attributed, so any of them may be abandoned"
             )
+
+    def _continues(self, i: int, reading: tuple) -> bool:
+        """Whether a later turn of the scored transcript was made on top of call `i`."""
+        for j in self._subtree(i):
+            own = own_items(self.calls[j].output_items)
+            if own and _runs_in(own, reading):
+                return True
+        return False
 
     def envelope(self, builder: str) -> dict[str, Any]:
         """The envelope of the kept calls: rows in a deterministic order, each call owned once."""
@@ -439,6 +451,21 @@ def _named(calls: list[TokenEntry], i: int, group: list[int], reading: tuple) ->
     if not own or not _runs_in(own, reading):
         return False
     return all(own_items(calls[j].output_items) != own for j in group if j != i)
+
+
+def _tied(calls: list[TokenEntry], group: list[int], reading: tuple) -> bool:
+    """Whether two tries said the same thing and the scored transcript holds it.
+
+    Then either may be the one the transcript shows, and a later call extending one (a
+    summary of the kept try, or a judge of a rejected one) says nothing about which.
+    """
+    seen: set[tuple] = set()
+    for i in group:
+        own = own_items(calls[i].output_items)
+        if own and own in seen and _runs_in(own, reading):
+            return True
+        seen.add(own)
+    return False
 
 
 def _runs_in(part: tuple, whole: tuple) -> bool:

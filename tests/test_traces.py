@@ -150,6 +150,33 @@ def test_same_answer_tries_are_not_told_apart_by_content() -> None:
     assert built.envelope is None, "either try may be the abandoned one"
 
 
+def test_a_judge_extending_one_of_two_same_answer_tries_settles_nothing() -> None:
+    items = [{"type": "message", "role": "assistant", "content": "the answer"}]
+    judge = [{"type": "message", "role": "assistant", "content": "rejected"}]
+    calls = [
+        token_call("a", [1, 2], [3], output_items=items),
+        token_call("b", [1, 2], [4], output_items=items),
+        token_call("judge", [1, 2, 3, 9], [5], output_items=judge),
+    ]
+    response = {"object": "response", "output": items}
+    built = build_training_traces("r", calls, terminal=TerminalInputs(response=response))
+    assert built.envelope is None and "unsettled" in (built.error or "")
+
+
+def test_a_later_turn_of_the_transcript_settles_same_answer_tries() -> None:
+    items = [{"type": "message", "role": "assistant", "content": "let me look"}]
+    final = [{"type": "message", "role": "assistant", "content": "found it"}]
+    calls = [
+        token_call("a", [1, 2], [3], output_items=items),
+        token_call("b", [1, 2], [4], output_items=items),
+        token_call("next", [1, 2, 3, 9], [5], output_items=final),
+    ]
+    user = {"type": "message", "role": "user", "content": "go on"}
+    response = {"object": "response", "output": [*items, user, *final]}
+    built = build_training_traces("r", calls, terminal=TerminalInputs(response=response))
+    assert sorted(_owned(built)) == ["a", "next"] and built.excluded == {"b": ABANDONED_TRY}
+
+
 def test_calls_after_the_scored_response_do_not_train() -> None:
     answer = [30, 31, 32, 33, 34, 35, 36, 37]
     calls = [
