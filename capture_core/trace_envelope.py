@@ -35,6 +35,7 @@ TRACE_FIELDS = (
     "sampled_spans",
 )
 SPAN_FIELDS = ("model_call_id", "start", "end")
+_TRACE_KEYS, _SPAN_KEYS = frozenset(TRACE_FIELDS), frozenset(SPAN_FIELDS)
 
 
 class TraceEnvelopeError(ValueError):
@@ -102,7 +103,7 @@ def _check_spans(trace: Mapping[str, Any], where: str, n: int) -> list[tuple[str
     parsed: list[tuple[str, int, int]] = []
     for k, span in enumerate(spans):
         here = f"{where}.sampled_spans[{k}]"
-        if not isinstance(span, Mapping) or any(name not in span for name in SPAN_FIELDS):
+        if not isinstance(span, Mapping) or not span.keys() >= _SPAN_KEYS:
             raise _fail(here, f"must be an object with {list(SPAN_FIELDS)}")
         call, start, end = span["model_call_id"], span["start"], span["end"]
         if not (_is_int(start) and _is_int(end)) or not 0 < start < end <= n:
@@ -119,7 +120,7 @@ def _check_spans(trace: Mapping[str, Any], where: str, n: int) -> list[tuple[str
 
 def _check_trace(trace: Any, where: str, rollout_id: str) -> list[tuple[str, int, int]]:
     """The rules of one row; returns its spans ordered by position."""
-    if not isinstance(trace, Mapping) or any(name not in trace for name in TRACE_FIELDS):
+    if not isinstance(trace, Mapping) or not trace.keys() >= _TRACE_KEYS:
         raise _fail(where, f"must be an object with {list(TRACE_FIELDS)}")
     calls = trace["model_call_ids"]
     if not isinstance(calls, list) or not calls or not set(map(type, calls)) <= {str}:

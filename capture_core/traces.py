@@ -321,7 +321,8 @@ class _Plan:
         """Every root-to-leaf path of the kept calls, depth first, children in call order."""
         assert self.forest is not None
         kept = set(self.kept())
-        kids = {i: sorted(c for c in self.forest.children.get(i, ()) if c in kept) for i in kept}
+        # Children are linked in position order, which is call order: no sort needed.
+        kids = {i: [c for c in self.forest.children.get(i, ()) if c in kept] for i in kept}
         rows: list[list[int]] = []
         roots = sorted(i for i in kept if self.forest.parent[i] is None)
         if any(
