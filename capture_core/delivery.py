@@ -118,9 +118,11 @@ async def finalize_rollout(
     if source is None:
         return None
     if delivery != MAIN_CHAIN:
-        return await _finalize_traces(result, source, builder, delivery)
+        result.pop(ENVELOPE_KEY, None)  # one already on the record never survives
     try:
-        return await _finalize(result, source, builder)
+        if delivery == MAIN_CHAIN:
+            return await _finalize(result, source, builder)
+        return await _finalize_traces(result, source, builder, delivery)
     except Exception as exc:
         return _mask_unusable(
             result,
@@ -132,37 +134,30 @@ async def finalize_rollout(
 async def _finalize_traces(
     result: dict, source: TokenSource, builder: str, delivery: str
 ) -> BuildResult:
-    """The `all_traces` finalize: the envelope from the capture, or a mask and no envelope.
+    """The `all_traces` finalize: the checked envelope from the capture, or a mask and none.
 
-    An envelope already on the record (stale, or from elsewhere) never survives: it is
-    replaced by the one built here or removed.
+    A record that already carries token ids gets its envelope from the capture too: those
+    ids cover one chain at most.
     """
-    result.pop(ENVELOPE_KEY, None)
+    if delivery not in DELIVERIES:
+        error = f"unknown delivery {delivery!r}; use one of {', '.join(DELIVERIES)}"
+        return _mask_unusable(result, error, f"rollout masked: {error}")
     try:
-        if delivery not in DELIVERIES:
-            error = f"unknown delivery {delivery!r}; use one of {', '.join(DELIVERIES)}"
-            return _mask_unusable(result, error, f"rollout masked: {error}")
         rollout_id = maybe_rollout_id_from_run_body(result)
-        if rollout_id is None:
-            return _mask_unusable(result, "no capture key", "rollout masked: no capture key")
-        try:
-            snapshot = await source.freeze(rollout_id)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            message = f"rollout {rollout_id} masked: capture unreadable: {error}"
-            return _mask_unusable(result, error, message)
-        terminal = TerminalInputs.from_record(result)
-        built = build_from_snapshot(snapshot, builder, "", terminal, delivery)
-        _apply(result, built)
-        return built
     except ValueError as exc:
         return _mask_unusable(result, f"malformed rollout id: {exc}", f"rollout masked: {exc}")
+    if rollout_id is None:
+        return _mask_unusable(result, "no capture key", "rollout masked: no capture key")
+    try:
+        snapshot = await source.freeze(rollout_id)
     except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
         return _mask_unusable(
-            result,
-            f"{type(exc).__name__}: {exc}",
-            f"token capture finalize failed unexpectedly: {exc}",
+            result, error, f"rollout {rollout_id} masked: capture unreadable: {error}"
         )
+    built = build_from_snapshot(snapshot, builder, "", TerminalInputs.from_record(result), delivery)
+    _apply(result, built)
+    return built
 
 
 async def _finalize(result: dict, source: TokenSource, builder: str) -> BuildResult | None:
