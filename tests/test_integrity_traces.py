@@ -232,3 +232,16 @@ def test_an_unsettled_retry_without_a_scored_call_masks(store) -> None:
     _assert_masked(record, built, "unsettled retry groups")
     assert TerminalInputs.from_record(record).explicit_call_id is None
     record_case("all_traces: an unsettled retry masks instead of owning a maybe-abandoned try")
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [({}, "no capture key"), ({"_ng_rollout_id": "../x"}, "malformed rollout id")],
+    ids=["no-id", "malformed-id"],
+)
+def test_a_record_without_a_usable_id_masks_without_an_envelope(store, fields, error) -> None:
+    record = {"reward": 1.0, "response": {"output": []}, **fields}
+    record[ENVELOPE_KEY] = {"schema_version": 1}
+    built = _finalize(record, store)
+    _assert_masked(record, built, error)
+    record_case(f"all_traces: a record with {error} masks", wrong_tokens_delivered=0)
