@@ -24,7 +24,7 @@ from capture_core.traces import (
     UNSETTLED_TRY,
     build_training_traces,
 )
-from tests.token_calls import token_call
+from tests.token_calls import DEEP_TURNS, deep_rollout, shallow_stack, token_call
 
 
 def _scored(call_id: str | None = None, response_id: str | None = None) -> TerminalInputs:
@@ -294,3 +294,11 @@ def test_the_delivery_key_is_read_and_a_misspelt_one_refused() -> None:
     assert TokenIdCaptureConfig.from_global({}).delivery == "main_chain"
     with pytest.raises(ValueError, match="token_id_capture.delivery"):
         TokenIdCaptureConfig.from_global({"token_id_capture": {**block, "delivery": "all"}})
+
+
+def test_thousands_of_turns_build_without_recursion() -> None:
+    calls = deep_rollout()
+    with shallow_stack():
+        built = build_training_traces("r", calls)
+    assert len(_owned(built)) == len(calls) == DEEP_TURNS
+    assert len(built.envelope["traces"]) == 1
