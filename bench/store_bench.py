@@ -176,7 +176,7 @@ def bench_local(
 def bench_s3(rollouts: list[list[TokenEntry]]) -> None:
     import s3fs
 
-    from tests.servers import FAKE_AWS_ENV, moto_server
+    from tests.support.servers import FAKE_AWS_ENV, moto_server
 
     os.environ.update(FAKE_AWS_ENV)
     entries = [e for rollout in rollouts for e in rollout]
