@@ -91,6 +91,12 @@ class ParentIndex:
                 self._rollouts.move_to_end(rollout_id)
             return [c for c in state.candidates if c.call_key in listed]
 
+    def known(self, rollout_id: str) -> list[compact.Known]:
+        """The candidates held for a rollout, without reading storage (they may be stale)."""
+        with self._lock:
+            state = self._rollouts.get(rollout_id)
+            return list(state.candidates) if state is not None else []
+
     def remember(self, rollout_id: str, name: str, known: compact.Known | None) -> None:
         """Learn a call this process stored (or found stored with the same payload)."""
         with self._lock:
