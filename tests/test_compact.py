@@ -269,6 +269,33 @@ def calls_of(rollout_id: str, *calls: tuple[str, list[int], list[int]]) -> list[
     ]
 
 
+def test_a_held_parent_extended_by_at_most_its_generation_is_used_without_a_listing(
+    tmp_path,
+) -> None:
+    """Another writer's call that adds less than the held parent's generation is not looked
+    for: the delta is against the held call, carries at most that many tokens, and is exact.
+    A prompt that grew by more lists and finds the other writer's call."""
+    first, second = TokenCaptureStore(str(tmp_path)), TokenCaptureStore(str(tmp_path))
+    entries = calls_of(
+        "r9",
+        ("a", [1, 2], [3, 4, 5, 6]),
+        ("b", [1, 2, 3, 4, 5, 6, 7], [8]),
+        ("c", [1, 2, 3, 4, 5, 6, 7, 8, 9], [10]),
+        ("d", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [13]),
+    )
+    first.put_now(entries[0])
+    second.put_now(entries[1])
+    first.put_now(entries[2])
+    second.put_now(entries[3])
+    held = stored(first, "r9", "c")["p"]
+    assert (held["a"], held["d"]) == (call_key("a"), [7, 8, 9]), "against the held call"
+    listed = stored(second, "r9", "d")["p"]
+    assert (listed["a"], listed["d"]) == (call_key("c"), [11, 12]), "found by its listing"
+    snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r9")
+    assert not snapshot.incomplete, snapshot.incomplete_reasons
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
+
+
 def test_ids_beyond_int64_are_stored_whole_and_still_sealed(tmp_path) -> None:
     big = 2**63 + 5
     entries = calls_of("r7", ("a", [1, big], [2]), ("b", [1, 2], [big]))
