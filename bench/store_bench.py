@@ -239,11 +239,7 @@ def bench_against(
     old = tree_of(commit, space)
     entries = os.path.join(space, "entries.jsonl")
     with open(entries, "wb") as f:
-        f.write(
-            b"\n\n".join(
-                b"\n".join(e.model_dump_json().encode() for e in r) for r in rollouts
-            )
-        )
+        f.write(b"\n\n".join(b"\n".join(e.model_dump_json().encode() for e in r) for r in rollouts))
     puts = sum(len(r) for r in rollouts)
     ratio = alternate(
         lambda: child_put_seconds(old, entries, space, concurrency),

@@ -115,9 +115,31 @@ def _is_delta_schema(stored: dict[str, Any]) -> bool:
     return stored.get("schema_version") in (2, STORED_SCHEMA_VERSION) and _PROMPT in stored
 
 
+# hashlib releases the interpreter lock for every update of at least 2,048 bytes. Among 16
+# writer threads each release is a handoff of the lock (futex wake-ups, context switches)
+# that costs more than the hashing it frees; smaller updates keep the lock (docs/perf.md).
+_HASH_CHUNK = 2040
+
+
+def feed(hasher: Any, data: bytes | memoryview) -> Any:
+    """Update `hasher` with `data` in slices small enough to keep the interpreter lock."""
+    view = memoryview(data)
+    if len(view) <= _HASH_CHUNK:
+        hasher.update(view)
+        return hasher
+    for start in range(0, len(view), _HASH_CHUNK):
+        hasher.update(view[start : start + _HASH_CHUNK])
+    return hasher
+
+
+def sha256_of(data: bytes | memoryview) -> Any:
+    """A sha256 hasher over `data`, fed without releasing the interpreter lock."""
+    return feed(hashlib.sha256(), data)
+
+
 def seal(body: bytes) -> bytes:
     """Append the seal (a digest of `body`) to a JSON object's bytes, as its last member."""
-    digest = digest_text(hashlib.sha256(body)).encode("ascii")
+    digest = digest_text(sha256_of(body)).encode("ascii")
     return body[:-1] + _SEAL_HEAD + digest + _SEAL_TAIL
 
 
@@ -149,7 +171,7 @@ def check_seal(data: bytes) -> str | None:
         or data[-_SEAL_SIZE : -_SEAL_CHARS - len(_SEAL_TAIL)] != _SEAL_HEAD
     ):
         return "it has no digest although its stored schema requires one (truncated or edited?)"
-    hasher = hashlib.sha256(memoryview(data)[:-_SEAL_SIZE])
+    hasher = sha256_of(memoryview(data)[:-_SEAL_SIZE])
     hasher.update(b"}")
     stored = data[-_SEAL_CHARS - len(_SEAL_TAIL) : -len(_SEAL_TAIL)].decode("ascii", "replace")
     if digest_text(hasher) != stored:
@@ -191,7 +213,7 @@ class Known:
 
 def generation_digest(raw: bytes | memoryview) -> bytes:
     """The first 128 bits of sha256 over a generation's int64 bytes."""
-    return hashlib.sha256(raw).digest()[:16]
+    return sha256_of(raw).digest()[:16]
 
 
 def known_of(
@@ -293,7 +315,7 @@ class Draft:
         if state is None:
             start = max(n for n in self._states if n < end)
             state = self._states[start].copy()
-            state.update(self._view[start * 8 : end * 8])
+            feed(state, self._view[start * 8 : end * 8])
             self._states[end] = state
         return state
 
@@ -326,5 +348,5 @@ def stored_identity(data: bytes) -> tuple[bytes, str | None] | None:
         return encode_json(_normalized(fields)), block["sha256"]
     prompt = stored.get("prompt_token_ids")
     raw = token_bytes(prompt) if isinstance(prompt, list) else None
-    digest = digest_text(hashlib.sha256(raw)) if raw is not None else None
+    digest = digest_text(sha256_of(raw)) if raw is not None else None
     return encode_json(_normalized(stored)), digest

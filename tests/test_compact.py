@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import multiprocessing
 import uuid
@@ -350,3 +351,15 @@ def test_a_prompt_extends_a_parent_only_at_a_whole_token(tmp_path) -> None:
     assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == sorted(
         entries, key=lambda e: e.model_call_id
     )
+
+
+@pytest.mark.parametrize("size", [0, 1, 2039, 2040, 2041, 4080, 4081, 56_789])
+def test_hashing_in_small_slices_gives_the_same_digest(size: int) -> None:
+    """Writers and readers feed sha256 in slices that keep the interpreter lock; the digest
+    must be the one of the whole bytes at every slice boundary."""
+    data = bytes(range(256)) * (size // 256 + 1)
+    data = data[:size]
+    assert compact.sha256_of(data).digest() == hashlib.sha256(data).digest()
+    hasher = compact.sha256_of(data[: size // 3])
+    compact.feed(hasher, memoryview(data)[size // 3 :])
+    assert hasher.digest() == hashlib.sha256(data).digest()
