@@ -2,11 +2,12 @@
 
 Baseline: `orjson.loads` of every entry as full-prompt JSON (already in memory).
 Finalize is `finalize_rollout_token_capture` per rollout from a local store: freeze, read,
-validate, build, project and check contiguity. The reference, NeMo Gym's file store
-(`NemoGymFileStore`, the same captures in its layout), is finalized the same way. The three
-sides alternate over the repetitions; each finalize runs on a fresh copy of its captured
-store (a freeze is done once). Peak RSS is measured in a fresh process that finalizes one
-rollout. Prints medians, ranges and ratios; asserts nothing.
+validate, build, project and check contiguity; `--concurrency` rollouts at once (default
+the store concurrency, as `finalize_batch` runs them; 1: one after another). The reference,
+NeMo Gym's file store (`NemoGymFileStore`, the same captures in its layout), is finalized
+the same way. The three sides alternate over the repetitions; each finalize runs on a
+fresh copy of its captured store (a freeze is done once). Peak RSS is measured in a fresh
+process that finalizes one rollout. Prints medians, ranges and ratios; asserts nothing.
 Usage: .venv/bin/python -m bench.finalize_bench [--preset many|long|all] [--rollouts N]
        [--repetitions R] [--dir D] [--concurrency C]
 """
