@@ -16,7 +16,7 @@ Every side writes into fresh folders under one bench folder, removed only at the
 ext4 without a journal, files deleted just before a run slow that run's creates (see
 `bench/filesystem.py`), and which side pays for the other's deletions would depend on the
 inode allocator. The header names the filesystem measured; `--dir` picks another.
-With `--against COMMIT`, it also puts the same entries with the capture store of that commit
+With `--against COMMIT`, it instead puts the same entries with the capture store of that commit
 (its tree extracted by `git archive`), alternated with this tree's, each side in a fresh
 process, and prints puts/s of both and their ratio: the figure for "no lower than before".
 Usage: .venv/bin/python -m bench.store_bench [--rollouts N] [--repetitions R] [--dir D] [--s3]
@@ -280,7 +280,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="*", default=[16, 1])
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where to write")
     parser.add_argument("--s3", action="store_true", help="also put against a moto server")
-    parser.add_argument("--against", help="also compare puts/s with this commit's store")
+    parser.add_argument("--against", help="compare puts/s with this commit's store, not raw")
     args = parser.parse_args()
     rollouts = workload(args.rollouts)
     print(f"{args.rollouts} rollouts x {SHAPE.turns} calls (S={SHAPE.prompt_tokens})")
