@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import multiprocessing
 import uuid
@@ -269,6 +270,33 @@ def calls_of(rollout_id: str, *calls: tuple[str, list[int], list[int]]) -> list[
     ]
 
 
+def test_a_held_parent_extended_by_at_most_its_generation_is_used_without_a_listing(
+    tmp_path,
+) -> None:
+    """Another writer's call that adds less than the held parent's generation is not looked
+    for: the delta is against the held call, carries at most that many tokens, and is exact.
+    A prompt that grew by more lists and finds the other writer's call."""
+    first, second = TokenCaptureStore(str(tmp_path)), TokenCaptureStore(str(tmp_path))
+    entries = calls_of(
+        "r9",
+        ("a", [1, 2], [3, 4, 5, 6]),
+        ("b", [1, 2, 3, 4, 5, 6, 7], [8]),
+        ("c", [1, 2, 3, 4, 5, 6, 7, 8, 9], [10]),
+        ("d", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [13]),
+    )
+    first.put_now(entries[0])
+    second.put_now(entries[1])
+    first.put_now(entries[2])
+    second.put_now(entries[3])
+    held = stored(first, "r9", "c")["p"]
+    assert (held["a"], held["d"]) == (call_key("a"), [7, 8, 9]), "against the held call"
+    listed = stored(second, "r9", "d")["p"]
+    assert (listed["a"], listed["d"]) == (call_key("c"), [11, 12]), "found by its listing"
+    snapshot = TokenCaptureStore(str(tmp_path)).freeze_now("r9")
+    assert not snapshot.incomplete, snapshot.incomplete_reasons
+    assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == entries
+
+
 def test_ids_beyond_int64_are_stored_whole_and_still_sealed(tmp_path) -> None:
     big = 2**63 + 5
     entries = calls_of("r7", ("a", [1, big], [2]), ("b", [1, 2], [big]))
@@ -323,3 +351,15 @@ def test_a_prompt_extends_a_parent_only_at_a_whole_token(tmp_path) -> None:
     assert sorted(snapshot.entries, key=lambda e: e.model_call_id) == sorted(
         entries, key=lambda e: e.model_call_id
     )
+
+
+@pytest.mark.parametrize("size", [0, 1, 2039, 2040, 2041, 4080, 4081, 56_789])
+def test_hashing_in_small_slices_gives_the_same_digest(size: int) -> None:
+    """Writers and readers feed sha256 in slices that keep the interpreter lock; the digest
+    must be the one of the whole bytes at every slice boundary."""
+    data = bytes(range(256)) * (size // 256 + 1)
+    data = data[:size]
+    assert compact.sha256_of(data).digest() == hashlib.sha256(data).digest()
+    hasher = compact.sha256_of(data[: size // 3])
+    compact.feed(hasher, memoryview(data)[size // 3 :])
+    assert hasher.digest() == hashlib.sha256(data).digest()
