@@ -1,6 +1,6 @@
 """Tasks over one batch of rollouts: plan, finalize, upload (the handoff), retire.
 
-Each task is one retryable side effect; the logic lives in `capture_core.handoff`.
+Each task is one retryable side effect; the logic lives in `capture_core.run.handoff`.
 Transient storage failures are retried with backoff; bad input is not.
 The upload task's persisted result is the handoff receipt, keyed by the batch it certifies.
 """
@@ -14,9 +14,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from capture_core.capture_source import open_source, store_identity
 from capture_core.errors import RetirementFailedError, TransientStoreError
-from capture_core.handoff import (
+from capture_core.run.capture_source import open_source, store_identity
+from capture_core.run.crash_points import crash_point
+from capture_core.run.handoff import (
     FinalizedBatch,
     HandoffReceipt,
     RetireOutcome,
@@ -29,10 +30,9 @@ from capture_core.handoff import (
     receipt_key,
     retire_receipt,
 )
-from capture_core.inbox import Claim
-from capture_core.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
+from capture_core.run.inbox import Claim
+from capture_core.run.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
 from capture_core.storage import open_byte_store
-from capture_core.testing.faults import crash_point
 from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async
 from tasks.receipts import UnrecordedReceiptError, read_receipt, set_aside_unrecorded
 

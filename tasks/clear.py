@@ -8,10 +8,10 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from capture_core.capture_source import clear_captures as clear_captures_of
-from capture_core.capture_source import open_source
 from capture_core.consumer import rollout_ids_of
-from capture_core.rollout_io import read_records
+from capture_core.run.capture_source import clear_captures as clear_captures_of
+from capture_core.run.capture_source import open_source
+from capture_core.run.rollout_io import read_records
 from tasks.common import TRANSIENT_RETRIES
 
 

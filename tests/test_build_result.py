@@ -10,7 +10,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from capture_core.build_result import (
+from capture_core.builder.build_result import (
     BuildMetrics,
     BuildResult,
     ChainCounts,

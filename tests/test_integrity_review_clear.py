@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from capture_core.capture_source import clear_captures
-from capture_core.nemo_gym_store import NemoGymFileStore
+from capture_core.run.capture_source import clear_captures
+from capture_core.store.nemo_gym_store import NemoGymFileStore
 from tests.reliability_figures import record_case
 from tests.test_integrity_torn_puts import turns
 

@@ -8,7 +8,7 @@ when that call is on another branch: the tokens cannot say which of the two was 
 from __future__ import annotations
 
 from capture_core.builder import prefix_merging
-from capture_core.terminal import abstention_reasons
+from capture_core.builder.terminal import abstention_reasons
 from tests.reliability_figures import record_case
 from tests.test_terminal import attribute, call, message, tool_call, tool_result
 

@@ -17,10 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from capture_core.chain import BuildOutput
-from capture_core.terminal import NOT_ATTRIBUTED, blocking_reason
+from capture_core.builder.chain import BuildOutput
+from capture_core.builder.terminal import NOT_ATTRIBUTED, blocking_reason
 
 MASK_SAMPLE_KEY = "mask_sample"
+TOKEN_CAPTURE_KEY = "_ng_token_capture"
+"""The record key a finalized record carries its build metrics (and any error) under."""
 SNAPSHOT_KEY = "_capture_snapshot"
 REDUNDANT_CAPTURE_KEY = "_redundant_capture"
 TERMINAL_METRIC = "terminal_attribution"

@@ -13,7 +13,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
-from capture_core.run_layout import LEDGER, RECORDS, LedgerLine, run_location
+from capture_core.run.run_layout import LEDGER, RECORDS, LedgerLine, run_location
 
 
 class RunSummary(BaseModel):

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from capture_core.builder.transcript import ends_in_silent_turn, own_items, transcript_readings
 from capture_core.records import TokenEntry, response_items
-from capture_core.transcript import ends_in_silent_turn, own_items, transcript_readings
 
 logger = logging.getLogger(__name__)
 

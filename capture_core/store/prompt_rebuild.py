@@ -13,8 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from capture_core.compact import STORED_SCHEMA_VERSION, check_seal, digest_text, token_bytes, unpack
 from capture_core.records import TOKEN_ENTRY_RECORD_SCHEMA_VERSION
+from capture_core.store.compact import (
+    STORED_SCHEMA_VERSION,
+    check_seal,
+    digest_text,
+    token_bytes,
+    unpack,
+)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Batches of rollouts: finalize, durable handoff to a destination, and retirement by receipt.
 
-A batch is finalized through `delivery.finalize_rollout`, the one finalize path.
+A batch is finalized through `finalize.finalize_rollout`, the one finalize path.
 Lines refused as input (unparsable, or a rollout id repeated in the file) are never finalized.
 A storage failure while freezing fails the batch (retry it); it never becomes a masked record.
 The part file is written create-only, durably, and verified by reading it back.
@@ -20,21 +20,21 @@ import re
 import orjson
 from pydantic import BaseModel, Field
 
-from capture_core import run_layout
-from capture_core.build_result import MASK_SAMPLE_KEY, BuildResult
-from capture_core.delivery import finalize_rollout, rollout_carries_token_ids
+from capture_core.builder.build_result import MASK_SAMPLE_KEY, BuildResult
+from capture_core.builder.terminal import abstention_reasons
 from capture_core.errors import (
-    CaptureStoreError,
     HandoffConflictError,
+    PartMismatchError,
     TransientStoreError,
     is_transient,
 )
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenCaptureSnapshot, TokenSource
-from capture_core.rollout_io import BatchPlan, ParsedLine
+from capture_core.run import run_layout
+from capture_core.run.crash_points import crash_point
+from capture_core.run.finalize import finalize_rollout, rollout_carries_token_ids
+from capture_core.run.rollout_io import BatchPlan, ParsedLine
 from capture_core.storage import ByteStore
-from capture_core.terminal import abstention_reasons
-from capture_core.testing.faults import crash_point
 
 logger = logging.getLogger(__name__)
 
@@ -102,10 +102,6 @@ class RetireOutcome(BaseModel):
 
 
 RECEIPT_KEY = re.compile(r"batch-[0-9]{5,}-[0-9a-f]{16}")
-
-
-class UnreadableReceiptError(CaptureStoreError):
-    """A receipt object exists but cannot be read; it is never taken for a missing receipt."""
 
 
 def receipt_key(batch: BatchPlan) -> str:
@@ -267,10 +263,6 @@ def handoff_batch(run_id: str, finalized: FinalizedBatch, dest: ByteStore) -> Ha
         records=sum(1 for o in finalized.outcomes if o.emitted),
         rollouts=finalized.outcomes,
     )
-
-
-class PartMismatchError(CaptureStoreError):
-    """A handed-off part no longer matches its receipt; no capture of its batch is retired."""
 
 
 def verify_part(dest: ByteStore, receipt: HandoffReceipt) -> bytes:
