@@ -3,7 +3,7 @@
 A capture store is a `TokenSink` and a `TokenSource` with synchronous forms (`*_now`).
 Subclasses write the blocking operations; the async forms are written once here and run
 them on the process's I/O pool (`storage.io_pool`), so no caller asks which class it holds.
-This module imports only the vocabulary and `storage.io_pool`.
+This module imports only `records`, `protocols` and `storage.io_pool`.
 """
 
 from __future__ import annotations
