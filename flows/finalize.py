@@ -38,7 +38,7 @@ from capture_core.run.run_progress import (
 from capture_core.run.run_report import RunSummary
 from tasks.batches import (
     describe_batch,
-    finalize_rollout_batch,
+    finalize_batch,
     plan_rollouts,
     retire_batch,
     upload_batch,
@@ -86,7 +86,7 @@ class RunSteps:
 
     def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch | HandoffReceipt]:
         args = (self.run_id, self.rollouts, batch, self.store, self.options, self.source_kwargs)
-        return finalize_rollout_batch.submit(*args, self.builder, self.dest)
+        return finalize_batch.submit(*args, self.builder, self.dest)
 
     def run_batch(
         self,

@@ -15,6 +15,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from capture_core.errors import RetirementFailedError, TransientStoreError
+from capture_core.run import handoff
 from capture_core.run.capture_source import open_source, store_identity
 from capture_core.run.crash_points import crash_point
 from capture_core.run.handoff import (
@@ -22,7 +23,6 @@ from capture_core.run.handoff import (
     HandoffReceipt,
     RetireOutcome,
     RolloutOutcome,
-    finalize_batch,
     handoff_batch,
     input_error,
     kept_as_evidence,
@@ -91,7 +91,7 @@ def retire_run_name(parameters: Mapping[str, Any]) -> str:
     cache_policy=NO_CACHE,
     **TRANSIENT_RETRIES,
 )
-def finalize_rollout_batch(
+def finalize_batch(
     run_id: str,
     rollouts: str,
     batch: BatchPlan,
@@ -110,7 +110,7 @@ def finalize_rollout_batch(
     """
     lines = read_batch(rollouts, batch, storage_options)
     source = open_source(store, storage_options, source_kwargs)
-    finalized = run_async(finalize_batch(run_id, batch, lines, source, builder))
+    finalized = run_async(handoff.finalize_batch(run_id, batch, lines, source, builder))
     meanwhile = None if dest is None else _receipt_meanwhile(dest, run_id, batch, storage_options)
     if meanwhile is not None:
         return meanwhile

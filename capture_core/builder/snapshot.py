@@ -23,6 +23,7 @@ from capture_core.builder.terminal import (
     NOT_ATTRIBUTED,
     TerminalAttribution,
     TerminalInputs,
+    TerminalMetric,
     attribute_terminal,
     check_strict_chain,
 )
@@ -43,8 +44,8 @@ class _Progress:
     attribution: TerminalAttribution = NOT_ATTRIBUTED
     chain: str = ""
 
-    def terminal_metrics(self) -> dict[str, Any]:
-        return self.attribution.metrics(self.chain)
+    def terminal_metrics(self) -> TerminalMetric:
+        return TerminalMetric.of(self.attribution, self.chain)
 
 
 def assemble(

@@ -21,7 +21,6 @@ import orjson
 from pydantic import BaseModel, Field
 
 from capture_core.builder.build_result import MASK_SAMPLE_KEY, BuildResult
-from capture_core.builder.terminal import abstention_reasons
 from capture_core.errors import (
     HandoffConflictError,
     PartMismatchError,
@@ -140,23 +139,23 @@ class _TransientGuard:
 
 
 def _outcome(line: int, result: dict, built: BuildResult | None) -> RolloutOutcome:
+    """What finalizing one line did, read from its typed build (`result` is the record)."""
     snapshot = built.snapshot if built else None
-    masked = bool(result.get("mask_sample"))
-    reason = built.mask_reason() if built else None
-    capture = result.get("_ng_token_capture") or {}
-    terminal = capture.get("terminal_attribution")
-    terminal = terminal if isinstance(terminal, dict) else {}
+    masked = (built is not None and built.mask_sample) or bool(result.get(MASK_SAMPLE_KEY))
+    metrics = built.metrics if built else None
+    counts = metrics.counts if metrics else None
+    terminal = metrics.terminal if metrics else None
     return RolloutOutcome(
         line=line,
         rollout_id=(built.rollout_id if built else None) or plain_rollout_id(result),
         masked=masked,
-        mask_reason=(reason or capture.get("error") or "masked") if masked else None,
+        mask_reason=((built.mask_reason() if built else None) or "masked") if masked else None,
         can_retire=built is not None and built.can_retire and not masked,
         snapshot_id=snapshot.snapshot_id if snapshot else None,
         version=snapshot.version if snapshot else None,
-        delivered_fraction=capture.get("delivered_fraction"),
-        terminal_method=terminal.get("method") if terminal else None,
-        terminal_abstentions=abstention_reasons(str(terminal.get("reason") or "")),
+        delivered_fraction=counts.delivered_fraction if counts else None,
+        terminal_method=terminal.method if terminal else None,
+        terminal_abstentions=terminal.abstentions if terminal else [],
     )
 
 
