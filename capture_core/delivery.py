@@ -13,7 +13,7 @@ import logging
 from capture_core.builder.build_result import BuildResult
 from capture_core.protocols import TokenSource
 
-# NeMo Gym's name for this check lives on here; the finalizer below the API uses it too.
+# A NeMo Gym seed name, so importable from here; it lives with the finalizer that uses it.
 from capture_core.run.finalize import finalize_rollout
 from capture_core.run.finalize import rollout_carries_token_ids as rollout_carries_token_ids
 
