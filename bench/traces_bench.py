@@ -36,11 +36,11 @@ import orjson
 from bench.agent_captures import AgentRollout, agent_rollouts, write_capture
 from bench.ratios import alternate_sides, describe_seconds
 from bench.trace_shapes import SHAPES, Episode, episodes, write_episode
-from capture_core.consumer import assemble, assemble_traces
+from capture_core.builder.snapshot import assemble, assemble_traces
+from capture_core.builder.terminal import TerminalInputs
+from capture_core.builder.trace_envelope import ENVELOPE_KEY, TraceEnvelopeError, check_envelope
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.store import TokenCaptureStore
-from capture_core.terminal import TerminalInputs
-from capture_core.trace_envelope import ENVELOPE_KEY, TraceEnvelopeError, check_envelope
 
 
 @dataclass

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from capture_core.run_report import trace_counts
+from capture_core.run.run_report import trace_counts
 from flows.runners import script
 
 MAX_FAILURE_LINES = 20
@@ -62,7 +62,7 @@ def print_notes(notes: list[str]) -> None:
 
 def may_show_progress(args: argparse.Namespace, error: BaseException) -> bool:
     """A failed finalize shows its run's ledger, unless the run id belongs to another run."""
-    from capture_core.run_layout import RunIdInUseError
+    from capture_core.errors import RunIdInUseError
 
     if args.command != "finalize" or getattr(error, "summary", None) is not None:
         return False

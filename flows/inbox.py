@@ -21,12 +21,13 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from capture_core.capture_source import check_separate_locations
+from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.config import public_storage_options
-from capture_core.inbox import (
+from capture_core.errors import ClaimLostError
+from capture_core.run.capture_source import check_separate_locations
+from capture_core.run.inbox import (
     Claim,
     ClaimDecision,
-    ClaimLostError,
     attempts,
     keep_claim,
     release_claim,
@@ -36,7 +37,6 @@ from capture_core.inbox import (
     take_claim,
 )
 from capture_core.storage import filesystem_for, open_byte_store, url_scheme
-from capture_core.trace_envelope import MAIN_CHAIN
 from flows.finalize import finalize_run
 from tasks.common import TRANSIENT_RETRIES
 

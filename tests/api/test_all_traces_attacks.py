@@ -15,21 +15,21 @@ import orjson
 import pytest
 
 from bench.trace_shapes import episode, write_episode
-from capture_core.build_result import SNAPSHOT_KEY
-from capture_core.consumer import build_from_snapshot
+from capture_core.builder.build_result import SNAPSHOT_KEY, TOKEN_CAPTURE_KEY
+from capture_core.builder.snapshot import build_from_snapshot
+from capture_core.builder.terminal import TerminalInputs
+from capture_core.builder.trace_envelope import ENVELOPE_KEY, check_envelope, owned_calls
 from capture_core.delivery import (
-    TOKEN_CAPTURE_KEY,
     capture_build_can_retire,
     finalize_rollout_token_capture,
     retire_rollout_token_capture,
 )
 from capture_core.errors import CaptureConflictError
-from capture_core.handoff import HandoffReceipt, RolloutOutcome, retirable
 from capture_core.protocols import TokenCaptureSnapshot
-from capture_core.store import TokenCaptureStore, call_key
-from capture_core.terminal import TerminalInputs
+from capture_core.run.handoff import HandoffReceipt, RolloutOutcome, retirable
+from capture_core.store import TokenCaptureStore
+from capture_core.store.capture_layout import call_key
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
-from capture_core.trace_envelope import ENVELOPE_KEY, check_envelope, owned_calls
 from tests.store.test_store_attacks import edit_one_digit, replace_object
 from tests.support.reliability_figures import record_case
 from tests.support.token_calls import token_call

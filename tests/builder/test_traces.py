@@ -13,10 +13,9 @@ import random
 import pytest
 
 from bench.trace_shapes import SHAPES, episode
-from capture_core.config import TokenIdCaptureConfig
-from capture_core.terminal import TerminalInputs
-from capture_core.trace_envelope import TraceEnvelopeError, check_envelope, owned_calls
-from capture_core.traces import (
+from capture_core.builder.terminal import TerminalInputs
+from capture_core.builder.trace_envelope import TraceEnvelopeError, check_envelope, owned_calls
+from capture_core.builder.traces import (
     ABANDONED_TRY,
     AFTER_SCORED,
     IDENTICAL_DUPLICATE,
@@ -24,6 +23,7 @@ from capture_core.traces import (
     UNSETTLED_TRY,
     build_training_traces,
 )
+from capture_core.config import TokenIdCaptureConfig
 from tests.support.token_calls import DEEP_TURNS, deep_rollout, shallow_stack, token_call
 
 

@@ -9,7 +9,7 @@ from the dict exactly when its attribute is `None` (or `False`, for the flags).
 `from_dict` reads such a dict back, so the dict-taking seed functions share this logic.
 With `all_traces` delivery a build carries the checked `training_traces` envelope instead
 of a rebuilt response, and its metrics count traces, owned calls and tokens trained.
-This module imports only `chain`, `terminal` and `traces`.
+This module imports only `chain`, `terminal`, `trace_envelope` and `traces`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from capture_core.chain import BuildOutput
-from capture_core.terminal import NOT_ATTRIBUTED, blocking_reason
-from capture_core.trace_envelope import ALL_TRACES, ENVELOPE_KEY
-from capture_core.traces import TraceBuild
+from capture_core.builder.chain import BuildOutput
+from capture_core.builder.terminal import NOT_ATTRIBUTED, TerminalMetric, blocking_reason
+from capture_core.builder.trace_envelope import ALL_TRACES, ENVELOPE_KEY
+from capture_core.builder.traces import TraceBuild
 
 MASK_SAMPLE_KEY = "mask_sample"
+TOKEN_CAPTURE_KEY = "_ng_token_capture"
+"""The record key a finalized record carries its build metrics (and any error) under."""
 SNAPSHOT_KEY = "_capture_snapshot"
 REDUNDANT_CAPTURE_KEY = "_redundant_capture"
 TERMINAL_METRIC = "terminal_attribution"
@@ -143,7 +145,7 @@ class BuildMetrics:
 
     n_calls: int
     counts: ChainCounts | None = None
-    terminal: Mapping[str, Any] | None = None
+    terminal: TerminalMetric | None = None
     capture_incomplete: bool = False
     error: str | None = None
     traces: TraceCounts | None = None
@@ -156,7 +158,7 @@ class BuildMetrics:
         if self.traces is not None:
             metrics.update(self.traces.as_dict())
         if self.terminal is not None:
-            metrics[TERMINAL_METRIC] = dict(self.terminal)
+            metrics[TERMINAL_METRIC] = self.terminal.as_dict()
         if self.capture_incomplete:
             metrics[INCOMPLETE_METRIC] = True
         if self.error is not None:
@@ -172,7 +174,7 @@ class BuildMetrics:
         return cls(
             n_calls=metrics.get("n_calls", 0),
             counts=counts,
-            terminal=terminal if isinstance(terminal, Mapping) else None,
+            terminal=TerminalMetric.from_dict(terminal) if isinstance(terminal, Mapping) else None,
             capture_incomplete=bool(metrics.get(INCOMPLETE_METRIC)),
             error=metrics.get("error"),
             traces=TraceCounts.from_dict(metrics),
@@ -207,7 +209,7 @@ class BuildResult:
         masked: bool,
         built: BuildOutput,
         n_calls: int,
-        terminal: Mapping[str, Any],
+        terminal: TerminalMetric,
     ) -> BuildResult:
         """A projected main chain; `masked` when the strict policy keeps it from training."""
         metrics = BuildMetrics(n_calls, ChainCounts.of(n_calls, built), terminal)
@@ -224,17 +226,19 @@ class BuildResult:
         error: str,
         *,
         n_calls: int = 0,
-        terminal: Mapping[str, Any] | None = None,
+        terminal: TerminalMetric | None = None,
     ) -> BuildResult:
         """A build that produced nothing to deliver: masked, with its error."""
-        metrics = BuildMetrics(n_calls, terminal=terminal or NOT_ATTRIBUTED.metrics())
+        metrics = BuildMetrics(n_calls, terminal=terminal or TerminalMetric.of(NOT_ATTRIBUTED))
         return cls(None, True, rollout_id, builder, error=error, metrics=metrics)
 
     @classmethod
     def traced(cls, built: TraceBuild) -> BuildResult:
         """An `all_traces` build: its checked envelope, or masked with the reason it has none."""
         metrics = BuildMetrics(
-            built.n_calls, terminal=built.attribution.metrics(), traces=TraceCounts.of(built)
+            built.n_calls,
+            terminal=TerminalMetric.of(built.attribution),
+            traces=TraceCounts.of(built),
         )
         if built.envelope is None:
             return cls(

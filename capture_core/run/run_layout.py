@@ -18,10 +18,11 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field, model_validator
 
+from capture_core.builder.trace_envelope import MAIN_CHAIN
+from capture_core.errors import RunIdInUseError, UnreadableManifestError
 from capture_core.ids import validate_rollout_id
-from capture_core.rollout_io import split_lines
+from capture_core.run.rollout_io import split_lines
 from capture_core.storage import ByteStore
-from capture_core.trace_envelope import MAIN_CHAIN
 
 MANIFEST = "run.json"
 LEDGER = "ledger.jsonl"
@@ -75,14 +76,6 @@ class RunManifest(BaseModel):
         if body["delivery"] == MAIN_CHAIN:
             del body["delivery"]
         return _encode(body)
-
-
-class RunIdInUseError(ValueError):
-    """The run id already holds another input or other settings; nothing of this run ran."""
-
-
-class UnreadableManifestError(ValueError):
-    """A run's manifest exists but is not one (torn or edited): its input cannot be told."""
 
 
 class LedgerLine(BaseModel):

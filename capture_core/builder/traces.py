@@ -34,22 +34,22 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from capture_core.forest import CallForest, call_order
-from capture_core.prefix import joined_key, prefix_key
-from capture_core.records import TokenEntry, coerce_token_entry, response_items
-from capture_core.terminal import (
+from capture_core.builder.forest import CallForest, call_order
+from capture_core.builder.prefix import joined_key, prefix_key
+from capture_core.builder.terminal import (
     NOT_ATTRIBUTED,
     TerminalAttribution,
     TerminalInputs,
     attribute_terminal,
 )
-from capture_core.trace_envelope import (
+from capture_core.builder.trace_envelope import (
     ENVELOPE_BUILDERS,
     SCHEMA_VERSION,
     TraceEnvelopeError,
     check_envelope,
 )
-from capture_core.transcript import own_items, transcript_readings
+from capture_core.builder.transcript import own_items, transcript_readings
+from capture_core.records import TokenEntry, coerce_token_entry, response_items
 
 EMPTY_GENERATION = "empty_generation"
 IDENTICAL_DUPLICATE = "identical_duplicate"
