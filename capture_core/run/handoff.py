@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from capture_core.builder.build_result import MASK_SAMPLE_KEY, BuildResult
 from capture_core.errors import (
     HandoffConflictError,
+    InvalidInputError,
     PartMismatchError,
     TransientStoreError,
     is_transient,
@@ -446,7 +447,7 @@ def store_concurrency() -> int:
     except ValueError:
         number = 0
     if number < 1:
-        raise ValueError(
+        raise InvalidInputError(
             f"{STORE_CONCURRENCY_ENV}={value!r} is not a positive integer; set it to the "
             "number of rollouts to finalize or retire at once (for example 16)"
         )
