@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from capture_core.errors import InvalidInputError
 from capture_core.protocols import TokenSink, load_capture_class
 from capture_core.records import describe_validation_error
 from capture_core.storage import url_scheme
@@ -71,12 +72,12 @@ class TokenIdCaptureConfig(BaseModel):
     def _check_location(self) -> TokenIdCaptureConfig:
         block, location = self.token_id_capture, self._location_text()
         if block.enabled and block.rebuild_response and not (location or block.sink):
-            raise ValueError(
+            raise InvalidInputError(
                 "token_id_capture is enabled with rebuild_response but has neither `dir` nor "
                 "`sink`; set `dir` (an absolute path or a URL) or `sink` (module.path:ClassName)"
             )
         if location and url_scheme(location) is None and not os.path.isabs(location):
-            raise ValueError(
+            raise InvalidInputError(
                 f"token_id_capture.dir {location!r} is relative; use an absolute path or a URL"
             )
         return self
@@ -87,7 +88,7 @@ class TokenIdCaptureConfig(BaseModel):
         try:
             return cls.model_validate(dict(global_config or {}))
         except ValidationError as exc:
-            raise ValueError(
+            raise InvalidInputError(
                 f"invalid {TOKEN_ID_CAPTURE_BLOCK} configuration: {describe_validation_error(exc)}"
             ) from exc
 
@@ -160,7 +161,7 @@ def build_configured_sink(config: TokenIdCaptureConfig) -> Any:
         return load_capture_class(block.sink, block.sink_kwargs, TokenSink)
     if location is not None:
         return open_capture_store(location)
-    raise ValueError("token_id_capture has no `sink` and no `dir`; nothing to build")
+    raise InvalidInputError("token_id_capture has no `sink` and no `dir`; nothing to build")
 
 
 SECRET_OPTION_WORDS = ("key", "secret", "token", "password", "credential")
@@ -175,7 +176,7 @@ def public_storage_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """
     found = sorted(_secret_paths(dict(options or {})))
     if found:
-        raise ValueError(
+        raise InvalidInputError(
             f"storage options {found} look like credentials; pass them through the environment "
             "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or an AWS profile, "
             "never as flow parameters, which the Prefect UI shows"

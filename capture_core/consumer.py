@@ -19,6 +19,7 @@ from capture_core.builder.build_result import BuildResult
 from capture_core.builder.snapshot import build_from_snapshot
 from capture_core.builder.terminal import TerminalInputs
 from capture_core.config import TokenIdCaptureConfig
+from capture_core.errors import InvalidRecordError, error_text
 from capture_core.ids import maybe_rollout_id_from_run_body, validate_rollout_id
 from capture_core.protocols import TokenSource
 from capture_core.run.capture_source import clear_captures
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 
 def _freeze_failed(rollout_id: str, builder: str, exc: Exception) -> dict:
-    error = f"freeze failed: {type(exc).__name__}: {exc}"
+    error = f"freeze failed: {error_text(exc)}"
     return BuildResult.failed(rollout_id, builder, error).to_dict()
 
 
@@ -104,7 +105,7 @@ def clear_token_captures_for_rollouts(
     rollout_ids, malformed, _without_id = rollout_ids_of(records)
     clear_captures(open_capture_store(token_capture_dirs[0]), rollout_ids)
     if malformed:
-        raise ValueError(
+        raise InvalidRecordError(
             f"{len(malformed)} record(s) have malformed rollout ids and were not cleared: "
             + "; ".join(malformed)
         )

@@ -1,8 +1,10 @@
 """Every error capture_core raises, under one root; each message names the thing and what to do.
 
 Backend exceptions (botocore, aiohttp, OS) are translated into these in one place (storage).
-A second base (`OSError`, `ValueError`, `RuntimeError`) keeps older `except` clauses working.
-This module imports nothing beyond the standard library.
+A second base (the builtin raised before: `ValueError`, `OSError`...) keeps every older `except`
+clause working, and `error_text` names an error by it in recorded results. No capture_core
+module raises a builtin exception class directly (tests/test_layering.py checks it). This
+module imports nothing beyond the standard library.
 
     TokcapError
     ├── CaptureStoreError                 a capture or byte store failed
@@ -17,6 +19,14 @@ This module imports nothing beyond the standard library.
     │   ├── PartMismatchError             a handed-off part no longer matches its receipt
     │   ├── RetirementFailedError         some captures of a handed-off batch were not retired
     │   └── TransientStoreError           a batch met a storage failure a retry may fix
+    ├── LocationError                     (OSError) a store root, capture dir or input file unusable
+    │   ├── LocationMissingError          (FileNotFoundError) it does not exist
+    │   ├── LocationNotWritableError      (PermissionError) it cannot be written
+    │   └── LocationNotADirectoryError    (NotADirectoryError) it is a file, not a directory
+    ├── InvalidInputError                 (ValueError) an argument, setting, name or id is not valid
+    │   └── InvalidRecordError            (ValueError) a token record or stored entry is malformed
+    ├── WrongTypeError                    (TypeError) an argument has the wrong type or place
+    ├── PrefixContiguityError             (AssertionError) a rebuilt response breaks prefix order
     ├── OverlappingLocationsError         (ValueError) two locations that must be apart overlap
     ├── RunIdInUseError                   (ValueError) the run id holds another input
     ├── UnreadableManifestError           (ValueError) a run's manifest is torn or edited
@@ -78,6 +88,38 @@ class TransientStoreError(CaptureStoreError):
     """A batch met a storage failure that a retry may fix; nothing of it was handed off."""
 
 
+class LocationError(TokcapError, OSError):
+    """A store root, capture directory or input file cannot be used as it is."""
+
+
+class LocationMissingError(LocationError, FileNotFoundError):
+    """The location does not exist; nothing is created in its place."""
+
+
+class LocationNotWritableError(LocationError, PermissionError):
+    """The location exists but this process cannot write there."""
+
+
+class LocationNotADirectoryError(LocationError, NotADirectoryError):
+    """The location names a file where a directory is needed."""
+
+
+class InvalidInputError(TokcapError, ValueError):
+    """An argument, setting, name or id the caller gave is not valid; the message says the fix."""
+
+
+class InvalidRecordError(InvalidInputError):
+    """A token record, response item or stored entry is malformed or newer than this reader."""
+
+
+class WrongTypeError(TokcapError, TypeError):
+    """An argument has the wrong type, or arguments came in the wrong order."""
+
+
+class PrefixContiguityError(TokcapError, AssertionError):
+    """A rebuilt response has an item whose prompt does not extend the tokens before it."""
+
+
 class OverlappingLocationsError(TokcapError, ValueError):
     """Two locations that must be separate are the same place, or one lies inside the other."""
 
@@ -92,6 +134,20 @@ class UnreadableManifestError(TokcapError, ValueError):
 
 class ClaimLostError(TokcapError, RuntimeError):
     """A pass no longer holds its claim on a run; it stops before writing anything more there."""
+
+
+def error_text(exc: BaseException) -> str:
+    """`Kind: message` for a recorded result; an error that replaced a builtin is named by it.
+
+    Results recorded before these classes existed said `ValueError: ...`; they keep that wording.
+    """
+    kind = type(exc)
+    if isinstance(exc, _NAMED_BY_BUILTIN):
+        kind = next(base for base in kind.__mro__ if base.__module__ == "builtins")
+    return f"{kind.__name__}: {exc}"
+
+
+_NAMED_BY_BUILTIN = (LocationError, InvalidInputError, WrongTypeError, PrefixContiguityError)
 
 
 def is_transient(exc: BaseException) -> bool:

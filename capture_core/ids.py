@@ -7,7 +7,7 @@ An id that is not a path segment is a `ValueError` here (no writer can key a cap
 An id too long for tokcap's stores is still an id: the store refuses it where it is stored,
 with a reason that masks the rollout (`validate_rollout_id`).
 The correlation prefix `/ng-rollout/<id>/training-token-capture` uses the same pattern.
-This module imports nothing beyond the standard library and pydantic.
+This module imports nothing beyond the standard library, pydantic and `errors`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
+
+from capture_core.errors import InvalidInputError
 
 ROLLOUT_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MAX_ROLLOUT_ID_LENGTH = 200
@@ -34,9 +36,9 @@ _CAPTURE_PREFIX_PATTERN = re.compile(
 def _path_segment(rollout_id: Any) -> str:
     """Return `rollout_id` unchanged if it is a safe path segment, else raise `ValueError`."""
     if not isinstance(rollout_id, str):
-        raise ValueError(f"rollout id must be a string, got {type(rollout_id).__name__}")
+        raise InvalidInputError(f"rollout id must be a string, got {type(rollout_id).__name__}")
     if not ROLLOUT_ID_PATTERN.fullmatch(rollout_id):
-        raise ValueError(
+        raise InvalidInputError(
             f"malformed rollout id {rollout_id!r}: use 1-{MAX_ROLLOUT_ID_LENGTH} ASCII letters, "
             "digits, '.', '_' or '-', starting with a letter or digit"
         )
@@ -51,7 +53,7 @@ def validate_rollout_id(rollout_id: Any) -> str:
     """
     _path_segment(rollout_id)
     if len(rollout_id) > MAX_ROLLOUT_ID_LENGTH:
-        raise ValueError(
+        raise InvalidInputError(
             f"malformed rollout id {rollout_id[:40]!r}... ({len(rollout_id)} characters): "
             f"tokcap's stores hold ids of at most {MAX_ROLLOUT_ID_LENGTH} characters, so no "
             "capture can be stored or read under it; use a shorter _ng_rollout_id"
@@ -82,7 +84,7 @@ def _attempt(value: Any) -> int:
     try:
         return int(value)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(
+        raise InvalidInputError(
             f"_ng_attempt_index must be a whole number (an integer, a float or a string of "
             f"digits), got {value!r}"
         ) from exc

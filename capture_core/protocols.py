@@ -5,7 +5,7 @@ A source is what finalization freezes and, after durable handoff, retires.
 `TokenCaptureStore` and `NemoGymFileStore` are both; a training framework may bring its own.
 Each method's docstring says whether a repeat is safe and what must fail.
 `load_capture_class` builds a configured sink or source class and checks its protocol.
-This module imports only `records`.
+This module imports only `records` and `errors`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from capture_core.errors import InvalidInputError, error_text
 from capture_core.records import TokenEntry
 
 
@@ -83,26 +84,28 @@ def load_capture_class(spec: str, kwargs: Mapping[str, Any] | None, protocol: ty
     """
     module_name, sep, class_name = spec.partition(":")
     if not sep or not module_name or not class_name:
-        raise ValueError(f"capture class {spec!r} must look like 'module.path:ClassName'")
+        raise InvalidInputError(f"capture class {spec!r} must look like 'module.path:ClassName'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(
+        raise InvalidInputError(
             f"cannot import module {module_name!r} for capture class {spec!r}: {exc}; "
             "install the package that provides it"
         ) from exc
     cls = getattr(module, class_name, None)
     if cls is None:
-        raise ValueError(f"module {module_name!r} has no class {class_name!r} (from {spec!r})")
+        raise InvalidInputError(
+            f"module {module_name!r} has no class {class_name!r} (from {spec!r})"
+        )
     try:
         instance = cls(**dict(kwargs or {}))
     except Exception as exc:
-        raise ValueError(
+        raise InvalidInputError(
             f"cannot construct {spec} with keyword arguments {sorted(kwargs or {})}: "
-            f"{type(exc).__name__}: {exc}"
+            + error_text(exc)
         ) from exc
     if not isinstance(instance, protocol):
-        raise ValueError(
+        raise InvalidInputError(
             f"{spec} does not satisfy {protocol.__name__}: it needs the methods "
             f"{sorted(_protocol_methods(protocol))}"
         )

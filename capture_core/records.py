@@ -25,6 +25,8 @@ from pydantic import (
     model_validator,
 )
 
+from capture_core.errors import InvalidRecordError, WrongTypeError
+
 # Schema changelog (older versions are read; newer ones are refused):
 #   0: NeMo Gym's pre-release records, same fields and meaning.
 #   1: first version (prompt, generation, log probs, optional routed experts, content items).
@@ -75,7 +77,7 @@ class TokenEntry(BaseModel):
     @classmethod
     def _vocabulary_ids(cls, ids: list[int]) -> list[int]:
         if ids and min(ids) < 0:
-            raise ValueError(
+            raise InvalidRecordError(
                 f"holds the negative id {min(ids)}; token ids index the vocabulary, so capture "
                 "the ids the model server returned (0 or more)"
             )
@@ -109,7 +111,7 @@ _OPTIONAL_FIELDS = frozenset(
 def check_schema_version(version: Any) -> None:
     """Refuse records newer than this reader: new fields may change what the ids mean."""
     if isinstance(version, int) and version > TOKEN_ENTRY_RECORD_SCHEMA_VERSION:
-        raise ValueError(
+        raise InvalidRecordError(
             f"token record schema_version {version} is newer than this reader supports "
             f"({TOKEN_ENTRY_RECORD_SCHEMA_VERSION}); upgrade tokcap before reading it "
             "(new fields may change what the token ids mean)"
@@ -120,23 +122,23 @@ def check_entry_consistency(entry: TokenEntry) -> None:
     """The cross-field rules: schema version, paired log probs, a valid carrier index."""
     check_schema_version(entry.schema_version)
     if entry.schema_version < 0:
-        raise ValueError(
+        raise InvalidRecordError(
             f"token record schema_version {entry.schema_version} is invalid; versions start at 0"
         )
     n_ids, n_lps = len(entry.generation_token_ids), len(entry.generation_log_probs)
     if n_ids != n_lps:
-        raise ValueError(
+        raise InvalidRecordError(
             f"call {entry.model_call_id!r}: generation_token_ids has {n_ids} ids but "
             f"generation_log_probs has {n_lps} values; capture one log prob per generated token"
         )
     if not all_finite(entry.generation_log_probs):
-        raise ValueError(
+        raise InvalidRecordError(
             f"call {entry.model_call_id!r}: generation_log_probs holds a NaN or infinite value; "
             "store finite log probs (clip -inf to a large negative number)"
         )
     index = entry.token_item_index
     if index is not None and not 0 <= index < len(entry.output_items):
-        raise ValueError(
+        raise InvalidRecordError(
             f"call {entry.model_call_id!r}: token_item_index {index} does not index "
             f"output_items (length {len(entry.output_items)}); set it to the carrier "
             "item's position or leave it unset"
@@ -179,7 +181,9 @@ def check_response_token_arrays(response: Mapping[str, Any]) -> None:
         try:
             TokenEntry(rollout_id="record", model_call_id=f"response item {index}", **arrays)
         except ValidationError as exc:
-            raise ValueError(f"response item {index}: {describe_validation_error(exc)}") from None
+            raise InvalidRecordError(
+                f"response item {index}: {describe_validation_error(exc)}"
+            ) from None
 
 
 def coerce_token_entry(entry: Any) -> TokenEntry:
@@ -196,7 +200,7 @@ def coerce_token_entry(entry: Any) -> TokenEntry:
         return TokenEntry.model_validate(entry.model_dump())
     if isinstance(entry, Mapping):
         return TokenEntry.model_validate(dict(entry))
-    raise TypeError(
+    raise WrongTypeError(
         f"expected a TokenEntry, an object with model_dump() or a mapping, got {type(entry)!r}"
     )
 
@@ -243,14 +247,14 @@ def extract_token_fields(response_json: Mapping[str, Any]) -> dict[str, Any] | N
     if not carriers:
         return None
     if len(carriers) > 1:
-        raise ValueError(
+        raise InvalidRecordError(
             f"{len(carriers)} response items carry token arrays; exactly one item may carry "
             "them, so the capture cannot tell which call they belong to"
         )
     item = carriers[0]
     missing = [field for field in REQUIRED_TOKEN_FIELDS if item.get(field) is None]
     if missing:
-        raise ValueError(
+        raise InvalidRecordError(
             f"a response item carries token arrays but lacks {missing}; a carrier needs "
             "prompt_token_ids, generation_token_ids and generation_log_probs"
         )
@@ -265,7 +269,7 @@ def strip_token_fields(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]
     """
     carriers = [position for position, item in enumerate(items) if _carries_tokens(item)]
     if len(carriers) > 1:
-        raise ValueError(
+        raise InvalidRecordError(
             f"output items {carriers} all carry token arrays; exactly one item may carry them"
         )
     stripped = [

@@ -2,13 +2,14 @@
 
 These are NeMo Gym's builder types (`BuildOutput`, `BuildNotes`, `Chain`, `ChainLink`), with
 its field names; `capture_core.builder` re-exports them.
-This module imports only `records`.
+This module imports only `records` and `errors`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from capture_core.errors import InvalidRecordError
 from capture_core.records import TokenEntry
 
 
@@ -40,7 +41,7 @@ class Chain:
         for link in self.links:
             entry = link.entry
             if len(entry.generation_token_ids) != len(entry.generation_log_probs):
-                raise ValueError(
+                raise InvalidRecordError(
                     f"call {entry.model_call_id!r} has {len(entry.generation_token_ids)} tokens "
                     f"but {len(entry.generation_log_probs)} log probs; the chain is invalid"
                 )

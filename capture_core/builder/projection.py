@@ -3,7 +3,7 @@
 Each call's content items are emitted; the item that carried the token arrays gets the whole
 cumulative prompt so far, the generated ids and log probs (and routed experts). A call without
 content items yields one token-only item.
-This module imports only `chain` and `records`.
+This module imports only `chain`, `records` and `errors`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from capture_core.builder.chain import BuildOutput, Chain
+from capture_core.errors import InvalidRecordError, PrefixContiguityError, WrongTypeError
 from capture_core.records import TOKEN_FIELDS, TokenEntry
 
 TOKEN_ONLY_ITEM = {"type": "message"}
@@ -57,14 +58,14 @@ def project_main_chain_response(rollout_id: str, out: BuildOutput, model: str = 
     when `per_request` produced several, or when no token was generated.
     """
     if not out.chains:
-        raise ValueError("capture produced no safe trainable chain")
+        raise InvalidRecordError("capture produced no safe trainable chain")
     if out.notes.builder == "per_request" and len(out.chains) > 1:
-        raise ValueError(
+        raise InvalidRecordError(
             f"per_request built {len(out.chains)} chains; a single response needs exactly one"
         )
     main = out.main_chain
     if main.generated_tokens == 0:
-        raise ValueError("capture produced no trainable generated tokens")
+        raise InvalidRecordError("capture produced no trainable generated tokens")
     output = project_chain_to_output_items(main)
     generated = [item for item in output if item.get("generation_token_ids")]
     return {
@@ -85,7 +86,7 @@ def assert_prefix_contiguity(response: Mapping[str, Any]) -> None:
     Takes the whole response; every output item with `generation_token_ids` is checked.
     """
     if not isinstance(response, Mapping):
-        raise TypeError(
+        raise WrongTypeError(
             "assert_prefix_contiguity takes the whole response dict (with its `output` list), "
             f"not {type(response).__name__}"
         )
@@ -103,7 +104,7 @@ def assert_prefix_contiguity(response: Mapping[str, Any]) -> None:
             or prompt[:cut] != seen_prompt
             or prompt[cut : cut + len(seen_generation)] != seen_generation
         ):
-            raise AssertionError(
+            raise PrefixContiguityError(
                 f"output item {position} breaks prefix contiguity: its prompt does not extend "
                 "the tokens of the items before it"
             )

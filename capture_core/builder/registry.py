@@ -21,6 +21,7 @@ from capture_core.builder.terminal import (
     CHAIN_NOT_CAPTURED,
     collapse_identical,
 )
+from capture_core.errors import InvalidInputError, WrongTypeError
 from capture_core.records import TokenEntry
 
 __all__ = ["BUILDERS", "per_request", "prefix_merging", "run_builder"]
@@ -140,7 +141,7 @@ def run_builder(
     known ones; the arguments in the wrong order (the name first) are a `TypeError` saying so.
     """
     if isinstance(entries, str):
-        raise TypeError(
+        raise WrongTypeError(
             f"run_builder(entries, builder) takes the entries first; got the builder name "
             f"{entries!r} as the first argument. Call run_builder(entries, builder={entries!r})"
         )
@@ -149,7 +150,7 @@ def run_builder(
     if builder == "per_request" and terminal_call_id is None:
         return per_request(entries)
     if builder == "per_request":
-        raise ValueError(
+        raise InvalidInputError(
             "per_request builds one chain per call; a terminal call needs prefix_merging"
         )
-    raise ValueError(f"unknown builder {builder!r}; use one of {', '.join(BUILDERS)}")
+    raise InvalidInputError(f"unknown builder {builder!r}; use one of {', '.join(BUILDERS)}")

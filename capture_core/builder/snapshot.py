@@ -29,6 +29,7 @@ from capture_core.builder.terminal import (
 )
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.builder.traces import build_training_traces
+from capture_core.errors import error_text
 from capture_core.records import coerce_token_entry
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def assemble(
         return _build_and_project(rollout_id, entries, builder, model, terminal, progress)
     except Exception as exc:
         logger.warning("rollout %s: build failed: %s", rollout_id, exc)
-        error = f"{type(exc).__name__}: {exc}"
+        error = error_text(exc)
         metrics = progress.terminal_metrics()
         return BuildResult.failed(
             rollout_id, builder, error, n_calls=len(entries), terminal=metrics
@@ -231,7 +232,7 @@ def build_from_snapshot(
         reasons = "; ".join(getattr(snapshot, "incomplete_reasons", ())) or "a call was lost"
     except Exception as exc:
         logger.warning("rollout %s: unreadable snapshot: %s", rollout_id, exc)
-        error = f"unreadable snapshot: {type(exc).__name__}: {exc}"
+        error = f"unreadable snapshot: {error_text(exc)}"
         return BuildResult.failed(rollout_id, builder, error)
     if not entries:
         error = f"capture incomplete: {reasons}" if incomplete else EMPTY_CAPTURE_ERROR

@@ -55,22 +55,24 @@ def _is_int(value: Any) -> bool:
 
 def _token_ids(values: Any, where: str) -> None:
     """Vocabulary ids: non-negative integers (one C pass: an `array` refuses anything else)."""
+    refusal = _fail(where, "must be a list of non-negative integer ids")
+    if not isinstance(values, list):
+        raise refusal
     try:
-        if not isinstance(values, list):
-            raise TypeError
         array("Q", values)
     except (TypeError, OverflowError):
-        raise _fail(where, "must be a list of non-negative integer ids") from None
+        raise refusal from None
 
 
 def _finite_numbers(values: Any, where: str, n: int) -> None:
     """`n` finite numbers; the sum in `all_finite` refuses anything that is not a number."""
+    refusal = _fail(where, f"must be a list of {n} numbers")
+    if not isinstance(values, list) or len(values) != n:
+        raise refusal
     try:
-        if not isinstance(values, list) or len(values) != n:
-            raise TypeError
         finite = all_finite(values)
     except TypeError:
-        raise _fail(where, f"must be a list of {n} numbers") from None
+        raise refusal from None
     if not finite:
         raise _fail(where, "holds a value that is not a finite number")
 

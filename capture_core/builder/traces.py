@@ -22,7 +22,7 @@ different captures of one call id, writer lineage the tokens contradict (an edit
 misrecorded capture, a lost parent), a disputed terminal, an unsettled group without an
 attributed scored call, a call with an empty prompt, and an envelope that fails
 `trace_envelope.check_envelope` against the capture.
-This module imports only `forest`, `prefix`, `records`, `terminal`, `trace_envelope` and
+This module imports only `errors`, `forest`, `prefix`, `records`, `terminal`, `trace_envelope` and
 `transcript`; nothing here recurses.
 """
 
@@ -49,6 +49,7 @@ from capture_core.builder.trace_envelope import (
     check_envelope,
 )
 from capture_core.builder.transcript import own_items, transcript_readings
+from capture_core.errors import InvalidInputError
 from capture_core.records import TokenEntry, coerce_token_entry, response_items
 
 EMPTY_GENERATION = "empty_generation"
@@ -115,7 +116,8 @@ def build_training_traces(
     `ValueError`; an unknown builder too.
     """
     if builder not in ENVELOPE_BUILDERS:
-        raise ValueError(f"unknown builder {builder!r}; use one of {', '.join(ENVELOPE_BUILDERS)}")
+        known = ", ".join(ENVELOPE_BUILDERS)
+        raise InvalidInputError(f"unknown builder {builder!r}; use one of {known}")
     records = [coerce_token_entry(entry) for entry in entries]
     captured = sum(len(r.generation_token_ids) for r in records)
     base = TraceBuild(rollout_id, builder, None, tokens_captured=captured, n_calls=len(records))

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from capture_core.errors import InvalidInputError
 from capture_core.protocols import TokenSource, load_capture_class
 from capture_core.run.crash_points import crash_point
 from capture_core.storage import local_path, refuse_overlapping
@@ -48,7 +49,7 @@ def clear_captures(source: Any, rollout_ids: list[str], name: str = "") -> int:
     """
     delete = getattr(source, "delete", None)
     if delete is None:
-        raise ValueError(
+        raise InvalidInputError(
             f"source {name or type(source).__name__} has no delete(rollout_id); it cannot "
             "clear captures"
         )

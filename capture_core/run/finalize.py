@@ -25,6 +25,7 @@ from capture_core.builder.build_result import (
 from capture_core.builder.snapshot import build_from_snapshot
 from capture_core.builder.terminal import TerminalInputs
 from capture_core.builder.trace_envelope import DELIVERIES, ENVELOPE_KEY, MAIN_CHAIN
+from capture_core.errors import error_text
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenSource
 from capture_core.records import TOKEN_FIELDS, check_response_token_arrays, response_items
@@ -92,7 +93,7 @@ async def finalize_rollout(
     except Exception as exc:
         return _mask_unusable(
             result,
-            f"{type(exc).__name__}: {exc}",
+            error_text(exc),
             f"token capture finalize failed unexpectedly: {exc}",
         )
 
@@ -143,7 +144,7 @@ async def _finalize(result: dict, source: TokenSource, builder: str) -> BuildRes
     try:
         snapshot = await source.freeze(rollout_id)
     except Exception as exc:
-        error = _noting(f"{type(exc).__name__}: {exc}", malformed)
+        error = _noting(error_text(exc), malformed)
         message = f"rollout {rollout_id} masked: capture unreadable: {error}"
         return _mask_unusable(result, error, message)
     response = result.get("response")

@@ -29,6 +29,7 @@ from capture_core.builder.trace_envelope import (
 )
 from capture_core.errors import (
     HandoffConflictError,
+    InvalidInputError,
     PartMismatchError,
     TransientStoreError,
     is_transient,
@@ -477,7 +478,7 @@ def store_concurrency() -> int:
     except ValueError:
         number = 0
     if number < 1:
-        raise ValueError(
+        raise InvalidInputError(
             f"{STORE_CONCURRENCY_ENV}={value!r} is not a positive integer; set it to the "
             "number of rollouts to finalize or retire at once (for example 16)"
         )

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
+from capture_core.errors import InvalidInputError, LocationMissingError
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.storage import filesystem_for
 
@@ -144,10 +145,10 @@ def plan_rollout_file(
     first copy included: no copy of a repeated id may be finalized.
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        raise InvalidInputError(f"batch_size must be at least 1, got {batch_size}")
     fs, path = filesystem_for(url, storage_options)
     if not fs.exists(path):
-        raise FileNotFoundError(f"rollout file {url} does not exist; check the URL")
+        raise LocationMissingError(f"rollout file {url} does not exist; check the URL")
     fingerprint = file_fingerprint(url, storage_options)  # before reading: see its doc
     whole = hashlib.sha256()
     batches: list[BatchPlan] = []
@@ -243,7 +244,7 @@ def read_batch(
     fs, path = filesystem_for(url, storage_options)
     data = fs.cat_file(path, start=batch.start, end=batch.end)
     if hashlib.sha256(data).hexdigest() != batch.sha256:
-        raise ValueError(
+        raise InvalidInputError(
             f"rollout file {url} changed since it was planned (batch {batch.index}); "
             "input files must not change during a run"
         )

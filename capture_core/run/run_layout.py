@@ -19,7 +19,7 @@ import orjson
 from pydantic import BaseModel, Field, model_validator
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
-from capture_core.errors import RunIdInUseError, UnreadableManifestError
+from capture_core.errors import InvalidInputError, RunIdInUseError, UnreadableManifestError
 from capture_core.ids import validate_rollout_id
 from capture_core.run.rollout_io import split_lines
 from capture_core.storage import ByteStore
@@ -38,7 +38,7 @@ def validate_run_id(run_id: str) -> str:
     try:
         return validate_rollout_id(run_id)
     except ValueError as exc:
-        raise ValueError(str(exc).replace("rollout id", "run id")) from exc
+        raise InvalidInputError(str(exc).replace("rollout id", "run id")) from exc
 
 
 def run_location(dest: str, run_id: str, *parts: str) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 
-from capture_core.errors import CaptureStoreError, is_transient
+from capture_core.errors import CaptureStoreError, InvalidInputError, error_text, is_transient
 
 
 def check_key(key: str) -> str:
@@ -40,9 +40,9 @@ def check_key(key: str) -> str:
         return key
     parts = key.split("/")
     if "" in parts or "." in parts or ".." in parts:
-        raise ValueError(f"store key {key!r} is not a relative path inside the store root")
+        raise InvalidInputError(f"store key {key!r} is not a relative path inside the store root")
     if any(is_reserved(part) for part in parts):
-        raise ValueError(
+        raise InvalidInputError(
             f"store key {key!r} has a segment starting with '.'; such names are reserved for "
             "the backend's own files and are never listed"
         )
@@ -52,7 +52,7 @@ def check_key(key: str) -> str:
 def check_new_object(key: str, data: bytes) -> str:
     """Refuse a create that no backend can make exclusive and durable: an empty object."""
     if not data:
-        raise ValueError(
+        raise InvalidInputError(
             f"refusing to create empty object {key}: an empty object cannot be told from a "
             "torn one, and empty creates are not exclusive on every backend"
         )
@@ -135,7 +135,7 @@ class ByteStore(ABC):
             except (OSError, CaptureStoreError) as exc:
                 if is_transient(exc):
                     raise
-                failed[key] = f"{type(exc).__name__}: {exc}"
+                failed[key] = error_text(exc)
         return failed
 
     @abstractmethod

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from capture_core.errors import InvalidInputError
 from capture_core.storage.base import ByteStore
 from capture_core.storage.local import LocalStore
 from capture_core.storage.locations import local_path
@@ -23,7 +24,7 @@ def open_byte_store(
     text = local_path(url)
     if text is not None:
         if not os.path.isabs(text):
-            raise ValueError(
+            raise InvalidInputError(
                 f"store location {text!r} is relative; use an absolute path or a URL such as "
                 "s3://bucket/prefix"
             )

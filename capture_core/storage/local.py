@@ -19,7 +19,15 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 
-from capture_core.errors import CaptureStoreError, StoreUnavailableError, UnreadableCaptureError
+from capture_core.errors import (
+    CaptureStoreError,
+    InvalidInputError,
+    LocationMissingError,
+    LocationNotADirectoryError,
+    LocationNotWritableError,
+    StoreUnavailableError,
+    UnreadableCaptureError,
+)
 from capture_core.storage.base import ByteStore, check_key, check_new_object, is_reserved
 
 TMP_DIR = ".tmp"
@@ -84,7 +92,7 @@ class LocalStore(ByteStore):
 
     def __init__(self, root: str) -> None:
         if not os.path.isabs(root):
-            raise ValueError(f"local store root {root!r} must be an absolute path")
+            raise InvalidInputError(f"local store root {root!r} must be an absolute path")
         self.root = os.path.normpath(root)
         self.url = self.root
         self._known_dirs: set[str] = set()
@@ -125,14 +133,14 @@ class LocalStore(ByteStore):
     def probe(self, must_exist: bool) -> None:
         if os.path.isdir(self.root):
             if not os.access(self.root, os.W_OK):
-                raise PermissionError(
+                raise LocationNotWritableError(
                     f"store root {self.root} is not writable; fix its permissions"
                 )
             return
         if os.path.exists(self.root):
-            raise NotADirectoryError(f"store root {self.root} is not a directory")
+            raise LocationNotADirectoryError(f"store root {self.root} is not a directory")
         if must_exist:
-            raise FileNotFoundError(
+            raise LocationMissingError(
                 f"store root {self.root} does not exist; check the path (captures live there)"
             )
 

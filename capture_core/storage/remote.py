@@ -16,7 +16,12 @@ from typing import Any
 
 import fsspec
 
-from capture_core.errors import CaptureStoreError, StoreUnavailableError
+from capture_core.errors import (
+    CaptureStoreError,
+    InvalidInputError,
+    LocationMissingError,
+    StoreUnavailableError,
+)
 from capture_core.storage.base import ByteStore, check_key, check_new_object, is_reserved
 from capture_core.storage.locations import S3_PROTOCOLS, is_s3, url_scheme
 from capture_core.storage.options import S3_CLIENT_RETRIES, s3_options
@@ -59,7 +64,7 @@ class FsspecStore(ByteStore):
         self._options = dict(storage_options or {})
         protocol = url_scheme(url) if "::" not in url else None
         if protocol not in ATOMIC_CREATE_PROTOCOLS:
-            raise ValueError(
+            raise InvalidInputError(
                 f"storage at {url} cannot be used: tokcap needs an atomic create-only write "
                 f"and only {', '.join(ATOMIC_CREATE_PROTOCOLS)} URLs and local paths provide "
                 "one here (elsewhere a create is check-then-write, so two writers could "
@@ -109,13 +114,13 @@ class FsspecStore(ByteStore):
             try:
                 self.fs.call_s3("head_bucket", Bucket=bucket)
             except FileNotFoundError as exc:
-                raise FileNotFoundError(
+                raise LocationMissingError(
                     f"bucket {bucket!r} of {self.url} does not exist; create it or fix the URL"
                 ) from exc
             except Exception as exc:
                 raise self._translate(exc, f"reach bucket {bucket!r}") from exc
         elif must_exist and not self.fs.exists(self._root):
-            raise FileNotFoundError(f"store root {self.url} does not exist")
+            raise LocationMissingError(f"store root {self.url} does not exist")
 
     def get(self, key: str) -> bytes | None:
         try:

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from capture_core.errors import InvalidRecordError
 from capture_core.records import TOKEN_ENTRY_RECORD_SCHEMA_VERSION, TokenEntry, entry_fields
 from capture_core.store.stored_json import encode_json
 
@@ -101,7 +102,7 @@ def unpack(stored: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         fields.update(extras)
     block = stored.get(_PROMPT)
     if not isinstance(block, dict):
-        raise ValueError("stored entry has no prompt block")
+        raise InvalidRecordError("stored entry has no prompt block")
     prompt = {
         "parent": block.get("a"),
         "shared": block.get("n"),

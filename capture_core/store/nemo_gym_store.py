@@ -27,6 +27,8 @@ from capture_core.errors import (
     CaptureConflictError,
     CaptureFencedError,
     CaptureRetiredError,
+    LocationMissingError,
+    LocationNotWritableError,
     UnreadableCaptureError,
 )
 from capture_core.ids import validate_rollout_id
@@ -97,9 +99,11 @@ class NemoGymFileStore(CaptureStore):
     def probe(self, must_exist: bool = True) -> None:
         """Raise a clear error when the directory is missing or not writable."""
         if not os.path.isdir(self.root):
-            raise FileNotFoundError(f"NeMo Gym capture directory {self.root} does not exist")
+            raise LocationMissingError(f"NeMo Gym capture directory {self.root} does not exist")
         if not os.access(self.root, os.W_OK):
-            raise PermissionError(f"NeMo Gym capture directory {self.root} is not writable")
+            raise LocationNotWritableError(
+                f"NeMo Gym capture directory {self.root} is not writable"
+            )
 
     @contextmanager
     def _locked(self, rollout_id: str, *, shared: bool = False) -> Iterator[None]:

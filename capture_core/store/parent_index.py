@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from capture_core.errors import InvalidInputError
 from capture_core.store import compact
 from capture_core.store.prompt_rebuild import parse_stored
 
@@ -46,7 +47,7 @@ class ParentIndex:
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, per_rollout: int = PER_ROLLOUT) -> None:
         if max_bytes < 0 or per_rollout < 1:
-            raise ValueError("parent index bounds must be positive")
+            raise InvalidInputError("parent index bounds must be positive")
         self.max_bytes, self.per_rollout = max_bytes, per_rollout
         self._rollouts: OrderedDict[str, _Rollout] = OrderedDict()
         self._bytes = 0

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from capture_core.errors import InvalidRecordError
 from capture_core.records import TOKEN_ENTRY_RECORD_SCHEMA_VERSION
 from capture_core.store.compact import (
     STORED_SCHEMA_VERSION,
@@ -45,23 +46,23 @@ def parse_stored(name: str, data: bytes, stored: dict[str, Any]) -> StoredEntry:
     """
     version = stored.get("schema_version")
     if isinstance(version, int) and version > STORED_SCHEMA_VERSION:
-        raise ValueError(
+        raise InvalidRecordError(
             f"stored schema_version {version} is newer than this reader supports "
             f"({STORED_SCHEMA_VERSION}); upgrade tokcap before reading it"
         )
     if version != STORED_SCHEMA_VERSION:
-        raise ValueError(
+        raise InvalidRecordError(
             f"it was stored without a digest (stored schema {version}, written by an older "
             "tokcap), so its tokens cannot be verified and the rollout is masked; upgrade "
             "every writer of this store (the NeMo Gym sink too)"
         )
     problem = check_seal(data)
     if problem is not None:
-        raise ValueError(problem)
+        raise InvalidRecordError(problem)
     fields, block = unpack(stored)
     tail = block.get("tail")
     if not isinstance(tail, list):
-        raise ValueError("stored prompt delta has no token list")
+        raise InvalidRecordError("stored prompt delta has no token list")
     parent = block.get("parent")
     return StoredEntry(
         name,

@@ -19,6 +19,7 @@ import orjson
 from capture_core.errors import (
     CaptureRetiredError,
     CaptureStoreError,
+    InvalidInputError,
     UnreadableCaptureError,
     is_transient,
 )
@@ -166,12 +167,12 @@ def sweep_age_seconds(age: str) -> float:
     is wrong when it is malformed or below `MIN_SWEEP_AGE_SECONDS`."""
     match = _AGE.fullmatch(age.strip()) if isinstance(age, str) else None
     if match is None:
-        raise ValueError(
+        raise InvalidInputError(
             f"{age!r} is not a duration; use a whole number and a unit: 36h, 2d, 90m or 3600s"
         )
     seconds = float(int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
     if seconds < MIN_SWEEP_AGE_SECONDS:
-        raise ValueError(
+        raise InvalidInputError(
             f"{age} is below the 1h minimum: a writer of a recently retired attempt may still "
             "be running, and a tombstone is what fences it out (see docs/store.md)"
         )

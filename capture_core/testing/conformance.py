@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from capture_core.errors import InvalidInputError
 from capture_core.protocols import TokenCaptureSnapshot, TokenSink, TokenSource
 from capture_core.records import TokenEntry
 
@@ -276,5 +277,5 @@ def run_conformance(sink_factory: SinkFactory, source_factory: SourceFactory) ->
 def run_check(name: str, sink_factory: SinkFactory, source_factory: SourceFactory) -> None:
     """Run the one check `name` (of `CHECKS`) with fresh clients; raise `ConformanceError`."""
     if name not in CHECKS:
-        raise ValueError(f"unknown conformance check {name!r}; the checks are {CHECKS}")
+        raise InvalidInputError(f"unknown conformance check {name!r}; the checks are {CHECKS}")
     asyncio.run(getattr(_Checks(sink_factory, source_factory), name)())

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from capture_core.storage import ByteStore
-from capture_core.testing.conformance import CHECKS, applies, run_check
+from capture_core.testing.conformance import CHECKS, ConformanceError, applies, run_check
 
 
 class CaptureStoreContract:
@@ -108,7 +108,7 @@ class ByteStoreContract:
             except ValueError as exc:
                 assert "empty object r/e/empty" in str(exc)
             else:
-                raise AssertionError(f"{create.__name__} accepted an empty object")
+                raise ConformanceError(f"{create.__name__} accepted an empty object")
         assert not store.exists("r/e/empty")
 
     def test_replace_overwrites(self) -> None:
@@ -124,7 +124,7 @@ class ByteStoreContract:
                 store.create(key, b"data")
             except ValueError:
                 continue
-            raise AssertionError(f"key {key!r} was accepted")
+            raise ConformanceError(f"key {key!r} was accepted")
 
     def test_list_prefix_is_recursive_sorted_and_bounded(self) -> None:
         store = self.make_store()
