@@ -61,13 +61,25 @@ class RolloutOutcome(BaseModel):
 
 
 class FinalizedBatch(BaseModel):
-    """A finalized batch ready for upload: its part bytes and per-rollout outcomes."""
+    """A finalized batch ready for upload: its part bytes, its trainer rows' part bytes (when
+    the run writes rows) and per-rollout outcomes."""
 
     index: int
     receipt_key: str
     part_key: str
     part: bytes
     outcomes: list[RolloutOutcome]
+    rows_key: str | None = None
+    rows: bytes | None = None
+
+
+class RowsPart(BaseModel):
+    """The trainer-rows part a receipt pins beside the records part: key, size, sha256, rows."""
+
+    key: str
+    sha256: str
+    bytes: int
+    rows: int
 
 
 class HandoffReceipt(BaseModel):
@@ -81,6 +93,7 @@ class HandoffReceipt(BaseModel):
     bytes: int
     records: int
     rollouts: list[RolloutOutcome]
+    rows: RowsPart | None = None
 
 
 class RetireOutcome(BaseModel):
@@ -188,8 +201,11 @@ async def finalize_batch(
     source: TokenSource,
     builder: str = "prefix_merging",
     concurrency: int | None = None,
+    rows: str = "none",
 ) -> FinalizedBatch:
     """Finalize every record of a batch and encode the part file in input order.
+
+    With `rows="parquet"` the batch's trainer rows are encoded too (`trainer_rows`).
 
     Up to `concurrency` rollouts (default: `store_concurrency()`) are finalized at once, so
     a remote store's round trips overlap. Raises `TransientStoreError` if the source failed
@@ -207,6 +223,7 @@ async def finalize_batch(
     built_all = await asyncio.gather(*(map(finalize_one, lines, guards)))
     outcomes: list[RolloutOutcome] = []
     chunks: list[bytes] = []
+    emitted: list[tuple[int, dict]] = []
     for parsed, guard, built in zip(lines, guards, built_all, strict=True):
         if guard.failure is not None:
             raise TransientStoreError(
@@ -220,13 +237,28 @@ async def finalize_batch(
         record = parsed.record or {}
         outcomes.append(_outcome(parsed.line, record, built))
         chunks.append(orjson.dumps(record) + b"\n")
+        emitted.append((parsed.line, record))
     return FinalizedBatch(
         index=batch.index,
         receipt_key=receipt_key(batch),
         part_key=part_key(run_id, batch),
         part=b"".join(chunks),
         outcomes=outcomes,
+        **_rows_part(run_id, batch, rows, emitted),
     )
+
+
+def _rows_part(
+    run_id: str, batch: BatchPlan, rows: str, emitted: list[tuple[int, dict]]
+) -> dict[str, object]:
+    """The batch's rows part key and bytes, or nothing when the run writes no rows."""
+    if rows == "none":
+        return {}
+    from capture_core.trainer_rows import batch_rows, check_row_format
+
+    check_row_format(rows)
+    key = run_layout.rows_key(run_id, batch.index, batch.sha256)
+    return {"rows_key": key, "rows": batch_rows(emitted)}
 
 
 def upload_part(dest: ByteStore, key: str, data: bytes) -> tuple[str, int]:
@@ -255,8 +287,15 @@ def upload_part(dest: ByteStore, key: str, data: bytes) -> tuple[str, int]:
 
 
 def handoff_batch(run_id: str, finalized: FinalizedBatch, dest: ByteStore) -> HandoffReceipt:
-    """Durably hand a finalized batch off and return its receipt."""
+    """Durably hand a finalized batch off (records part, then rows part) and return its receipt."""
     digest, size = upload_part(dest, finalized.part_key, finalized.part)
+    rows = None
+    if finalized.rows_key is not None and finalized.rows is not None:
+        from capture_core.trainer_rows import read_rows
+
+        rows_digest, rows_size = upload_part(dest, finalized.rows_key, finalized.rows)
+        count = read_rows(finalized.rows).num_rows
+        rows = RowsPart(key=finalized.rows_key, sha256=rows_digest, bytes=rows_size, rows=count)
     return HandoffReceipt(
         run_id=run_id,
         batch=finalized.index,
@@ -266,6 +305,7 @@ def handoff_batch(run_id: str, finalized: FinalizedBatch, dest: ByteStore) -> Ha
         bytes=size,
         records=sum(1 for o in finalized.outcomes if o.emitted),
         rollouts=finalized.outcomes,
+        rows=rows,
     )
 
 
@@ -276,19 +316,39 @@ class PartMismatchError(CaptureStoreError):
 def verify_part(dest: ByteStore, receipt: HandoffReceipt) -> bytes:
     """Re-read the receipt's part, check its size and sha256 against the receipt, return it.
 
-    A transient read failure propagates (retry it); a missing or different part raises
-    `PartMismatchError` naming it, because its records are not what the receipt certifies.
+    A receipt that pins a rows part has it verified the same way first: retirement waits
+    for both parts. A transient read failure propagates (retry it); a missing or different
+    part raises `PartMismatchError` naming it, because it is not what the receipt certifies.
     """
-    stored = dest.get(receipt.part_key)
+    if receipt.rows is not None:
+        verified_bytes(dest, receipt, receipt.rows.key, receipt.rows.bytes, receipt.rows.sha256)
+    return verified_bytes(dest, receipt, receipt.part_key, receipt.bytes, receipt.sha256)
+
+
+RETIRED_NOTHING = (
+    "nothing of this batch was retired now, its captures are kept. Restore the part from a "
+    "copy with that digest, then retire again"
+)
+
+
+def verified_bytes(
+    dest: ByteStore,
+    receipt: HandoffReceipt,
+    key: str,
+    size: int,
+    sha256: str,
+    consequence: str = RETIRED_NOTHING,
+) -> bytes:
+    """The bytes of part `key` when they are the `size` and `sha256` its receipt certifies;
+    else `PartMismatchError` naming the part, the run and `consequence`."""
+    stored = dest.get(key)
     digest = None if stored is None else hashlib.sha256(stored).hexdigest()
-    if stored is not None and len(stored) == receipt.bytes and digest == receipt.sha256:
+    if stored is not None and len(stored) == size and digest == sha256:
         return stored
     found = "is missing" if stored is None else f"has {len(stored)} bytes, sha256 {digest}"
     raise PartMismatchError(
-        f"batch {receipt.batch}: part {dest.url}/{receipt.part_key} {found}, but its receipt "
-        f"certifies {receipt.bytes} bytes, sha256 {receipt.sha256}; nothing of this batch was "
-        "retired now, its captures are kept. Restore the part from a copy with that digest, "
-        "then retire again"
+        f"batch {receipt.batch} of run {receipt.run_id}: part {dest.url}/{key} {found}, but "
+        f"its receipt certifies {size} bytes, sha256 {sha256}; {consequence}"
     )
 
 

@@ -24,7 +24,8 @@ from capture_core.config import public_storage_options
 from capture_core.handoff import FinalizedBatch, HandoffReceipt, RetireOutcome, receipt_key
 from capture_core.inbox import Claim, ClaimLostError
 from capture_core.rollout_io import BatchPlan
-from capture_core.run_layout import validate_run_id
+from capture_core.row_cursor import validate_consumer_name
+from capture_core.run_layout import ROW_FORMATS, validate_run_id
 from capture_core.run_progress import (
     Lookahead,
     MaskGate,
@@ -42,6 +43,7 @@ from tasks.batches import (
     retire_batch,
     upload_batch,
 )
+from tasks.consumers import acknowledged
 from tasks.receipts import UnrecordedReceiptError, find_receipts, receipt_storage
 from tasks.report import write_run_report
 from tasks.run_state import check_locations, claim_run_id, load_ledger, load_manifest, mark_retired
@@ -65,7 +67,11 @@ class RunFailedError(RuntimeError):
 
 @dataclass
 class RunSteps:
-    """The tasks of one run, bound to its locations; each reports its batch's fate to a tally."""
+    """The tasks of one run, bound to its locations; each reports its batch's fate to a tally.
+
+    With `retire_after_consumer`, a batch is retired only once that consumer acknowledged
+    its rows part; until then its receipt is tallied with nothing retired.
+    """
 
     run_id: str
     dest: str
@@ -75,6 +81,8 @@ class RunSteps:
     rollouts: str = ""
     builder: str = "prefix_merging"
     claim: Claim | None = None
+    rows: str = "none"
+    retire_after_consumer: str | None = None
     upload: Task[..., HandoffReceipt] = field(init=False)
     retire_task: Task[..., RetireOutcome] = field(init=False)
 
@@ -85,7 +93,7 @@ class RunSteps:
 
     def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch | HandoffReceipt]:
         args = (self.run_id, self.rollouts, batch, self.store, self.options, self.source_kwargs)
-        return finalize_rollout_batch.submit(*args, self.builder, self.dest)
+        return finalize_rollout_batch.submit(*args, self.builder, self.dest, self.rows)
 
     def run_batch(
         self,
@@ -165,6 +173,10 @@ class RunSteps:
 
     def retire(self, receipt: HandoffReceipt, tally: RunTally) -> RetireOutcome:
         """Retire a handed-off batch and record the outcome (cached: an earlier run's)."""
+        if self.retire_after_consumer is not None and not self.consumed(receipt):
+            outcome = RetireOutcome(receipt_key=receipt.receipt_key)
+            tally.retired(receipt, outcome)
+            return outcome
         args = (quote(receipt), self.dest, self.store, self.options, self.source_kwargs)
         try:
             state = self.retire_task(*args, claim=self.claim, return_state=True)
@@ -177,12 +189,35 @@ class RunSteps:
         tally.retired(receipt, outcome)
         return outcome
 
+    def consumed(self, receipt: HandoffReceipt) -> bool:
+        """Whether the gating consumer acknowledged the batch; logged when it has not."""
+        consumer = self.retire_after_consumer or ""
+        if acknowledged(self.dest, quote(receipt), consumer, self.options):
+            return True
+        get_run_logger().info(
+            "batch %d: not retired yet, waiting for consumer %s to acknowledge its rows",
+            receipt.batch,
+            consumer,
+        )
+        return False
 
-def check_arguments(run_id: str, builder: str) -> None:
-    """Refuse a bad run id or builder before any task runs."""
+
+def check_arguments(
+    run_id: str, builder: str, rows: str = "none", retire_after_consumer: str | None = None
+) -> None:
+    """Refuse a bad run id, builder, rows format or consumer name before any task runs."""
     validate_run_id(run_id)
     if builder not in BUILDERS:
         raise ValueError(f"unknown builder {builder!r}; use one of {', '.join(BUILDERS)}")
+    if rows not in ROW_FORMATS:
+        raise ValueError(f"unknown rows format {rows!r}; use one of {', '.join(ROW_FORMATS)}")
+    if retire_after_consumer is not None:
+        validate_consumer_name(retire_after_consumer)
+        if rows == "none":
+            raise ValueError(
+                f"retire_after_consumer={retire_after_consumer!r} needs trainer rows for the "
+                "consumer to acknowledge; also set rows='parquet' (--rows parquet)"
+            )
 
 
 @flow(name="finalize-run", flow_run_name="finalize {run_id} from {rollouts}", log_prints=False)
@@ -199,6 +234,8 @@ def finalize_run(
     source_kwargs: dict[str, Any] | None = None,
     finalize_ahead: int = 2,
     claim: Claim | None = None,
+    rows: str = "none",
+    retire_after_consumer: str | None = None,
 ) -> RunSummary:
     """Finalize every rollout of `rollouts` into the run's records at `dest`, then retire.
 
@@ -208,15 +245,19 @@ def finalize_run(
     An inbox pass passes its `claim`: each write that decides the run's state (manifest,
     part and receipt, retirement, ledger and report) first checks that it still holds it,
     and the run stops with `ClaimLostError` once it does not.
+    `rows="parquet"` writes each batch's trainer rows beside its part, pinned by the same
+    receipt; `retire_after_consumer` then hands off but retires only the batches that row
+    consumer acknowledged (a later run, `retire_uploaded` or the inbox retires the rest).
     """
     options = public_storage_options(storage_options)
-    check_arguments(run_id, builder)
+    check_arguments(run_id, builder, rows, retire_after_consumer)
     check_separate_locations({"store": store, "dest": dest})
     check_locations(store, dest, options, source_kwargs)
     plan = plan_rollouts(rollouts, batch_size, options)
     settings = (store, builder, batch_size, max_mask_fraction, mask_fraction_min_samples)
-    claim_run_id(dest, run_id, plan, *settings, options, claim)
+    claim_run_id(dest, run_id, plan, *settings, options, claim, rows, retire_after_consumer)
     steps = RunSteps(run_id, dest, store, options, source_kwargs, rollouts, builder, claim)
+    steps.rows, steps.retire_after_consumer = rows, retire_after_consumer
     keys = [receipt_key(b) for b in plan.batches]
     earlier = find_receipts(dest, run_id, keys, options, hand_off_unrecorded=True)
     tally = RunTally(earlier=len(earlier), errors=list(filter(None, [plan.duplicates_error()])))
@@ -255,15 +296,17 @@ def retire_uploaded(
 ) -> dict[str, int]:
     """Retire the rollouts listed as retirable in the run's receipts, and only those.
 
-    `retired` counts retirements done now; `retired_earlier` those an earlier run did
+    A run finalized with `retire_after_consumer` retires only the batches that consumer
+    acknowledged. `retired` counts retirements done now; `retired_earlier` those an earlier run did
     against the same store (reused, not repeated).
     """
     options = public_storage_options(storage_options)
     validate_run_id(run_id)
     check_separate_locations({"store": store, "dest": dest})
-    load_manifest(dest, run_id, options)
+    manifest = load_manifest(dest, run_id, options)
     receipts = list(find_receipts(dest, run_id, None, options).values())
     steps, tally = RunSteps(run_id, dest, store, options, source_kwargs), RunTally()
+    steps.retire_after_consumer = manifest.retire_after_consumer
     outcomes = [steps.retire(receipt, tally) for receipt in receipts]
     mark_retired(dest, run_id, [rid for o in outcomes for rid in o.retired], options)
     counts = retire_counts(receipts, outcomes)
@@ -298,6 +341,8 @@ def retrigger_failed(
             manifest.mask_fraction_min_samples,
             options,
             source_kwargs,
+            rows=manifest.rows,
+            retire_after_consumer=manifest.retire_after_consumer,
         )
     except RunFailedError as exc:
         error = exc

@@ -100,6 +100,7 @@ def finalize_rollout_batch(
     source_kwargs: Mapping[str, Any] | None = None,
     builder: str = "prefix_merging",
     dest: str | None = None,
+    rows: str = "none",
 ) -> FinalizedBatch | HandoffReceipt:
     """Freeze and rebuild every rollout of one batch; nothing is written or retired.
 
@@ -110,7 +111,7 @@ def finalize_rollout_batch(
     """
     lines = read_batch(rollouts, batch, storage_options)
     source = open_source(store, storage_options, source_kwargs)
-    finalized = run_async(finalize_batch(run_id, batch, lines, source, builder))
+    finalized = run_async(finalize_batch(run_id, batch, lines, source, builder, rows=rows))
     meanwhile = None if dest is None else _receipt_meanwhile(dest, run_id, batch, storage_options)
     if meanwhile is not None:
         return meanwhile
