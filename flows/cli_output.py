@@ -49,6 +49,16 @@ def print_summary(summary: Any) -> None:
         print(f"records: {summary.records_prefix}\nledger:  {summary.ledger}")
 
 
+def print_consumers(consumers: list[Any], gate: str | None) -> None:
+    """One line per row consumer: parts acknowledged, captures waiting for its ack."""
+    for progress in consumers:
+        line = (
+            f"consumer {progress.name}: {progress.acknowledged} of {progress.parts} rows parts "
+            f"acknowledged, {progress.captures_waiting} captures waiting for acknowledgement"
+        )
+        print(line + (" (retirement waits for it)" if progress.name == gate else ""))
+
+
 def print_notes(notes: list[str]) -> None:
     """Print the notes to stderr after the command's result (stdout flushed first, also
     when it is a buffered file)."""

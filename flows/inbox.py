@@ -143,8 +143,14 @@ def finalize_inbox(
     storage_options: dict[str, Any] | None = None,
     source_kwargs: dict[str, Any] | None = None,
     claim_lease_seconds: float = 300.0,
+    rows: str = "none",
+    retire_after_consumer: str | None = None,
 ) -> InboxReport:
-    """Run `finalize_run` for each inbox file whose run has not completed and no pass holds."""
+    """Run `finalize_run` for each inbox file whose run has not completed and no pass holds.
+
+    `rows` and `retire_after_consumer` go to each run; with a consumer, a run is complete
+    once it acknowledged every batch, and each pass retires what it acknowledged since.
+    """
     options = public_storage_options(storage_options)
     check_separate_locations({"inbox": inbox, "store": store, "dest": dest})
     logger = get_run_logger()
@@ -180,6 +186,8 @@ def finalize_inbox(
                 "max_mask_fraction": max_mask_fraction,
                 "storage_options": options,
                 "source_kwargs": source_kwargs,
+                "rows": rows,
+                "retire_after_consumer": retire_after_consumer,
             }
             _finalize_claimed(item, decision.claim, store, dest, settings, report)
     return _conclude(inbox, report)
