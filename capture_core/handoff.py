@@ -103,6 +103,8 @@ class RetireOutcome(BaseModel):
     `earlier` marks an outcome recorded by an earlier run and reused, not work done now.
     `disagreed` holds rollouts the receipt marks retirable and its verified part does not
     (masked, missing, without tokens): their captures are kept, and the run reports them.
+    `waiting_for` names the row consumer whose acknowledgement the batch waits for: nothing
+    was retired, and a later run retires it once acknowledged.
     """
 
     receipt_key: str
@@ -112,6 +114,7 @@ class RetireOutcome(BaseModel):
     disagreed: dict[str, str] = Field(default_factory=dict)
     transient: bool = True
     earlier: bool = False
+    waiting_for: str | None = None
 
 
 RECEIPT_KEY = re.compile(r"batch-[0-9]{5,}-[0-9a-f]{16}")

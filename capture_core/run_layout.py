@@ -107,6 +107,7 @@ class LedgerLine(BaseModel):
     `kept` says the capture was deliberately not retired (it changed since it was frozen);
     a later retirement never clears its reason. Lines written before `kept` existed are read
     with it derived from their error text, the way they were interpreted then.
+    `awaiting_consumer` names the row consumer whose acknowledgement its retirement waits for.
     """
 
     rollout_id: str | None
@@ -121,6 +122,7 @@ class LedgerLine(BaseModel):
     delivered_fraction: float | None = None
     terminal_method: str | None = None
     terminal_abstentions: list[str] = Field(default_factory=list)
+    awaiting_consumer: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -284,6 +286,7 @@ class RunLayout:
         for line in ledger:
             if line.rollout_id in retired:
                 line.retired = True
+                line.awaiting_consumer = None
                 if not line.kept:
                     line.error = None
         self.write_ledger(ledger)

@@ -85,6 +85,7 @@ def _handed_off_lines(receipt: HandoffReceipt, retire: RetireOutcome) -> Iterabl
     for rollout in receipt.rollouts:
         rid = rollout.rollout_id or ""
         kept = retire.kept.get(rid) or retire.disagreed.get(rid)
+        waits = rollout.can_retire and not rollout.masked and rid not in retire.retired
         yield LedgerLine(
             rollout_id=rollout.rollout_id,
             line=rollout.line,
@@ -98,6 +99,7 @@ def _handed_off_lines(receipt: HandoffReceipt, retire: RetireOutcome) -> Iterabl
             delivered_fraction=rollout.delivered_fraction,
             terminal_method=rollout.terminal_method,
             terminal_abstentions=rollout.terminal_abstentions,
+            awaiting_consumer=retire.waiting_for if waits else None,
         )
 
 

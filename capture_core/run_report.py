@@ -37,6 +37,7 @@ class RunSummary(BaseModel):
     ledger: str = ""
     terminal_methods: dict[str, int] = Field(default_factory=dict)
     terminal_abstentions: dict[str, int] = Field(default_factory=dict)
+    awaiting_consumer: int = 0
 
     @property
     def ok(self) -> bool:
@@ -48,6 +49,11 @@ class RunSummary(BaseModel):
             and self.duplicate_lines == 0
             and not self.errors
         )
+
+    @property
+    def complete(self) -> bool:
+        """`ok`, and no capture waits for a row consumer's acknowledgement to be retired."""
+        return self.ok and self.awaiting_consumer == 0
 
 
 def reason_category(reason: str | None) -> str:
@@ -119,6 +125,7 @@ def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
         duplicate_lines=sum(1 for line in ledger if not line.finalized and line.rollout_id),
         terminal_methods=_by_count(methods),
         terminal_abstentions=dict(list(_by_count(abstentions).items())[:TOP_ABSTENTIONS]),
+        awaiting_consumer=sum(1 for line in ledger if line.awaiting_consumer and not line.retired),
     )
 
 

@@ -174,7 +174,9 @@ class RunSteps:
     def retire(self, receipt: HandoffReceipt, tally: RunTally) -> RetireOutcome:
         """Retire a handed-off batch and record the outcome (cached: an earlier run's)."""
         if self.retire_after_consumer is not None and not self.consumed(receipt):
-            outcome = RetireOutcome(receipt_key=receipt.receipt_key)
+            outcome = RetireOutcome(
+                receipt_key=receipt.receipt_key, waiting_for=self.retire_after_consumer
+            )
             tally.retired(receipt, outcome)
             return outcome
         args = (quote(receipt), self.dest, self.store, self.options, self.source_kwargs)
