@@ -233,13 +233,13 @@ def test_retirement_after_consumption_retires_exactly_the_acknowledged_batches(
     assert captured(locations) == ["7-1"], "the masked rollout keeps its capture"
     ledger = read_ledger(dest, "after") or []
     assert [line.rollout_id for line in ledger if line.retired] == [
-    assert run_completed(dest, "after"), "every acknowledged capture is retired"
         "7-0",
         "7-2",
         "7-3",
         "7-4",
         "7-5",
     ]
+    assert run_completed(dest, "after"), "every acknowledged capture is retired"
     record_case("captures retired before their rows were acknowledged")
 
 
