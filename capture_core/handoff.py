@@ -226,7 +226,7 @@ async def finalize_batch(
     built_all = await asyncio.gather(*(map(finalize_one, lines, guards)))
     outcomes: list[RolloutOutcome] = []
     chunks: list[bytes] = []
-    emitted: list[tuple[int, dict]] = []
+    emitted: list[tuple[int, dict, bool]] = []
     for parsed, guard, built in zip(lines, guards, built_all, strict=True):
         if guard.failure is not None:
             raise TransientStoreError(
@@ -240,7 +240,7 @@ async def finalize_batch(
         record = parsed.record or {}
         outcomes.append(_outcome(parsed.line, record, built))
         chunks.append(orjson.dumps(record) + b"\n")
-        emitted.append((parsed.line, record))
+        emitted.append((parsed.line, record, _projected(built)))
     return FinalizedBatch(
         index=batch.index,
         receipt_key=receipt_key(batch),
@@ -251,8 +251,14 @@ async def finalize_batch(
     )
 
 
+def _projected(built: BuildResult | None) -> bool:
+    """Whether the record's output is the builder's projection of one chain (contiguity
+    asserted), not token ids the record arrived with."""
+    return built is not None and built.rebuilt_response is not None and not built.redundant_capture
+
+
 def _rows_part(
-    run_id: str, batch: BatchPlan, rows: str, emitted: list[tuple[int, dict]]
+    run_id: str, batch: BatchPlan, rows: str, emitted: list[tuple[int, dict, bool]]
 ) -> dict[str, object]:
     """The batch's rows part key and bytes, or nothing when the run writes no rows."""
     if rows == "none":
@@ -294,10 +300,10 @@ def handoff_batch(run_id: str, finalized: FinalizedBatch, dest: ByteStore) -> Ha
     digest, size = upload_part(dest, finalized.part_key, finalized.part)
     rows = None
     if finalized.rows_key is not None and finalized.rows is not None:
-        from capture_core.trainer_rows import read_rows
+        from capture_core.trainer_rows import count_rows
 
         rows_digest, rows_size = upload_part(dest, finalized.rows_key, finalized.rows)
-        count = read_rows(finalized.rows).num_rows
+        count = count_rows(finalized.rows)
         rows = RowsPart(key=finalized.rows_key, sha256=rows_digest, bytes=rows_size, rows=count)
     return HandoffReceipt(
         run_id=run_id,

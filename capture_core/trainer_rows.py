@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from capture_core.build_result import MASK_SAMPLE_KEY
@@ -37,6 +37,15 @@ ROW_GROUP_TOKENS = 1 << 20
 """Tokens per row group at most (a group of one longer row is that row): about 9 MB of
 token ids, log probs and mask in memory per group while streaming."""
 INT32_MAX = 2**31 - 1
+WRITE_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    # Token ids and log probs are near-random numbers: dictionaries do not pay, while split
+    # byte streams let zstd squeeze their high bytes. Strings repeat, so they keep one.
+    "use_dictionary": ["rollout_id", "trace_id", "delivery"],
+    "use_byte_stream_split": ["token_ids.list.element", "generation_logprobs.list.element"],
+    "write_statistics": ["rollout_id", "task_index", "rollout_index", "line"],
+    "data_page_version": "2.0",
+}
 
 
 @dataclass(frozen=True)
@@ -45,9 +54,9 @@ class TrainerRow:
 
     rollout_id: str
     trace_id: str
-    token_ids: list[int]
-    generation_logprobs: list[float]
-    loss_mask: list[int]
+    token_ids: np.ndarray
+    generation_logprobs: np.ndarray
+    loss_mask: np.ndarray
     reward: float | None
     task_index: int | None
     rollout_index: int | None
@@ -63,8 +72,13 @@ def check_row_format(rows: str) -> str:
     return rows
 
 
-def record_rows(record: Mapping[str, Any], line: int) -> list[TrainerRow]:
-    """The rows of one delivered record (none when it is masked or carries no tokens)."""
+def record_rows(record: Mapping[str, Any], line: int, projected: bool = False) -> list[TrainerRow]:
+    """The rows of one delivered record (none when it is masked or carries no tokens).
+
+    `projected`: the record's output is the builder's projection of one chain, whose prefix
+    contiguity the projection already asserted, so it is one row without comparing prompts
+    again. Any other record's items are compared (a new row where one does not extend).
+    """
     if record.get(MASK_SAMPLE_KEY):
         return []
     try:
@@ -78,7 +92,7 @@ def record_rows(record: Mapping[str, Any], line: int) -> list[TrainerRow]:
         shaped = _trace_rows(rollout_id, envelope)
         delivery = ALL_TRACES
     else:
-        shaped = _chain_rows(rollout_id, record.get("response"))
+        shaped = _chain_rows(rollout_id, record.get("response"), projected)
         delivery = MAIN_CHAIN
     reward = record.get("reward")
     return [
@@ -99,16 +113,16 @@ def record_rows(record: Mapping[str, Any], line: int) -> list[TrainerRow]:
     ]
 
 
-Shaped = tuple[str, list[int], list[float], list[int]]
+Shaped = tuple[str, np.ndarray, np.ndarray, np.ndarray]
 
 
 def _trace_rows(rollout_id: str, envelope: Mapping[str, Any]) -> list[Shaped]:
     """The envelope's traces as rows, unchanged (it was validated before it was handed off)."""
     rows = []
     for trace in envelope.get("traces") or []:
-        tokens = list(trace["token_ids"])
-        logprobs = list(trace["generation_logprobs"])
-        mask = [int(bool(m)) for m in trace["loss_mask"]]
+        tokens = np.asarray(trace["token_ids"], dtype=np.int64)
+        logprobs = np.asarray(trace["generation_logprobs"], dtype=np.float32)
+        mask = (np.asarray(trace["loss_mask"]) != 0).astype(np.int8)
         if not len(tokens) == len(logprobs) == len(mask):
             raise ValueError(
                 f"rollout {rollout_id}: trace {trace.get('trace_id')} has {len(tokens)} token "
@@ -119,33 +133,48 @@ def _trace_rows(rollout_id: str, envelope: Mapping[str, Any]) -> list[Shaped]:
     return rows
 
 
-def _chain_rows(rollout_id: str, response: Any) -> list[Shaped]:
-    """The record's token-bearing items as cumulative rows: each item whose prompt extends
-    the row so far adds its new prompt tokens (mask 0) and its generation (mask 1)."""
+def _chain_rows(rollout_id: str, response: Any, projected: bool) -> list[Shaped]:
+    """The record's token-bearing items as cumulative rows: a row's tokens are its last
+    item's prompt and generation, each item's generation is a masked span at its place."""
     if not isinstance(response, Mapping):
         return []
-    rows: list[Shaped] = []
-    tokens: list[int] = []
-    logprobs: list[float] = []
-    mask: list[int] = []
-    for item in response_items(response):
-        generated = item.get("generation_token_ids") if isinstance(item, Mapping) else None
-        if not generated:
-            continue
-        prompt = list(item.get("prompt_token_ids") or [])
-        if tokens and prompt[: len(tokens)] != tokens:
-            rows.append(("", tokens, logprobs, mask))
-            tokens, logprobs, mask = [], [], []
-        new = prompt[len(tokens) :]
-        tokens += new + list(generated)
-        logprobs += [0.0] * len(new) + [float(x) for x in item.get("generation_log_probs") or []]
-        mask += [0] * len(new) + [1] * len(generated)
-    if tokens:
-        rows.append(("", tokens, logprobs, mask))
-    return [
-        (f"{rollout_id}:main" if n == 0 else f"{rollout_id}:main-{n}", *row[1:])
-        for n, row in enumerate(rows)
+    items = [
+        item
+        for item in response_items(response)
+        if isinstance(item, Mapping) and item.get("generation_token_ids")
     ]
+    groups = [items] if projected else _extending_runs(items)
+    rows = []
+    for n, group in enumerate(g for g in groups if g):
+        last = group[-1]
+        tokens = np.asarray(
+            list(last.get("prompt_token_ids") or []) + list(last["generation_token_ids"]),
+            dtype=np.int64,
+        )
+        logprobs = np.zeros(len(tokens), dtype=np.float32)
+        mask = np.zeros(len(tokens), dtype=np.int8)
+        for item in group:
+            start = len(item.get("prompt_token_ids") or [])
+            end = start + len(item["generation_token_ids"])
+            mask[start:end] = 1
+            logprobs[start:end] = item.get("generation_log_probs") or []
+        trace_id = f"{rollout_id}:main" if n == 0 else f"{rollout_id}:main-{n}"
+        rows.append((trace_id, tokens, logprobs, mask))
+    return rows
+
+
+def _extending_runs(items: list[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """Split items into runs where each item's prompt extends the previous prompt and
+    generation exactly."""
+    runs: list[list[Mapping[str, Any]]] = [[]]
+    seen: list[int] = []
+    for item in items:
+        prompt = list(item.get("prompt_token_ids") or [])
+        if seen and prompt[: len(seen)] != seen:
+            runs.append([])
+        runs[-1].append(item)
+        seen = prompt + list(item["generation_token_ids"])
+    return runs
 
 
 def _index(value: Any) -> int | None:
@@ -165,9 +194,9 @@ def row_schema(token_type: pa.DataType) -> pa.Schema:
         [
             ("rollout_id", pa.string()),
             ("trace_id", pa.string()),
-            ("token_ids", pa.list_(token_type)),
-            ("generation_logprobs", pa.list_(pa.float32())),
-            ("loss_mask", pa.list_(pa.int8())),
+            _required_list("token_ids", token_type),
+            _required_list("generation_logprobs", pa.float32()),
+            _required_list("loss_mask", pa.int8()),
             ("reward", pa.float64()),
             ("task_index", pa.int64()),
             ("rollout_index", pa.int64()),
@@ -178,29 +207,32 @@ def row_schema(token_type: pa.DataType) -> pa.Schema:
     )
 
 
+def _required_list(name: str, value_type: pa.DataType) -> pa.Field:
+    """A list column whose lists and elements are never null: readers skip null levels."""
+    element = pa.field("element", value_type, nullable=False)
+    return pa.field(name, pa.list_(element), nullable=False)
+
+
 def rows_table(rows: Sequence[TrainerRow]) -> pa.Table:
     """The rows as one table; token ids int64 only when an id of these rows needs it."""
-    ids = pa.array([t for row in rows for t in row.token_ids], pa.int64())
-    low, high = pc.min_max(ids).values()
-    narrow = len(ids) == 0 or (low.as_py() >= -INT32_MAX - 1 and high.as_py() <= INT32_MAX)
+    lengths = np.fromiter((len(r.token_ids) for r in rows), dtype=np.int64, count=len(rows))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+
+    def listed(name: str, dtype: type, value_type: pa.DataType) -> pa.Array:
+        parts = [getattr(r, name) for r in rows]
+        values = np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+        element = pa.field("element", value_type, nullable=False)
+        return pa.ListArray.from_arrays(offsets, pa.array(values, value_type), pa.list_(element))
+
+    ids = np.concatenate([r.token_ids for r in rows]) if rows else np.zeros(0, np.int64)
+    narrow = len(ids) == 0 or (ids.min() >= -INT32_MAX - 1 and ids.max() <= INT32_MAX)
     token_type = pa.int32() if narrow else pa.int64()
-    offsets = [0]
-    for row in rows:
-        offsets.append(offsets[-1] + len(row.token_ids))
-    offsets_array = pa.array(offsets, pa.int32())
-
-    def listed(values: list[Any] | pa.Array, value_type: pa.DataType) -> pa.Array:
-        array = values if isinstance(values, pa.Array) else pa.array(values, value_type)
-        return pa.ListArray.from_arrays(offsets_array, array.cast(value_type))
-
     columns = {
         "rollout_id": pa.array([r.rollout_id for r in rows], pa.string()),
         "trace_id": pa.array([r.trace_id for r in rows], pa.string()),
-        "token_ids": listed(ids, token_type),
-        "generation_logprobs": listed(
-            [x for r in rows for x in r.generation_logprobs], pa.float32()
-        ),
-        "loss_mask": listed([m for r in rows for m in r.loss_mask], pa.int8()),
+        "token_ids": listed("token_ids", np.int32 if narrow else np.int64, token_type),
+        "generation_logprobs": listed("generation_logprobs", np.float32, pa.float32()),
+        "loss_mask": listed("loss_mask", np.int8, pa.int8()),
         "reward": pa.array([r.reward for r in rows], pa.float64()),
         "task_index": pa.array([r.task_index for r in rows], pa.int64()),
         "rollout_index": pa.array([r.rollout_index for r in rows], pa.int64()),
@@ -215,7 +247,7 @@ def encode_rows(rows: Sequence[TrainerRow]) -> bytes:
     """The Parquet bytes of a rows part: zstd, row groups of at most `ROW_GROUP_TOKENS`."""
     table = rows_table(rows)
     sink = pa.BufferOutputStream()
-    with pq.ParquetWriter(sink, table.schema, compression="zstd") as writer:
+    with pq.ParquetWriter(sink, table.schema, **WRITE_OPTIONS) as writer:
         for start, stop in _row_groups(rows):
             writer.write_table(table.slice(start, stop - start), row_group_size=stop - start)
         if not rows:
@@ -234,9 +266,16 @@ def _row_groups(rows: Sequence[TrainerRow]) -> Iterable[tuple[int, int]]:
         yield start, len(rows)
 
 
-def batch_rows(records: Iterable[tuple[int, Mapping[str, Any]]]) -> bytes:
-    """The rows part of a batch's emitted records, given as `(input line, record)`."""
-    return encode_rows([row for line, record in records for row in record_rows(record, line)])
+def batch_rows(records: Iterable[tuple[int, Mapping[str, Any], bool]]) -> bytes:
+    """The rows part of a batch's emitted records, as `(input line, record, projected)`."""
+    return encode_rows(
+        [row for line, rec, projected in records for row in record_rows(rec, line, projected)]
+    )
+
+
+def count_rows(data: bytes) -> int:
+    """The number of rows of a rows part, from its footer."""
+    return pq.read_metadata(pa.BufferReader(data)).num_rows
 
 
 def read_rows(data: bytes) -> pa.Table:

@@ -33,10 +33,11 @@ def record(output: list[dict], **fields: object) -> dict:
 
 def test_a_main_chain_is_one_row_of_its_final_cumulative_tokens() -> None:
     chain = [item([1, 2], [3, 4], [-0.5, -0.25]), item([1, 2, 3, 4, 5], [6], [-1.0])]
-    (row,) = record_rows(record(chain), line=7)
-    assert row.token_ids == [1, 2, 3, 4, 5, 6]
-    assert row.loss_mask == [0, 0, 1, 1, 0, 1]
-    assert row.generation_logprobs == [0.0, 0.0, -0.5, -0.25, 0.0, -1.0]
+    for projected in (False, True):
+        (row,) = record_rows(record(chain), line=7, projected=projected)
+        assert row.token_ids.tolist() == [1, 2, 3, 4, 5, 6]
+        assert row.loss_mask.tolist() == [0, 0, 1, 1, 0, 1]
+        assert row.generation_logprobs.tolist() == [0.0, 0.0, -0.5, -0.25, 0.0, -1.0]
     assert (row.rollout_id, row.trace_id, row.delivery) == ("3-1", "3-1:main", "main_chain")
     assert (row.reward, row.task_index, row.rollout_index, row.line) == (0.5, 3, 1, 7)
 
@@ -44,7 +45,8 @@ def test_a_main_chain_is_one_row_of_its_final_cumulative_tokens() -> None:
 def test_items_that_do_not_extend_the_row_start_a_new_row_never_a_join() -> None:
     rewritten = [item([1, 2], [3], [-0.5]), item([1, 9], [4], [-0.1])]
     rows = record_rows(record(rewritten), line=1)
-    assert [r.token_ids for r in rows] == [[1, 2, 3], [1, 9, 4]]
+    assert [r.token_ids.tolist() for r in rows] == [[1, 2, 3], [1, 9, 4]]
+    assert [r.loss_mask.tolist() for r in rows] == [[0, 0, 1], [0, 0, 1]]
     assert [r.trace_id for r in rows] == ["3-1:main", "3-1:main-1"]
 
 
@@ -73,7 +75,8 @@ def test_a_training_traces_envelope_gives_one_row_per_trace_unchanged() -> None:
     envelope = {"schema_version": 1, "rollout_id": "3-1", "traces": traces}
     rows = record_rows(record([item([1], [2], [-1.0])], training_traces=envelope), line=2)
     assert [r.trace_id for r in rows] == ["3-1:c1", "3-1:c2"]
-    assert [r.token_ids for r in rows] == [[1, 2, 3], [1, 5, 6, 7]]
+    assert [r.token_ids.tolist() for r in rows] == [[1, 2, 3], [1, 5, 6, 7]]
+    assert [r.loss_mask.tolist() for r in rows] == [[0, 0, 1], [0, 0, 1, 1]]
     assert {r.delivery for r in rows} == {"all_traces"}
     broken = {**traces[0], "loss_mask": [0, 1]}
     with pytest.raises(ValueError, match="equally long"):
@@ -82,14 +85,14 @@ def test_a_training_traces_envelope_gives_one_row_per_trace_unchanged() -> None:
 
 def test_pyarrow_reads_the_part_with_narrow_types_and_zstd(tmp_path) -> None:
     chain = [item([1, 2], [3, 4], [-0.5, -0.25])]
-    data = batch_rows([(1, record(chain)), (2, record(chain, mask_sample=True))])
+    data = batch_rows([(1, record(chain), True), (2, record(chain, mask_sample=True), True)])
     path = tmp_path / "part-00000-0000000000000000.parquet"
     path.write_bytes(data)
     table = pq.read_table(path)
     assert table.num_rows == 1
-    assert table.schema.field("token_ids").type == pa.list_(pa.int32())
-    assert table.schema.field("generation_logprobs").type == pa.list_(pa.float32())
-    assert table.schema.field("loss_mask").type == pa.list_(pa.int8())
+    assert table.schema.field("token_ids").type.value_type == pa.int32()
+    assert table.schema.field("generation_logprobs").type.value_type == pa.float32()
+    assert table.schema.field("loss_mask").type.value_type == pa.int8()
     assert table.column("token_ids").to_pylist() == [[1, 2, 3, 4]]
     metadata = pq.ParquetFile(path).metadata
     assert metadata.row_group(0).column(0).compression == "ZSTD"
@@ -98,15 +101,15 @@ def test_pyarrow_reads_the_part_with_narrow_types_and_zstd(tmp_path) -> None:
 
 def test_token_ids_widen_to_int64_only_when_an_id_needs_it() -> None:
     big = [item([1], [2**31], [-0.5])]
-    table = read_rows(batch_rows([(1, record(big))]))
-    assert table.schema.field("token_ids").type == pa.list_(pa.int64())
+    table = read_rows(batch_rows([(1, record(big), False)]))
+    assert table.schema.field("token_ids").type.value_type == pa.int64()
     assert table.column("token_ids").to_pylist() == [[1, 2**31]]
 
 
 def test_row_groups_stay_within_the_token_budget(monkeypatch) -> None:
     monkeypatch.setattr(trainer_rows, "ROW_GROUP_TOKENS", 10)
     chain = [item([1, 2, 3], [4, 5, 6], [-0.5] * 3)]
-    records = [(i, record(chain, _ng_rollout_index=i)) for i in range(5)]
+    records = [(i, record(chain, _ng_rollout_index=i), False) for i in range(5)]
     parquet = pq.ParquetFile(pa.BufferReader(batch_rows(records)))
     assert [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)] == [
         1,
@@ -121,7 +124,7 @@ def test_row_groups_stay_within_the_token_budget(monkeypatch) -> None:
 
 
 def test_encoding_is_deterministic_and_an_empty_batch_is_a_readable_part() -> None:
-    chain = [(1, record([item([1, 2], [3], [-0.5])]))]
+    chain = [(1, record([item([1, 2], [3], [-0.5])]), False)]
     assert batch_rows(chain) == batch_rows(chain)
     empty = read_rows(batch_rows([]))
     assert empty.num_rows == 0 and "token_ids" in empty.schema.names
