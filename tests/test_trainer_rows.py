@@ -5,15 +5,22 @@ No Prefect here: rows are encoded from records and read as plain Parquet files.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
+import orjson
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
+from bench.rows_bench import capture, json_rows
 from capture_core import trainer_rows
+from capture_core.handoff import finalize_batch
+from capture_core.rollout_io import plan_rollout_file, read_batch
+from capture_core.store import TokenCaptureStore
+from capture_core.testing.synthetic import RolloutShape
 from capture_core.trainer_rows import batch_rows, read_rows, record_rows
 
 
@@ -138,3 +145,18 @@ def test_importing_the_handoff_does_not_load_pyarrow() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_finalized_batch_stores_its_rows_in_at_most_035x_the_json_bytes(tmp_path) -> None:
+    """The bench's bytes figure, pinned: it does not depend on the machine."""
+    shape = RolloutShape(turns=8, prompt_tokens=256, generated_tokens=128, tool_tokens=64)
+    records = capture(str(tmp_path / "store"), 6, shape)
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    (batch,) = plan_rollout_file(str(rollouts), 100).batches
+    lines = read_batch(str(rollouts), batch)
+    source = TokenCaptureStore(str(tmp_path / "store"))
+    finalized = asyncio.run(finalize_batch("r", batch, lines, source, rows="parquet"))
+    parquet = finalized.rows or b""
+    assert read_rows(parquet).num_rows == 6
+    assert len(parquet) <= 0.35 * len(json_rows(finalized))
