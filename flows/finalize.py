@@ -172,18 +172,20 @@ class RunSteps:
         return receipt
 
     def retire(self, receipt: HandoffReceipt, tally: RunTally) -> RetireOutcome:
-        """Retire a handed-off batch and record the outcome (cached: an earlier run's)."""
-        if self.retire_after_consumer is not None and not self.consumed(receipt):
-            outcome = RetireOutcome(
-                receipt_key=receipt.receipt_key, waiting_for=self.retire_after_consumer
-            )
-            tally.retired(receipt, outcome)
-            return outcome
+        """Retire a handed-off batch and record the outcome (cached: an earlier run's).
+
+        An acknowledgement that cannot be trusted (unreadable, or naming other bytes) fails
+        the batch's retirement like any other retire error: nothing of it is retired.
+        """
         args = (quote(receipt), self.dest, self.store, self.options, self.source_kwargs)
         try:
-            state = self.retire_task(*args, claim=self.claim, return_state=True)
-            outcome: RetireOutcome = state.result()
-            outcome.earlier = state.name == "Cached"
+            if self.retire_after_consumer is not None and not self.consumed(receipt):
+                waiting = self.retire_after_consumer
+                outcome = RetireOutcome(receipt_key=receipt.receipt_key, waiting_for=waiting)
+            else:
+                state = self.retire_task(*args, claim=self.claim, return_state=True)
+                outcome = state.result()
+                outcome.earlier = state.name == "Cached"
         except ClaimLostError:
             raise
         except Exception as exc:

@@ -243,6 +243,21 @@ def test_retirement_after_consumption_retires_exactly_the_acknowledged_batches(
     record_case("captures retired before their rows were acknowledged")
 
 
+def test_an_acknowledgement_of_other_bytes_retires_nothing(locations) -> None:
+    finalized(locations, "forged", retire_after_consumer="trainer")
+    dest = open_byte_store(locations["dest"], locations["options"])
+    part = rows_keys(locations, "forged")[0]
+    consumer(locations, "forged").ack(part)
+    (ack_key,) = dest.list_prefix("forged/consumers/trainer")
+    ack = orjson.loads(dest.get(ack_key) or b"")
+    dest.delete([ack_key])
+    dest.create(ack_key, orjson.dumps({**ack, "sha256": "0" * 64}))
+    with pytest.raises(RunFailedError, match="acknowledges other bytes"):
+        retire_uploaded(locations["dest"], "forged", locations["store"], locations["options"])
+    assert captured(locations) == [f"7-{i}" for i in range(ROLLOUTS)]
+    record_case("an acknowledgement edited to name other bytes")
+
+
 def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(locations) -> None:
     options = locations["options"]
     records = make_batch(TokenCaptureStore(locations["store"], options), 4)
