@@ -458,6 +458,11 @@ def kept_as_evidence(receipt: HandoffReceipt) -> int:
     return sum(1 for r in receipt.rollouts if r.rollout_id and not r.can_retire)
 
 
+def marked_retirable(receipt: HandoffReceipt) -> int:
+    """Captures a receipt marks retirable: those of rebuilt or redundant rollouts."""
+    return sum(1 for r in receipt.rollouts if r.rollout_id and r.can_retire)
+
+
 KEPT_CHANGED = (
     "not retired: this store holds no capture at its frozen snapshot (it changed "
     "since it was frozen, or this is another store); anything there is kept"

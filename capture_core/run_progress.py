@@ -13,7 +13,12 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel, Field
 
-from capture_core.handoff import HandoffReceipt, RetireOutcome, RolloutOutcome, kept_as_evidence
+from capture_core.handoff import (
+    HandoffReceipt,
+    RetireOutcome,
+    RolloutOutcome,
+    kept_as_evidence,
+)
 from capture_core.run_layout import LedgerLine
 from capture_core.run_report import reason_category
 
@@ -216,11 +221,20 @@ def ledger_changes(
 
 
 def retire_counts(receipts: list[HandoffReceipt], outcomes: list[RetireOutcome]) -> dict[str, int]:
-    """What a retire pass did: retired now, retired by an earlier run, and kept captures."""
+    """What a retire pass did: retired now, retired by an earlier run, kept captures, and
+    captures waiting for a row consumer's acknowledgement."""
+    pairs = list(zip(receipts, outcomes, strict=True))
     return {
         "receipts": len(receipts),
         "retired": sum(len(o.retired) for o in outcomes if not o.earlier),
         "retired_earlier": sum(len(o.retired) for o in outcomes if o.earlier),
         "kept": sum(len(o.kept) + len(o.disagreed) for o in outcomes)
         + sum(map(kept_as_evidence, receipts)),
+        "waiting": sum(
+            1
+            for r, o in pairs
+            if o.waiting_for
+            for x in r.rollouts
+            if x.rollout_id and x.can_retire
+        ),
     }

@@ -19,6 +19,7 @@ def print_retired(run_id: str, counts: dict[str, int]) -> None:
         f"run {run_id}: {total} captures retired from {counts['receipts']} receipts "
         f"({counts['retired']} now, {counts['retired_earlier']} by an earlier run against this "
         f"store; {counts['kept']} kept as evidence)"
+        + (f"; {counts['waiting']} waiting for the consumer's ack" if counts.get("waiting") else "")
     )
 
 
