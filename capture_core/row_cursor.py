@@ -22,7 +22,12 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from capture_core.errors import CaptureStoreError
-from capture_core.handoff import RECEIPT_KEY, HandoffReceipt, UnreadableReceiptError
+from capture_core.handoff import (
+    RECEIPT_KEY,
+    HandoffReceipt,
+    UnreadableReceiptError,
+    marked_retirable,
+)
 from capture_core.ids import validate_rollout_id
 from capture_core.run_layout import RunLayout, ack_key, consumers_prefix, rows_key
 from capture_core.storage import ByteStore
@@ -204,11 +209,7 @@ def consumer_progress(layout: RunLayout, names: list[str]) -> list[ConsumerProgr
     for name in names:
         cursor = Cursor(layout, name, token="")
         acked = {r.receipt_key for r in with_rows if cursor.acknowledged(r) is not None}
-        waiting = sum(
-            sum(1 for o in r.rollouts if o.rollout_id and o.can_retire)
-            for r in receipts
-            if r.receipt_key not in acked
-        )
+        waiting = sum(marked_retirable(r) for r in receipts if r.receipt_key not in acked)
         progress.append(
             ConsumerProgress(
                 name=name, parts=len(with_rows), acknowledged=len(acked), captures_waiting=waiting

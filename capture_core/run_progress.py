@@ -18,6 +18,7 @@ from capture_core.handoff import (
     RetireOutcome,
     RolloutOutcome,
     kept_as_evidence,
+    marked_retirable,
 )
 from capture_core.run_layout import LedgerLine
 from capture_core.run_report import reason_category
@@ -230,11 +231,5 @@ def retire_counts(receipts: list[HandoffReceipt], outcomes: list[RetireOutcome])
         "retired_earlier": sum(len(o.retired) for o in outcomes if o.earlier),
         "kept": sum(len(o.kept) + len(o.disagreed) for o in outcomes)
         + sum(map(kept_as_evidence, receipts)),
-        "waiting": sum(
-            1
-            for r, o in pairs
-            if o.waiting_for
-            for x in r.rollouts
-            if x.rollout_id and x.can_retire
-        ),
+        "waiting": sum(marked_retirable(r) for r, o in pairs if o.waiting_for),
     }
