@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 
@@ -28,7 +29,15 @@ from capture_core.trainer_rows import read_rows
 from flows.cli import main
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
 from flows.inbox import finalize_inbox
-from tests.pipeline_helpers import REPO, dest_records, make_batch, write_rollouts
+from tests.pipeline_helpers import (
+    REPO,
+    dest_records,
+    finalize_args_for,
+    make_batch,
+    receipt_args,
+    run_cli,
+    write_rollouts,
+)
 from tests.reliability_figures import record_case
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -280,6 +289,24 @@ def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(locatio
     report = finalize_inbox(*inbox, retire_after_consumer="trainer", **settings)
     assert report.already_done == [inbox_file]
     record_case("the inbox calls a run done while its consumer has not acknowledged it")
+
+
+def test_tokcap_finalize_with_rows_then_retire_after_the_consumer(run_inputs, prefect_api) -> None:
+    run = ("--dest", run_inputs["dest"], "--run-id", "cli-rows")
+    extra = ("--rows", "parquet", "--retire-after-consumer", "trainer", "--batch-size", "2")
+    done = run_cli(finalize_args_for(run_inputs, "cli-rows", *extra), prefect_api)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^waiting for a consumer's ack\s+3$", done.stdout, re.M), done.stdout
+    reader = RowConsumer(run_inputs["dest"], "cli-rows", "trainer")
+    first = next(iter(reader))
+    reader.ack(first.key)
+    status = run_cli(["status", *run], prefect_api)
+    assert status.returncode == 0, status.stderr
+    assert "consumer trainer: 1 of 2 rows parts acknowledged, 2 captures waiting" in status.stdout
+    retired = run_cli([*receipt_args("retire", *run[1::2], run_inputs["store"])], prefect_api)
+    assert retired.returncode == 0, retired.stderr
+    assert "1 captures retired" in retired.stdout, retired.stdout
+    assert "2 waiting for the consumer's ack" in retired.stdout, retired.stdout
 
 
 def test_the_cli_refuses_a_consumer_without_rows(run_inputs, capsys) -> None:
