@@ -41,6 +41,10 @@ class AlreadyAcknowledgedError(CaptureStoreError):
     """Another lifetime or process of the consumer acknowledged the part first."""
 
 
+class UnreadableAcknowledgementError(CaptureStoreError):
+    """An ack object is not one, or acknowledges other bytes than its receipt certifies."""
+
+
 class RowsNotWrittenError(CaptureStoreError):
     """A handed-off batch has no rows part (its run was finalized without rows)."""
 
@@ -138,7 +142,7 @@ class Cursor:
             return None
         ack = parse_ack(self.layout.dest, key, data)
         if ack.sha256 != receipt.rows.sha256 or ack.part != receipt.rows.key:
-            raise UnreadableReceiptError(
+            raise UnreadableAcknowledgementError(
                 f"acknowledgement {self.layout.dest.url}/{key} names part {ack.part} at sha256 "
                 f"{ack.sha256}, but receipt {receipt.receipt_key} of run {receipt.run_id} "
                 f"certifies {receipt.rows.key} at {receipt.rows.sha256}; it acknowledges "
@@ -180,7 +184,7 @@ def parse_ack(dest: ByteStore, key: str, data: bytes) -> Acknowledgement:
     try:
         return Acknowledgement.model_validate(orjson.loads(data))
     except (ValueError, ValidationError) as exc:
-        raise UnreadableReceiptError(
+        raise UnreadableAcknowledgementError(
             f"acknowledgement {dest.url}/{key} cannot be read ({type(exc).__name__}); "
             "restore it: it records that its part was consumed"
         ) from exc
