@@ -31,6 +31,7 @@ from capture_core.row_cursor import (
     AlreadyAcknowledgedError,
     Cursor,
     RowsNotWrittenError,
+    UnreadableAcknowledgementError,
     read_stored_receipt,
     receipt_key_of_part,
     receipt_keys,
@@ -46,6 +47,7 @@ __all__ = [
     "RowConsumer",
     "RowPart",
     "RowsNotWrittenError",
+    "UnreadableAcknowledgementError",
 ]
 
 NOT_YIELDED = "it is not yielded. Restore the part from a copy with that digest, then iterate again"
