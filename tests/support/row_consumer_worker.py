@@ -1,6 +1,6 @@
 """A trainer-like row consumer run as a real subprocess by the crash tests.
 
-`python -m tests.row_consumer_worker DEST RUN_ID NAME LOG [ENDPOINT_URL]`: iterates the
+`python -m tests.support.row_consumer_worker DEST RUN_ID NAME LOG [ENDPOINT_URL]`: iterates the
 consumer, appends `start <token>`, `yield <key> <rows>` and `acked <key>` lines to LOG (each
 fsynced), and acknowledges each part after "training" on it. With `TOKCAP_KILL_BETWEEN`
 set it SIGKILLs itself after the first yield, before acknowledging (the trainer died

@@ -29,7 +29,7 @@ from capture_core.trainer_rows import read_rows
 from flows.cli import main
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
 from flows.inbox import finalize_inbox
-from tests.pipeline_helpers import (
+from tests.support.pipeline_helpers import (
     REPO,
     dest_records,
     finalize_args_for,
@@ -38,9 +38,9 @@ from tests.pipeline_helpers import (
     run_cli,
     write_rollouts,
 )
-from tests.reliability_figures import record_case
+from tests.support.reliability_figures import record_case
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.usefixtures("prefect_api"), pytest.mark.integrity]
 
 ROLLOUTS = 6
 MASKED = {1}
@@ -138,7 +138,7 @@ def test_a_rows_part_edited_after_its_receipt_is_never_yielded(locations) -> Non
     record_case("a rows part edited after its receipt is refused by the consumer")
 
 
-WORKER = [sys.executable, "-m", "tests.row_consumer_worker"]
+WORKER = [sys.executable, "-m", "tests.support.row_consumer_worker"]
 LIFETIMES = [
     {"TOKCAP_KILL_BETWEEN": "1"},
     {"TOKCAP_CRASH_AT": "before-ack"},
