@@ -45,7 +45,7 @@ def print_summary(summary: Any) -> None:
     ]
     if summary.awaiting_consumer:
         at = rows.index(("retirement failed", summary.retire_failed)) + 1
-        rows.insert(at, ("waiting for a consumer's ack", summary.awaiting_consumer))
+        rows.insert(at, ("retirement waiting for consumer", summary.awaiting_consumer))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

@@ -296,13 +296,18 @@ def test_tokcap_finalize_with_rows_then_retire_after_the_consumer(run_inputs, pr
     extra = ("--rows", "parquet", "--retire-after-consumer", "trainer", "--batch-size", "2")
     done = run_cli(finalize_args_for(run_inputs, "cli-rows", *extra), prefect_api)
     assert done.returncode == 0, done.stderr
-    assert re.search(r"^waiting for a consumer's ack\s+3$", done.stdout, re.M), done.stdout
+    assert re.search(r"^retirement waiting for consumer\s+3$", done.stdout, re.M), done.stdout
     reader = RowConsumer(run_inputs["dest"], "cli-rows", "trainer")
     first = next(iter(reader))
     reader.ack(first.key)
     status = run_cli(["status", *run], prefect_api)
     assert status.returncode == 0, status.stderr
     assert "consumer trainer: 1 of 2 rows parts acknowledged, 2 captures waiting" in status.stdout
+    as_json = orjson.loads(run_cli(["status", *run, "--json"], prefect_api).stdout)
+    assert as_json["consumers"] == [
+        {"name": "trainer", "parts": 2, "acknowledged": 1, "captures_waiting": 2}
+    ]
+    assert as_json["summary"]["awaiting_consumer"] == 3  # until a retire pass runs
     retired = run_cli([*receipt_args("retire", *run[1::2], run_inputs["store"])], prefect_api)
     assert retired.returncode == 0, retired.stderr
     assert "1 captures retired" in retired.stdout, retired.stdout
