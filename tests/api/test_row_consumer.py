@@ -21,7 +21,7 @@ import pytest
 
 from capture_core.dataset import AlreadyAcknowledgedError, PartMismatchError, RowConsumer
 from capture_core.inbox import run_completed, run_id_for_file
-from capture_core.row_cursor import read_stored_receipt, receipt_keys
+from capture_core.row_cursor import ACK_CRASH_POINTS, read_stored_receipt, receipt_keys
 from capture_core.run_layout import RunLayout, read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
@@ -152,6 +152,9 @@ LIFETIMES = [
 def test_a_consumer_killed_at_every_step_acknowledges_each_part_exactly_once(
     locations, tmp_path
 ) -> None:
+    assert {c["TOKCAP_CRASH_AT"] for c in LIFETIMES if "TOKCAP_CRASH_AT" in c} == set(
+        ACK_CRASH_POINTS
+    ), "every crash point of ack is exercised"
     finalized(locations, "crashes")
     parts = rows_keys(locations, "crashes")
     log = str(tmp_path / "consumer.log")
