@@ -30,12 +30,12 @@ import orjson
 import pyarrow.compute as pc
 
 from bench.ratios import alternate_sides, describe_seconds, median
-from capture_core.handoff import FinalizedBatch, finalize_batch, handoff_batch
-from capture_core.rollout_io import plan_rollout_file, read_batch
+from capture_core.run.handoff import FinalizedBatch, finalize_batch, handoff_batch
+from capture_core.run.rollout_io import plan_rollout_file, read_batch
+from capture_core.run.trainer_rows import read_rows, record_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
-from capture_core.trainer_rows import read_rows, record_rows
 
 COLUMNS = ("token_ids", "generation_logprobs", "loss_mask")
 

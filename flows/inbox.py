@@ -21,12 +21,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from capture_core.capture_source import check_separate_locations
 from capture_core.config import public_storage_options
-from capture_core.inbox import (
+from capture_core.errors import ClaimLostError
+from capture_core.run.capture_source import check_separate_locations
+from capture_core.run.inbox import (
     Claim,
     ClaimDecision,
-    ClaimLostError,
     attempts,
     keep_claim,
     release_claim,

@@ -1,7 +1,7 @@
 """Tasks over a run's row consumers: whether a consumer acknowledged a batch's rows part.
 
 Retirement after consumption asks this before retiring a batch; the logic lives in
-`capture_core.row_cursor`.
+`capture_core.run.row_cursor`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from capture_core.handoff import HandoffReceipt
-from capture_core.row_cursor import Cursor
-from capture_core.run_layout import RunLayout
+from capture_core.run.handoff import HandoffReceipt
+from capture_core.run.row_cursor import Cursor
+from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
 from tasks.common import TRANSIENT_RETRIES
 

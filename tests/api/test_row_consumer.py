@@ -20,12 +20,12 @@ import orjson
 import pytest
 
 from capture_core.dataset import AlreadyAcknowledgedError, PartMismatchError, RowConsumer
-from capture_core.inbox import run_completed, run_id_for_file
-from capture_core.row_cursor import ACK_CRASH_POINTS, read_stored_receipt, receipt_keys
-from capture_core.run_layout import RunLayout, read_ledger
+from capture_core.run.inbox import run_completed, run_id_for_file
+from capture_core.run.row_cursor import ACK_CRASH_POINTS, read_stored_receipt, receipt_keys
+from capture_core.run.run_layout import RunLayout, read_ledger
+from capture_core.run.trainer_rows import read_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from capture_core.trainer_rows import read_rows
 from flows.cli import main
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
 from flows.inbox import finalize_inbox

@@ -16,12 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.rows_bench import capture, json_rows
-from capture_core import trainer_rows
-from capture_core.handoff import finalize_batch
-from capture_core.rollout_io import plan_rollout_file, read_batch
+from capture_core.run import trainer_rows
+from capture_core.run.handoff import finalize_batch
+from capture_core.run.rollout_io import plan_rollout_file, read_batch
+from capture_core.run.trainer_rows import batch_rows, read_rows, record_rows
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape
-from capture_core.trainer_rows import batch_rows, read_rows, record_rows
 
 
 def item(prompt: list[int], generated: list[int], logprobs: list[float]) -> dict:
@@ -139,8 +139,8 @@ def test_encoding_is_deterministic_and_an_empty_batch_is_a_readable_part() -> No
 
 def test_importing_the_handoff_does_not_load_pyarrow() -> None:
     code = (
-        "import sys, capture_core, capture_core.handoff, capture_core.run_layout\n"
-        "import capture_core.row_cursor\n"
+        "import sys, capture_core, capture_core.run.handoff, capture_core.run.run_layout\n"
+        "import capture_core.run.row_cursor\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyarrow'))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

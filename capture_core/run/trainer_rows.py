@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from capture_core.build_result import MASK_SAMPLE_KEY
+from capture_core.builder.build_result import MASK_SAMPLE_KEY
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.records import response_items
-from capture_core.run_layout import ROW_FORMATS
+from capture_core.run.run_layout import ROW_FORMATS
 
 MAIN_CHAIN = "main_chain"
 ALL_TRACES = "all_traces"

@@ -20,8 +20,9 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field, model_validator
 
+from capture_core.errors import RunIdInUseError, UnreadableManifestError
 from capture_core.ids import validate_rollout_id
-from capture_core.rollout_io import split_lines
+from capture_core.run.rollout_io import split_lines
 from capture_core.storage import ByteStore
 
 MANIFEST = "run.json"
@@ -91,14 +92,6 @@ class RunManifest(BaseModel):
     mask_fraction_min_samples: int = 50
     rows: str = "none"
     retire_after_consumer: str | None = None
-
-
-class RunIdInUseError(ValueError):
-    """The run id already holds another input or other settings; nothing of this run ran."""
-
-
-class UnreadableManifestError(ValueError):
-    """A run's manifest exists but is not one (torn or edited): its input cannot be told."""
 
 
 class LedgerLine(BaseModel):

@@ -21,32 +21,20 @@ from dataclasses import dataclass
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from capture_core.errors import CaptureStoreError
-from capture_core.handoff import (
-    RECEIPT_KEY,
-    HandoffReceipt,
+from capture_core.errors import (
+    AlreadyAcknowledgedError,
+    RowsNotWrittenError,
+    UnreadableAcknowledgementError,
     UnreadableReceiptError,
-    marked_retirable,
 )
 from capture_core.ids import validate_rollout_id
-from capture_core.run_layout import RunLayout, ack_key, consumers_prefix, rows_key
+from capture_core.run.crash_points import crash_point
+from capture_core.run.handoff import RECEIPT_KEY, HandoffReceipt, marked_retirable
+from capture_core.run.run_layout import RunLayout, ack_key, consumers_prefix, rows_key
 from capture_core.storage import ByteStore
-from capture_core.testing.faults import crash_point
 
 ACK_CRASH_POINTS = ("before-ack", "after-ack")
 _ROWS_PART = re.compile(r"part-([0-9]{5,})-([0-9a-f]{16})\.parquet")
-
-
-class AlreadyAcknowledgedError(CaptureStoreError):
-    """Another lifetime or process of the consumer acknowledged the part first."""
-
-
-class UnreadableAcknowledgementError(CaptureStoreError):
-    """An ack object is not one, or acknowledges other bytes than its receipt certifies."""
-
-
-class RowsNotWrittenError(CaptureStoreError):
-    """A handed-off batch has no rows part (its run was finalized without rows)."""
 
 
 class Acknowledgement(BaseModel):
