@@ -6,8 +6,6 @@ No Prefect here: rows are encoded from records and read as plain Parquet files.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 
 import orjson
 import pyarrow as pa
@@ -135,16 +133,6 @@ def test_encoding_is_deterministic_and_an_empty_batch_is_a_readable_part() -> No
     assert batch_rows(chain) == batch_rows(chain)
     empty = read_rows(batch_rows([]))
     assert empty.num_rows == 0 and "token_ids" in empty.schema.names
-
-
-def test_importing_the_handoff_does_not_load_pyarrow() -> None:
-    code = (
-        "import sys, capture_core, capture_core.run.handoff, capture_core.run.run_layout\n"
-        "import capture_core.run.row_cursor\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyarrow'))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
 
 
 def test_a_finalized_batch_stores_its_rows_in_at_most_035x_the_json_bytes(tmp_path) -> None:
