@@ -12,7 +12,8 @@ The part is zstd-compressed Parquet in row groups of at most `ROW_GROUP_TOKENS` 
 so a reader streams it a group at a time. Token ids are int32 unless an id of the part
 needs int64. Encoding is deterministic for a pyarrow version: a re-run of a batch writes
 the same bytes, so its create-only upload is accepted. This is the only module that
-writes or reads rows; it imports pyarrow, so import it only where rows are made or read.
+writes or reads rows; it imports pyarrow, so the handoff imports it only where rows are
+made, and nothing `import capture_core` loads imports it.
 """
 
 from __future__ import annotations
