@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import orjson
 
 from capture_core.builder import BUILDERS
+from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.run.run_layout import ROW_FORMATS
 from flows.cli_checks import (
     UsageError,
@@ -132,6 +133,13 @@ def _add_finalize(commands: Any) -> None:
         choices=BUILDERS,
         default=BUILDERS[0],
         help=f"trajectory builder: {', '.join(BUILDERS)} (default {BUILDERS[0]})",
+    )
+    finalize.add_argument(
+        "--delivery",
+        choices=DELIVERIES,
+        default=MAIN_CHAIN,
+        help="main_chain rebuilds response.output (default); all_traces adds the "
+        "training_traces envelope, every sampled call owned once (docs/traces.md)",
     )
     finalize.add_argument(
         "--max-mask-fraction",
@@ -257,6 +265,7 @@ def cmd_finalize(args: argparse.Namespace) -> int:
         dest=args.dest,
         run_id=args.run_id,
         builder=args.builder,
+        delivery=args.delivery,
         batch_size=args.batch_size,
         max_mask_fraction=args.max_mask_fraction,
         mask_fraction_min_samples=args.mask_fraction_min_samples,
@@ -312,7 +321,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         }
         print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
     else:
-        print(f"run {args.run_id} ({manifest.rollouts}, {manifest.batches} batches)")
+        print(
+            f"run {args.run_id} ({manifest.rollouts}, {manifest.batches} batches, "
+            f"delivery {manifest.delivery})"
+        )
         print_summary(summary)
         print_consumers(consumers, manifest.retire_after_consumer)
     return 0 if summary.ok else 1

@@ -149,7 +149,11 @@ def known_run(
         raise UsageError(
             f"unknown run id {run_id} at {dest}: no manifest or ledger; check --dest and --run-id"
         )
-    return manifest, None if ledger is None else locate(summarize(run_id, ledger), dest)
+    if ledger is None:
+        return manifest, None
+    summary = locate(summarize(run_id, ledger), dest)
+    summary.delivery = manifest.delivery
+    return manifest, summary
 
 
 def check_consumer(args: Any) -> None:

@@ -19,6 +19,7 @@ from prefect.futures import PrefectFuture
 from prefect.utilities.annotations import quote
 
 from capture_core.builder import BUILDERS
+from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.config import public_storage_options
 from capture_core.errors import ClaimLostError
 from capture_core.run.capture_source import check_separate_locations
@@ -84,6 +85,7 @@ class RunSteps:
     claim: Claim | None = None
     rows: str = "none"
     retire_after_consumer: str | None = None
+    delivery: str = MAIN_CHAIN
     upload: Task[..., HandoffReceipt] = field(init=False)
     retire_task: Task[..., RetireOutcome] = field(init=False)
 
@@ -94,7 +96,9 @@ class RunSteps:
 
     def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch | HandoffReceipt]:
         args = (self.run_id, self.rollouts, batch, self.store, self.options, self.source_kwargs)
-        return finalize_batch.submit(*args, self.builder, self.dest, self.rows)
+        return finalize_batch.submit(
+            *args, self.builder, self.dest, rows=self.rows, delivery=self.delivery
+        )
 
     def run_batch(
         self,
@@ -208,12 +212,19 @@ class RunSteps:
 
 
 def check_arguments(
-    run_id: str, builder: str, rows: str = "none", retire_after_consumer: str | None = None
+    run_id: str,
+    builder: str,
+    delivery: str = MAIN_CHAIN,
+    rows: str = "none",
+    retire_after_consumer: str | None = None,
 ) -> None:
-    """Refuse a bad run id, builder, rows format or consumer name before any task runs."""
+    """Refuse a bad run id, builder, delivery, rows format or consumer name before any task
+    runs."""
     validate_run_id(run_id)
     if builder not in BUILDERS:
         raise ValueError(f"unknown builder {builder!r}; use one of {', '.join(BUILDERS)}")
+    if delivery not in DELIVERIES:
+        raise ValueError(f"unknown delivery {delivery!r}; use one of {', '.join(DELIVERIES)}")
     if rows not in ROW_FORMATS:
         raise ValueError(f"unknown rows format {rows!r}; use one of {', '.join(ROW_FORMATS)}")
     if retire_after_consumer is not None:
@@ -241,6 +252,7 @@ def finalize_run(
     claim: Claim | None = None,
     rows: str = "none",
     retire_after_consumer: str | None = None,
+    delivery: str = MAIN_CHAIN,
 ) -> RunSummary:
     """Finalize every rollout of `rollouts` into the run's records at `dest`, then retire.
 
@@ -249,23 +261,29 @@ def finalize_run(
     from the environment. `finalize_ahead` batches finalize on the task runner meanwhile.
     An inbox pass passes its `claim`: each write that decides the run's state (manifest,
     part and receipt, retirement, ledger and report) first checks that it still holds it,
-    and the run stops with `ClaimLostError` once it does not.
+    and the run stops with `ClaimLostError` once it does not. `delivery="all_traces"` adds
+    each rollout's `training_traces` envelope and keeps its `response` (docs/traces.md).
     `rows="parquet"` writes each batch's trainer rows beside its part, pinned by the same
     receipt; `retire_after_consumer` then hands off but retires only the batches that row
     consumer acknowledged (a later run, `retire_uploaded` or the inbox retires the rest).
     """
     options = public_storage_options(storage_options)
-    check_arguments(run_id, builder, rows, retire_after_consumer)
+    check_arguments(run_id, builder, delivery, rows, retire_after_consumer)
     check_separate_locations({"store": store, "dest": dest})
     check_locations(store, dest, options, source_kwargs)
     plan = plan_rollouts(rollouts, batch_size, options)
     settings = (store, builder, batch_size, max_mask_fraction, mask_fraction_min_samples)
-    claim_run_id(dest, run_id, plan, *settings, options, claim, rows, retire_after_consumer)
+    consumer = {"rows": rows, "retire_after_consumer": retire_after_consumer}
+    claim_run_id(dest, run_id, plan, *settings, options, claim, delivery=delivery, **consumer)
     steps = RunSteps(run_id, dest, store, options, source_kwargs, rollouts, builder, claim)
-    steps.rows, steps.retire_after_consumer = rows, retire_after_consumer
+    steps.delivery, steps.rows, steps.retire_after_consumer = delivery, rows, retire_after_consumer
     keys = [receipt_key(b) for b in plan.batches]
     earlier = find_receipts(dest, run_id, keys, options, hand_off_unrecorded=True)
-    tally = RunTally(earlier=len(earlier), errors=list(filter(None, [plan.duplicates_error()])))
+    tally = RunTally(
+        earlier=len(earlier),
+        errors=list(filter(None, [plan.duplicates_error()])),
+        delivery=delivery,
+    )
     gate = MaskGate(max_mask_fraction, mask_fraction_min_samples)
     todo = [b for b in plan.batches if receipt_key(b) not in earlier]
     finalizing = Lookahead(todo, steps.finalize, lambda b: b.index, finalize_ahead)
@@ -348,6 +366,7 @@ def retrigger_failed(
             source_kwargs,
             rows=manifest.rows,
             retire_after_consumer=manifest.retire_after_consumer,
+            delivery=manifest.delivery,
         )
     except RunFailedError as exc:
         error = exc

@@ -21,6 +21,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
+from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.config import public_storage_options
 from capture_core.errors import ClaimLostError
 from capture_core.run.capture_source import check_separate_locations
@@ -143,11 +144,13 @@ def finalize_inbox(
     storage_options: dict[str, Any] | None = None,
     source_kwargs: dict[str, Any] | None = None,
     claim_lease_seconds: float = 300.0,
+    delivery: str = MAIN_CHAIN,
     rows: str = "none",
     retire_after_consumer: str | None = None,
 ) -> InboxReport:
     """Run `finalize_run` for each inbox file whose run has not completed and no pass holds.
 
+    `delivery` is each run's (`main_chain`, or `all_traces` for training_traces envelopes).
     `rows` and `retire_after_consumer` go to each run; with a consumer, a run is complete
     once it acknowledged every batch, and each pass retires what it acknowledged since.
     """
@@ -188,6 +191,7 @@ def finalize_inbox(
                 "source_kwargs": source_kwargs,
                 "rows": rows,
                 "retire_after_consumer": retire_after_consumer,
+                "delivery": delivery,
             }
             _finalize_claimed(item, decision.claim, store, dest, settings, report)
     return _conclude(inbox, report)

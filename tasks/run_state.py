@@ -8,6 +8,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.run.capture_source import is_class_spec, open_source
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import RolloutFilePlan
@@ -47,6 +48,7 @@ def claim_run_id(
     claim: Claim | None = None,
     rows: str = "none",
     retire_after_consumer: str | None = None,
+    delivery: str = MAIN_CHAIN,
 ) -> bool:
     """Bind the run id to this input; refuse a run id already used for another input."""
     ensure_claim(dest, claim, storage_options)
@@ -63,6 +65,7 @@ def claim_run_id(
         mask_fraction_min_samples=mask_fraction_min_samples,
         rows=rows,
         retire_after_consumer=retire_after_consumer,
+        delivery=delivery,
     )
     return RunLayout(open_byte_store(dest, storage_options), run_id).claim(manifest)
 

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field, model_validator
 
+from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.errors import RunIdInUseError, UnreadableManifestError
 from capture_core.ids import validate_rollout_id
 from capture_core.run.rollout_io import split_lines
@@ -92,6 +93,17 @@ class RunManifest(BaseModel):
     mask_fraction_min_samples: int = 50
     rows: str = "none"
     retire_after_consumer: str | None = None
+    delivery: str = MAIN_CHAIN
+    """Written only when it is not the default, so a default run's manifest is unchanged;
+    so are `rows` and `retire_after_consumer`."""
+
+    def encoded(self) -> bytes:
+        body = self.model_dump()
+        defaults = {"delivery": MAIN_CHAIN, "rows": "none", "retire_after_consumer": None}
+        for name, default in defaults.items():
+            if body[name] == default:
+                del body[name]
+        return _encode(body)
 
 
 class LedgerLine(BaseModel):
@@ -116,6 +128,10 @@ class LedgerLine(BaseModel):
     terminal_method: str | None = None
     terminal_abstentions: list[str] = Field(default_factory=list)
     awaiting_consumer: str | None = None
+    traces: int | None = None
+    """`all_traces` runs: the rollout's training rows, owned calls and tokens trained."""
+    owned_calls: int | None = None
+    tokens_trained: int | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -125,8 +141,16 @@ class LedgerLine(BaseModel):
         return data
 
 
+TRACE_COUNTS = ("traces", "owned_calls", "tokens_trained")
+
+
 def encode_ledger(lines: list[LedgerLine]) -> bytes:
-    return b"".join(orjson.dumps(line.model_dump()) + b"\n" for line in lines)
+    """One JSON line per rollout; trace counts only where a build counted them."""
+    return b"".join(
+        orjson.dumps(line.model_dump(exclude={n for n in TRACE_COUNTS if getattr(line, n) is None}))
+        + b"\n"
+        for line in lines
+    )
 
 
 class RunLayout:
@@ -226,7 +250,7 @@ class RunLayout:
         Raises `RunIdInUseError` naming each changed setting when the run id was used for
         another input, batch size or builder.
         """
-        if self.dest.create(self.manifest_key, _encode(manifest.model_dump())):
+        if self.dest.create(self.manifest_key, manifest.encoded()):
             return True
         changed = _changed_settings(self.read_manifest(), manifest)
         if changed:
@@ -301,7 +325,7 @@ def _changed_settings(existing: RunManifest | None, new: RunManifest) -> list[st
             f"input digest {existing.rollouts_sha256[:12]} ({existing.rollouts}) is now "
             f"{new.rollouts_sha256[:12]} ({new.rollouts})"
         )
-    for name in ("batch_size", "builder", "rows", "retire_after_consumer"):
+    for name in ("batch_size", "builder", "delivery", "rows", "retire_after_consumer"):
         old, now = getattr(existing, name), getattr(new, name)
         if old != now:
             changed.append(f"{name.replace('_', ' ')} {old} is now {now}")

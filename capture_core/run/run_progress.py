@@ -13,6 +13,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel, Field
 
+from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.run.handoff import (
     HandoffReceipt,
     RetireOutcome,
@@ -106,6 +107,9 @@ def _handed_off_lines(receipt: HandoffReceipt, retire: RetireOutcome) -> Iterabl
             terminal_method=rollout.terminal_method,
             terminal_abstentions=rollout.terminal_abstentions,
             awaiting_consumer=retire.waiting_for if waits else None,
+            traces=rollout.traces,
+            owned_calls=rollout.owned_calls,
+            tokens_trained=rollout.tokens_trained,
         )
 
 
@@ -148,6 +152,7 @@ class RunTally(BaseModel):
     seconds: dict[int, float] = Field(default_factory=dict)
     errors: list[str] = Field(default_factory=list)
     abort: str | None = None
+    delivery: str = MAIN_CHAIN
 
     def batch_failed(self, index: int, outcomes: list[RolloutOutcome], message: str) -> None:
         """A batch that was not handed off: its rollouts go to the ledger with the reason."""

@@ -315,28 +315,34 @@ class TokenCaptureStore(CaptureStore):
         """
         validate_rollout_id(rollout_id)
         decision = retirement.read_decision(self._bytes, rollout_id)
+        listed: list[str] = []
         if decision is None:
             if retirement.frozen_snapshot_id(self._bytes, rollout_id) != snapshot_id:
                 return False
-            events = layout.group_events(rollout_id, self._bytes.list_prefix(rollout_id))
-            if layout.version_of(events) != version:
+            listed = self._bytes.list_prefix(rollout_id)
+            if layout.version_of(layout.group_events(rollout_id, listed)) != version:
                 return False
             proposal = retirement.tombstone(snapshot_id, version)
             decision = retirement.decide(self._bytes, rollout_id, proposal)
         retired = retirement.retires(decision, snapshot_id, version)
         if retired:
             self._parents.forget(rollout_id)
-            self._delete_payloads(rollout_id)
+            self._delete_payloads(rollout_id, listed)
         return retired
 
-    def _delete_payloads(self, rollout_id: str) -> None:
+    def _delete_payloads(self, rollout_id: str, listed: Sequence[str] = ()) -> None:
         """Delete every event object, then verify by listing; late objects go too.
 
-        FROZEN and RETIRED stay: together they are the tombstone that fences late writers.
-        The deletions need no fsync: the tombstone is durable, and a payload that reappears
-        after a crash lies beneath it (a repeated drop or the sweep removes it).
+        `listed` is the listing the decision was taken from: its objects go without listing
+        again (a retry or a second drop passes none and lists). FROZEN and RETIRED stay:
+        together they are the tombstone that fences late writers. The deletions need no
+        fsync: the tombstone is durable, and a payload that reappears after a crash lies
+        beneath it (a repeated drop or the sweep removes it).
         """
         keep = (layout.retired_key(rollout_id), layout.frozen_key(rollout_id))
+        doomed = [key for key in listed if key not in keep]
+        if doomed:
+            self._bytes.delete(doomed, durable=False)
         if self._bytes.delete_prefix(rollout_id, keep, durable=False):
             return
         raise CaptureStoreError(

@@ -189,6 +189,29 @@ def test_drop_keeps_only_a_tombstone_and_sweep_removes_it(store_location) -> Non
     assert len(store.byte_store.list_prefix("r2")) == 1, "unretired captures are never swept"
 
 
+def test_drop_lists_the_capture_twice_and_reads_no_payload(store_location) -> None:
+    """A drop deletes what its deciding listing saw and lists once more to verify, nothing else.
+
+    One listing per drop is a round trip per rollout on S3 and a folder walk locally; the
+    payloads' contents are never needed to retire them (the snapshot names them by version).
+    """
+    root, options = store_location
+    store = TokenCaptureStore(root, options)
+    for call in ("a", "b", "c"):
+        store.put_now(make_entry("r1", call, [1], [2]))
+    snapshot = store.freeze_now("r1")
+    byte_store = store.byte_store
+    listed: list[str] = []
+    read: list[str] = []
+    list_prefix, get = byte_store.list_prefix, byte_store.get
+    byte_store.list_prefix = lambda prefix: listed.append(prefix) or list_prefix(prefix)
+    byte_store.get = lambda key: read.append(key) or get(key)
+    assert store.drop_now("r1", snapshot.snapshot_id, snapshot.version)
+    assert listed == ["r1", "r1"]
+    assert read == ["r1/RETIRED", "r1/FROZEN"]
+    assert list_prefix("r1") == ["r1/FROZEN", "r1/RETIRED"]
+
+
 def test_empty_freeze_fences_and_delete_clears_everything(store_location) -> None:
     root, options = store_location
     store = TokenCaptureStore(root, options)
