@@ -113,6 +113,27 @@ def test_rows_parts_hold_exactly_the_delivered_tokens(locations) -> None:
     record_case("trainer rows hold the delivered tokens and no masked rollout")
 
 
+def test_all_traces_delivery_gives_one_row_per_trace_of_the_envelope(locations) -> None:
+    finalized(locations, "traced", delivery="all_traces")
+    dest = open_byte_store(locations["dest"], locations["options"])
+    rows = [
+        r
+        for key in rows_keys(locations, "traced")
+        for r in read_rows(dest.get(key) or b"").to_pylist()
+    ]
+    traces = {
+        t["trace_id"]: t
+        for record in dest_records(locations["dest"], "traced", locations["options"])
+        for t in (record.get("training_traces") or {}).get("traces", [])
+    }
+    assert traces and {r["trace_id"] for r in rows} == set(traces)
+    assert {r["delivery"] for r in rows} == {"all_traces"}
+    for row in rows:
+        assert row["token_ids"] == traces[row["trace_id"]]["token_ids"]
+        assert row["loss_mask"] == traces[row["trace_id"]]["loss_mask"]
+    record_case("trainer rows of multi-trace delivery")
+
+
 def test_a_rows_part_edited_after_its_receipt_is_never_yielded(locations) -> None:
     finalized(locations, "edited", retire_after_consumer="trainer")
     dest = open_byte_store(locations["dest"], locations["options"])
