@@ -17,6 +17,9 @@ module imports nothing beyond the standard library.
     │   ├── HandoffConflictError          a destination object exists with other content
     │   ├── UnreadableReceiptError        a receipt exists but cannot be read
     │   ├── PartMismatchError             a handed-off part no longer matches its receipt
+    │   ├── RowsNotWrittenError           a handed-off batch has no trainer-rows part
+    │   ├── UnreadableAcknowledgementError  a row consumer's ack is torn or names other bytes
+    │   ├── AlreadyAcknowledgedError      another lifetime of a row consumer acked the part
     │   ├── RetirementFailedError         some captures of a handed-off batch were not retired
     │   └── TransientStoreError           a batch met a storage failure a retry may fix
     ├── LocationError                     (OSError) a store root, capture dir or input file unusable
@@ -78,6 +81,18 @@ class UnreadableReceiptError(CaptureStoreError):
 
 class PartMismatchError(CaptureStoreError):
     """A handed-off part no longer matches its receipt; no capture of its batch is retired."""
+
+
+class RowsNotWrittenError(CaptureStoreError):
+    """A handed-off batch has no rows part (its run was finalized without rows)."""
+
+
+class UnreadableAcknowledgementError(CaptureStoreError):
+    """An ack object is not one, or acknowledges other bytes than its receipt certifies."""
+
+
+class AlreadyAcknowledgedError(CaptureStoreError):
+    """Another lifetime or process of the row consumer acknowledged the part first."""
 
 
 class RetirementFailedError(CaptureStoreError):

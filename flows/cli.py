@@ -19,9 +19,11 @@ import orjson
 
 from capture_core.builder import BUILDERS
 from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
+from capture_core.run.run_layout import ROW_FORMATS
 from flows.cli_checks import (
     UsageError,
     absolute,
+    check_consumer,
     check_cron,
     check_dest,
     check_rollouts,
@@ -33,11 +35,13 @@ from flows.cli_checks import (
     fraction,
     known_run,
     positive_int,
+    run_consumers,
     run_summary,
 )
 from flows.cli_output import (
     may_show_progress,
     one_line,
+    print_consumers,
     print_notes,
     print_retired,
     print_retriggered,
@@ -150,6 +154,19 @@ def _add_finalize(commands: Any) -> None:
         help="rollouts seen before --max-mask-fraction applies (default 50)",
     )
     finalize.add_argument(
+        "--rows",
+        choices=ROW_FORMATS,
+        default="none",
+        help="trainer rows written beside each part: parquet, or none (default)",
+    )
+    finalize.add_argument(
+        "--retire-after-consumer",
+        default=None,
+        metavar="NAME",
+        help="hand off but retire nothing now: `tokcap retire` and the inbox retire each batch "
+        "once row consumer NAME acknowledged it (needs --rows parquet)",
+    )
+    finalize.add_argument(
         "--task-runner",
         default=None,
         metavar="dask[=ADDRESS]",
@@ -218,6 +235,7 @@ def check_args(args: argparse.Namespace) -> None:
         args.inbox = absolute(args.inbox)
     check_separate(args)
     if args.command == "finalize":
+        check_consumer(args)
         try:
             parse_task_runner(args.task_runner)
         except ValueError as exc:
@@ -251,6 +269,8 @@ def cmd_finalize(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_mask_fraction=args.max_mask_fraction,
         mask_fraction_min_samples=args.mask_fraction_min_samples,
+        rows=args.rows,
+        retire_after_consumer=args.retire_after_consumer,
         **_flow_options(args),
     )
     print_summary(summary)
@@ -292,19 +312,21 @@ def cmd_retrigger(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     manifest, summary = known_run(args.dest, args.run_id, args.options, need_ledger=True)
     assert summary is not None
+    consumers = run_consumers(args.dest, args.run_id, args.options, manifest)
     if args.json:
-        print(
-            orjson.dumps(
-                {"manifest": manifest.model_dump(), "summary": summary.model_dump()},
-                option=orjson.OPT_INDENT_2,
-            ).decode()
-        )
+        body = {
+            "manifest": manifest.model_dump(),
+            "summary": summary.model_dump(),
+            "consumers": [c.model_dump() for c in consumers],
+        }
+        print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
     else:
         print(
             f"run {args.run_id} ({manifest.rollouts}, {manifest.batches} batches, "
             f"delivery {manifest.delivery})"
         )
         print_summary(summary)
+        print_consumers(consumers, manifest.retire_after_consumer)
     return 0 if summary.ok else 1
 
 

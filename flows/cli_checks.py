@@ -14,7 +14,14 @@ from typing import Any
 from capture_core.config import public_storage_options
 from capture_core.errors import OverlappingLocationsError
 from capture_core.run.capture_source import check_separate_locations, is_class_spec
-from capture_core.run.run_layout import RunManifest, read_ledger, read_manifest, validate_run_id
+from capture_core.run.row_cursor import consumer_names, consumer_progress, validate_consumer_name
+from capture_core.run.run_layout import (
+    RunLayout,
+    RunManifest,
+    read_ledger,
+    read_manifest,
+    validate_run_id,
+)
 from capture_core.run.run_report import RunSummary, locate, summarize
 from capture_core.storage import open_byte_store, url_scheme
 
@@ -147,6 +154,34 @@ def known_run(
     summary = locate(summarize(run_id, ledger), dest)
     summary.delivery = manifest.delivery
     return manifest, summary
+
+
+def check_consumer(args: Any) -> None:
+    """`--retire-after-consumer` names a valid consumer and comes with `--rows parquet`."""
+    name = args.retire_after_consumer
+    if name is None:
+        return
+    try:
+        validate_consumer_name(name)
+    except ValueError as exc:
+        raise UsageError(f"--retire-after-consumer: {exc}") from None
+    if args.rows == "none":
+        raise UsageError(
+            "--retire-after-consumer needs trainer rows for the consumer to acknowledge; "
+            "add --rows parquet"
+        )
+
+
+def run_consumers(
+    dest: str, run_id: str, options: dict[str, Any], manifest: RunManifest
+) -> list[Any]:
+    """Each row consumer's progress through the run (the gating consumer listed first)."""
+    layout = RunLayout(open_byte_store(dest, options), run_id)
+    names = consumer_names(layout)
+    gate = manifest.retire_after_consumer
+    if gate is not None:
+        names = [gate, *(name for name in names if name != gate)]
+    return consumer_progress(layout, names) if names else []
 
 
 def run_summary(dest: str, run_id: str, options: dict[str, Any]) -> RunSummary | None:

@@ -20,6 +20,7 @@ def print_retired(run_id: str, counts: dict[str, int]) -> None:
         f"run {run_id}: {total} captures retired from {counts['receipts']} receipts "
         f"({counts['retired']} now, {counts['retired_earlier']} by an earlier run against this "
         f"store; {counts['kept']} kept as evidence)"
+        + (f"; {counts['waiting']} waiting for the consumer's ack" if counts.get("waiting") else "")
     )
 
 
@@ -44,11 +45,24 @@ def print_summary(summary: Any) -> None:
         ("malformed input lines", summary.malformed_lines),
         ("duplicate rollout id lines", summary.duplicate_lines),
     ]
+    if summary.awaiting_consumer:
+        at = rows.index(("retirement failed", summary.retire_failed)) + 1
+        rows.insert(at, ("retirement waiting for consumer", summary.awaiting_consumer))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     if summary.records_prefix:
         print(f"records: {summary.records_prefix}\nledger:  {summary.ledger}")
+
+
+def print_consumers(consumers: list[Any], gate: str | None) -> None:
+    """One line per row consumer: parts acknowledged, captures waiting for its ack."""
+    for progress in consumers:
+        line = (
+            f"consumer {progress.name}: {progress.acknowledged} of {progress.parts} rows parts "
+            f"acknowledged, {progress.captures_waiting} captures waiting for acknowledgement"
+        )
+        print(line + (" (retirement waits for it)" if progress.name == gate else ""))
 
 
 def print_notes(notes: list[str]) -> None:

@@ -27,7 +27,8 @@ from capture_core.run.crash_points import crash_point
 from capture_core.run.handoff import FinalizedBatch, HandoffReceipt, RetireOutcome, receipt_key
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import BatchPlan
-from capture_core.run.run_layout import validate_run_id
+from capture_core.run.row_cursor import validate_consumer_name
+from capture_core.run.run_layout import ROW_FORMATS, validate_run_id
 from capture_core.run.run_progress import (
     Lookahead,
     MaskGate,
@@ -44,6 +45,7 @@ from tasks.batches import (
     retire_batch,
     upload_batch,
 )
+from tasks.consumers import acknowledged
 from tasks.receipts import UnrecordedReceiptError, find_receipts, receipt_storage
 from tasks.report import write_run_report
 from tasks.run_state import check_locations, claim_run_id, load_ledger, load_manifest, mark_retired
@@ -67,7 +69,11 @@ class RunFailedError(RuntimeError):
 
 @dataclass
 class RunSteps:
-    """The tasks of one run, bound to its locations; each reports its batch's fate to a tally."""
+    """The tasks of one run, bound to its locations; each reports its batch's fate to a tally.
+
+    With `retire_after_consumer`, a batch is retired only once that consumer acknowledged
+    its rows part; until then its receipt is tallied with nothing retired.
+    """
 
     run_id: str
     dest: str
@@ -77,6 +83,8 @@ class RunSteps:
     rollouts: str = ""
     builder: str = "prefix_merging"
     claim: Claim | None = None
+    rows: str = "none"
+    retire_after_consumer: str | None = None
     delivery: str = MAIN_CHAIN
     upload: Task[..., HandoffReceipt] = field(init=False)
     retire_task: Task[..., RetireOutcome] = field(init=False)
@@ -88,7 +96,9 @@ class RunSteps:
 
     def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch | HandoffReceipt]:
         args = (self.run_id, self.rollouts, batch, self.store, self.options, self.source_kwargs)
-        return finalize_batch.submit(*args, self.builder, self.dest, delivery=self.delivery)
+        return finalize_batch.submit(
+            *args, self.builder, self.dest, rows=self.rows, delivery=self.delivery
+        )
 
     def run_batch(
         self,
@@ -167,12 +177,20 @@ class RunSteps:
         return receipt
 
     def retire(self, receipt: HandoffReceipt, tally: RunTally) -> RetireOutcome:
-        """Retire a handed-off batch and record the outcome (cached: an earlier run's)."""
+        """Retire a handed-off batch and record the outcome (cached: an earlier run's).
+
+        An acknowledgement that cannot be trusted (unreadable, or naming other bytes) fails
+        the batch's retirement like any other retire error: nothing of it is retired.
+        """
         args = (quote(receipt), self.dest, self.store, self.options, self.source_kwargs)
         try:
-            state = self.retire_task(*args, claim=self.claim, return_state=True)
-            outcome: RetireOutcome = state.result()
-            outcome.earlier = state.name == "Cached"
+            if self.retire_after_consumer is not None and not self.consumed(receipt):
+                waiting = self.retire_after_consumer
+                outcome = RetireOutcome(receipt_key=receipt.receipt_key, waiting_for=waiting)
+            else:
+                state = self.retire_task(*args, claim=self.claim, return_state=True)
+                outcome = state.result()
+                outcome.earlier = state.name == "Cached"
         except ClaimLostError:
             raise
         except Exception as exc:
@@ -180,14 +198,42 @@ class RunSteps:
         tally.retired(receipt, outcome)
         return outcome
 
+    def consumed(self, receipt: HandoffReceipt) -> bool:
+        """Whether the gating consumer acknowledged the batch; logged when it has not."""
+        consumer = self.retire_after_consumer or ""
+        if acknowledged(self.dest, quote(receipt), consumer, self.options):
+            return True
+        get_run_logger().info(
+            "batch %d: not retired yet, waiting for consumer %s to acknowledge its rows",
+            receipt.batch,
+            consumer,
+        )
+        return False
 
-def check_arguments(run_id: str, builder: str, delivery: str = MAIN_CHAIN) -> None:
-    """Refuse a bad run id, builder or delivery before any task runs."""
+
+def check_arguments(
+    run_id: str,
+    builder: str,
+    delivery: str = MAIN_CHAIN,
+    rows: str = "none",
+    retire_after_consumer: str | None = None,
+) -> None:
+    """Refuse a bad run id, builder, delivery, rows format or consumer name before any task
+    runs."""
     validate_run_id(run_id)
     if builder not in BUILDERS:
         raise ValueError(f"unknown builder {builder!r}; use one of {', '.join(BUILDERS)}")
     if delivery not in DELIVERIES:
         raise ValueError(f"unknown delivery {delivery!r}; use one of {', '.join(DELIVERIES)}")
+    if rows not in ROW_FORMATS:
+        raise ValueError(f"unknown rows format {rows!r}; use one of {', '.join(ROW_FORMATS)}")
+    if retire_after_consumer is not None:
+        validate_consumer_name(retire_after_consumer)
+        if rows == "none":
+            raise ValueError(
+                f"retire_after_consumer={retire_after_consumer!r} needs trainer rows for the "
+                "consumer to acknowledge; also set rows='parquet' (--rows parquet)"
+            )
 
 
 @flow(name="finalize-run", flow_run_name="finalize {run_id} from {rollouts}", log_prints=False)
@@ -204,6 +250,8 @@ def finalize_run(
     source_kwargs: dict[str, Any] | None = None,
     finalize_ahead: int = 2,
     claim: Claim | None = None,
+    rows: str = "none",
+    retire_after_consumer: str | None = None,
     delivery: str = MAIN_CHAIN,
 ) -> RunSummary:
     """Finalize every rollout of `rollouts` into the run's records at `dest`, then retire.
@@ -215,17 +263,20 @@ def finalize_run(
     part and receipt, retirement, ledger and report) first checks that it still holds it,
     and the run stops with `ClaimLostError` once it does not. `delivery="all_traces"` adds
     each rollout's `training_traces` envelope and keeps its `response` (docs/traces.md).
+    `rows="parquet"` writes each batch's trainer rows beside its part, pinned by the same
+    receipt; `retire_after_consumer` then hands off but retires only the batches that row
+    consumer acknowledged (a later run, `retire_uploaded` or the inbox retires the rest).
     """
     options = public_storage_options(storage_options)
-    check_arguments(run_id, builder, delivery)
+    check_arguments(run_id, builder, delivery, rows, retire_after_consumer)
     check_separate_locations({"store": store, "dest": dest})
     check_locations(store, dest, options, source_kwargs)
     plan = plan_rollouts(rollouts, batch_size, options)
     settings = (store, builder, batch_size, max_mask_fraction, mask_fraction_min_samples)
-    claim_run_id(dest, run_id, plan, *settings, options, claim, delivery=delivery)
-    steps = RunSteps(
-        run_id, dest, store, options, source_kwargs, rollouts, builder, claim, delivery
-    )
+    consumer = {"rows": rows, "retire_after_consumer": retire_after_consumer}
+    claim_run_id(dest, run_id, plan, *settings, options, claim, delivery=delivery, **consumer)
+    steps = RunSteps(run_id, dest, store, options, source_kwargs, rollouts, builder, claim)
+    steps.delivery, steps.rows, steps.retire_after_consumer = delivery, rows, retire_after_consumer
     keys = [receipt_key(b) for b in plan.batches]
     earlier = find_receipts(dest, run_id, keys, options, hand_off_unrecorded=True)
     tally = RunTally(
@@ -268,15 +319,17 @@ def retire_uploaded(
 ) -> dict[str, int]:
     """Retire the rollouts listed as retirable in the run's receipts, and only those.
 
-    `retired` counts retirements done now; `retired_earlier` those an earlier run did
+    A run finalized with `retire_after_consumer` retires only the batches that consumer
+    acknowledged. `retired` counts retirements done now; `retired_earlier` those an earlier run did
     against the same store (reused, not repeated).
     """
     options = public_storage_options(storage_options)
     validate_run_id(run_id)
     check_separate_locations({"store": store, "dest": dest})
-    load_manifest(dest, run_id, options)
+    manifest = load_manifest(dest, run_id, options)
     receipts = list(find_receipts(dest, run_id, None, options).values())
     steps, tally = RunSteps(run_id, dest, store, options, source_kwargs), RunTally()
+    steps.retire_after_consumer = manifest.retire_after_consumer
     outcomes = [steps.retire(receipt, tally) for receipt in receipts]
     mark_retired(dest, run_id, [rid for o in outcomes for rid in o.retired], options)
     counts = retire_counts(receipts, outcomes)
@@ -311,6 +364,8 @@ def retrigger_failed(
             manifest.mask_fraction_min_samples,
             options,
             source_kwargs,
+            rows=manifest.rows,
+            retire_after_consumer=manifest.retire_after_consumer,
             delivery=manifest.delivery,
         )
     except RunFailedError as exc:

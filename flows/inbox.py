@@ -145,10 +145,14 @@ def finalize_inbox(
     source_kwargs: dict[str, Any] | None = None,
     claim_lease_seconds: float = 300.0,
     delivery: str = MAIN_CHAIN,
+    rows: str = "none",
+    retire_after_consumer: str | None = None,
 ) -> InboxReport:
     """Run `finalize_run` for each inbox file whose run has not completed and no pass holds.
 
     `delivery` is each run's (`main_chain`, or `all_traces` for training_traces envelopes).
+    `rows` and `retire_after_consumer` go to each run; with a consumer, a run is complete
+    once it acknowledged every batch, and each pass retires what it acknowledged since.
     """
     options = public_storage_options(storage_options)
     check_separate_locations({"inbox": inbox, "store": store, "dest": dest})
@@ -185,6 +189,8 @@ def finalize_inbox(
                 "max_mask_fraction": max_mask_fraction,
                 "storage_options": options,
                 "source_kwargs": source_kwargs,
+                "rows": rows,
+                "retire_after_consumer": retire_after_consumer,
                 "delivery": delivery,
             }
             _finalize_claimed(item, decision.claim, store, dest, settings, report)

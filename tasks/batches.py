@@ -101,6 +101,7 @@ def finalize_batch(
     source_kwargs: Mapping[str, Any] | None = None,
     builder: str = "prefix_merging",
     dest: str | None = None,
+    rows: str = "none",
     delivery: str = MAIN_CHAIN,
 ) -> FinalizedBatch | HandoffReceipt:
     """Freeze and rebuild every rollout of one batch; nothing is written or retired.
@@ -113,7 +114,7 @@ def finalize_batch(
     lines = read_batch(rollouts, batch, storage_options)
     source = open_source(store, storage_options, source_kwargs)
     finalized = run_async(
-        handoff.finalize_batch(run_id, batch, lines, source, builder, delivery=delivery)
+        handoff.finalize_batch(run_id, batch, lines, source, builder, delivery=delivery, rows=rows)
     )
     meanwhile = None if dest is None else _receipt_meanwhile(dest, run_id, batch, storage_options)
     if meanwhile is not None:

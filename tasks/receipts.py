@@ -32,7 +32,7 @@ from pydantic import Field
 from capture_core.config import public_storage_options
 from capture_core.errors import TransientStoreError, UnreadableReceiptError
 from capture_core.run.handoff import RECEIPT_KEY, FinalizedBatch, HandoffReceipt
-from capture_core.run.run_layout import RECEIPTS, RunLayout, part_key, run_location
+from capture_core.run.run_layout import RECEIPTS, RunLayout, part_key, rows_key, run_location
 from capture_core.storage import open_byte_store
 from tasks.common import TRANSIENT_RETRIES
 
@@ -157,8 +157,10 @@ def parse_receipt(location: str, key: str, data: bytes, run_id: str) -> HandoffR
     if receipt.receipt_key != key:
         detail = f"it holds the receipt of {receipt.receipt_key}"
         raise UnreadableReceiptError(_unreadable(where, detail))
-    own_part = part_key(run_id, receipt.batch, key.rsplit("-", 1)[-1])
-    if receipt.run_id != run_id or receipt.part_key != own_part:
+    digest = key.rsplit("-", 1)[-1]
+    own_part = part_key(run_id, receipt.batch, digest)
+    own_rows = receipt.rows is None or receipt.rows.key == rows_key(run_id, receipt.batch, digest)
+    if receipt.run_id != run_id or receipt.part_key != own_part or not own_rows:
         raise UnreadableReceiptError(_foreign(where, run_id, receipt))
     return receipt
 

@@ -46,6 +46,8 @@ def claim_run_id(
     mask_fraction_min_samples: int,
     storage_options: Mapping[str, Any] | None = None,
     claim: Claim | None = None,
+    rows: str = "none",
+    retire_after_consumer: str | None = None,
     delivery: str = MAIN_CHAIN,
 ) -> bool:
     """Bind the run id to this input; refuse a run id already used for another input."""
@@ -61,6 +63,8 @@ def claim_run_id(
         batches=len(plan.batches),
         max_mask_fraction=max_mask_fraction,
         mask_fraction_min_samples=mask_fraction_min_samples,
+        rows=rows,
+        retire_after_consumer=retire_after_consumer,
         delivery=delivery,
     )
     return RunLayout(open_byte_store(dest, storage_options), run_id).claim(manifest)

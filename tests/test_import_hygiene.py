@@ -1,4 +1,4 @@
-"""capture_core stays usable without Prefect and without loading S3 clients."""
+"""capture_core stays usable without Prefect, and loads S3 clients and pyarrow only when used."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ def test_capture_core_imports_no_prefect_s3fs_or_boto() -> None:
         "import capture_core.storage, capture_core.testing.contracts\n"
         "import capture_core.records, capture_core.ids, capture_core.protocols\n"
         "import capture_core.builder, capture_core.run.handoff, capture_core.consumer\n"
-        "import capture_core.delivery, capture_core.config\n"
+        "import capture_core.delivery, capture_core.config, capture_core.run.row_cursor\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('prefect', 's3fs', 'boto3', 'botocore', 'aiobotocore'))\n"
+        "('prefect', 's3fs', 'boto3', 'botocore', 'aiobotocore', 'pyarrow'))\n"
         "print(loaded)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -71,13 +71,25 @@ class RolloutOutcome(BaseModel):
 
 
 class FinalizedBatch(BaseModel):
-    """A finalized batch ready for upload: its part bytes and per-rollout outcomes."""
+    """A finalized batch ready for upload: its part bytes, its trainer rows' part bytes (when
+    the run writes rows) and per-rollout outcomes."""
 
     index: int
     receipt_key: str
     part_key: str
     part: bytes
     outcomes: list[RolloutOutcome]
+    rows_key: str | None = None
+    rows: bytes | None = None
+
+
+class RowsPart(BaseModel):
+    """The trainer-rows part a receipt pins beside the records part: key, size, sha256, rows."""
+
+    key: str
+    sha256: str
+    bytes: int
+    rows: int
 
 
 class HandoffReceipt(BaseModel):
@@ -91,6 +103,7 @@ class HandoffReceipt(BaseModel):
     bytes: int
     records: int
     rollouts: list[RolloutOutcome]
+    rows: RowsPart | None = None
 
 
 class RetireOutcome(BaseModel):
@@ -100,6 +113,8 @@ class RetireOutcome(BaseModel):
     `earlier` marks an outcome recorded by an earlier run and reused, not work done now.
     `disagreed` holds rollouts the receipt marks retirable and its verified part does not
     (masked, missing, without tokens): their captures are kept, and the run reports them.
+    `waiting_for` names the row consumer whose acknowledgement the batch waits for: nothing
+    was retired, and a later run retires it once acknowledged.
     """
 
     receipt_key: str
@@ -109,6 +124,7 @@ class RetireOutcome(BaseModel):
     disagreed: dict[str, str] = Field(default_factory=dict)
     transient: bool = True
     earlier: bool = False
+    waiting_for: str | None = None
 
 
 RECEIPT_KEY = re.compile(r"batch-[0-9]{5,}-[0-9a-f]{16}")
@@ -208,9 +224,12 @@ async def finalize_batch(
     source: TokenSource,
     builder: str = "prefix_merging",
     concurrency: int | None = None,
+    rows: str = "none",
     delivery: str = MAIN_CHAIN,
 ) -> FinalizedBatch:
     """Finalize every record of a batch and encode the part file in input order.
+
+    With `rows="parquet"` the batch's trainer rows are encoded too (`trainer_rows`).
 
     Up to `concurrency` rollouts (default: `store_concurrency()`) are finalized at once, so
     a remote store's round trips overlap. Raises `TransientStoreError` if the source failed
@@ -228,6 +247,7 @@ async def finalize_batch(
     built_all = await asyncio.gather(*(map(finalize_one, lines, guards)))
     outcomes: list[RolloutOutcome] = []
     chunks: list[bytes] = []
+    emitted: list[tuple[int, dict, bool]] = []
     for parsed, guard, built in zip(lines, guards, built_all, strict=True):
         if guard.failure is not None:
             raise TransientStoreError(
@@ -241,13 +261,34 @@ async def finalize_batch(
         record = parsed.record or {}
         outcomes.append(_outcome(parsed.line, record, built))
         chunks.append(orjson.dumps(record) + b"\n")
+        emitted.append((parsed.line, record, _projected(built)))
     return FinalizedBatch(
         index=batch.index,
         receipt_key=receipt_key(batch),
         part_key=part_key(run_id, batch),
         part=b"".join(chunks),
         outcomes=outcomes,
+        **_rows_part(run_id, batch, rows, emitted),
     )
+
+
+def _projected(built: BuildResult | None) -> bool:
+    """Whether the record's output is the builder's projection of one chain (contiguity
+    asserted), not token ids the record arrived with."""
+    return built is not None and built.rebuilt_response is not None and not built.redundant_capture
+
+
+def _rows_part(
+    run_id: str, batch: BatchPlan, rows: str, emitted: list[tuple[int, dict, bool]]
+) -> dict[str, object]:
+    """The batch's rows part key and bytes, or nothing when the run writes no rows."""
+    if rows == "none":
+        return {}
+    from capture_core.run.trainer_rows import batch_rows, check_row_format
+
+    check_row_format(rows)
+    key = run_layout.rows_key(run_id, batch.index, batch.sha256)
+    return {"rows_key": key, "rows": batch_rows(emitted)}
 
 
 def upload_part(dest: ByteStore, key: str, data: bytes) -> tuple[str, int]:
@@ -276,8 +317,15 @@ def upload_part(dest: ByteStore, key: str, data: bytes) -> tuple[str, int]:
 
 
 def handoff_batch(run_id: str, finalized: FinalizedBatch, dest: ByteStore) -> HandoffReceipt:
-    """Durably hand a finalized batch off and return its receipt."""
+    """Durably hand a finalized batch off (records part, then rows part) and return its receipt."""
     digest, size = upload_part(dest, finalized.part_key, finalized.part)
+    rows = None
+    if finalized.rows_key is not None and finalized.rows is not None:
+        from capture_core.run.trainer_rows import count_rows
+
+        rows_digest, rows_size = upload_part(dest, finalized.rows_key, finalized.rows)
+        count = count_rows(finalized.rows)
+        rows = RowsPart(key=finalized.rows_key, sha256=rows_digest, bytes=rows_size, rows=count)
     return HandoffReceipt(
         run_id=run_id,
         batch=finalized.index,
@@ -287,25 +335,46 @@ def handoff_batch(run_id: str, finalized: FinalizedBatch, dest: ByteStore) -> Ha
         bytes=size,
         records=sum(1 for o in finalized.outcomes if o.emitted),
         rollouts=finalized.outcomes,
+        rows=rows,
     )
 
 
 def verify_part(dest: ByteStore, receipt: HandoffReceipt) -> bytes:
     """Re-read the receipt's part, check its size and sha256 against the receipt, return it.
 
-    A transient read failure propagates (retry it); a missing or different part raises
-    `PartMismatchError` naming it, because its records are not what the receipt certifies.
+    A receipt that pins a rows part has it verified the same way first: retirement waits
+    for both parts. A transient read failure propagates (retry it); a missing or different
+    part raises `PartMismatchError` naming it, because it is not what the receipt certifies.
     """
-    stored = dest.get(receipt.part_key)
+    if receipt.rows is not None:
+        verified_bytes(dest, receipt, receipt.rows.key, receipt.rows.bytes, receipt.rows.sha256)
+    return verified_bytes(dest, receipt, receipt.part_key, receipt.bytes, receipt.sha256)
+
+
+RETIRED_NOTHING = (
+    "nothing of this batch was retired now, its captures are kept. Restore the part from a "
+    "copy with that digest, then retire again"
+)
+
+
+def verified_bytes(
+    dest: ByteStore,
+    receipt: HandoffReceipt,
+    key: str,
+    size: int,
+    sha256: str,
+    consequence: str = RETIRED_NOTHING,
+) -> bytes:
+    """The bytes of part `key` when they are the `size` and `sha256` its receipt certifies;
+    else `PartMismatchError` naming the part, the run and `consequence`."""
+    stored = dest.get(key)
     digest = None if stored is None else hashlib.sha256(stored).hexdigest()
-    if stored is not None and len(stored) == receipt.bytes and digest == receipt.sha256:
+    if stored is not None and len(stored) == size and digest == sha256:
         return stored
     found = "is missing" if stored is None else f"has {len(stored)} bytes, sha256 {digest}"
     raise PartMismatchError(
-        f"batch {receipt.batch}: part {dest.url}/{receipt.part_key} {found}, but its receipt "
-        f"certifies {receipt.bytes} bytes, sha256 {receipt.sha256}; nothing of this batch was "
-        "retired now, its captures are kept. Restore the part from a copy with that digest, "
-        "then retire again"
+        f"batch {receipt.batch} of run {receipt.run_id}: part {dest.url}/{key} {found}, but "
+        f"its receipt certifies {size} bytes, sha256 {sha256}; {consequence}"
     )
 
 
@@ -410,6 +479,11 @@ DISAGREED = (
 def kept_as_evidence(receipt: HandoffReceipt) -> int:
     """Captures a receipt never retires: those of masked or unfinished rollouts."""
     return sum(1 for r in receipt.rollouts if r.rollout_id and not r.can_retire)
+
+
+def marked_retirable(receipt: HandoffReceipt) -> int:
+    """Captures a receipt marks retirable: those of rebuilt or redundant rollouts."""
+    return sum(1 for r in receipt.rollouts if r.rollout_id and r.can_retire)
 
 
 KEPT_CHANGED = (

@@ -2,8 +2,9 @@
 
 A file's run id is derived from its name and full URL, so each file maps to one run.
 A run is complete when its ledger shows every rollout handed off and retired (or kept on
-purpose) and no unreadable line. A file whose content is not the one its run's manifest
-records (re-published under the same name) is never done: the pass refuses it by name.
+purpose), no unreadable line, and no capture waiting for a row consumer's acknowledgement.
+A file whose content is not the one its run's manifest records (re-published under the
+same name) is never done: the pass refuses it by name.
 Each attempt is a numbered create-only claim, so of two passes racing for a file one wins.
 A claim lives while its holder renews it; a holder that died loses it after its lease.
 Claim times are wall-clock seconds, so leases must exceed the clock skew between machines.
@@ -43,7 +44,8 @@ def run_id_for_file(url: str) -> str:
 def run_completed(dest: ByteStore, run_id: str) -> bool:
     layout = RunLayout(dest, run_id)
     ledger = layout.read_ledger()
-    return ledger is not None and summarize(run_id, ledger).ok and dest.exists(layout.manifest_key)
+    complete = ledger is not None and summarize(run_id, ledger).complete
+    return complete and dest.exists(layout.manifest_key)
 
 
 def replaced_file(

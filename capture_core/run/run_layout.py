@@ -1,10 +1,12 @@
 """One run's layout at the destination, and the bookkeeping files it owns.
 
 Under `<dest>/<run_id>/`: `run.json` (the manifest), `ledger.jsonl` (each rollout's fate),
-`records/` (the handed-off part files), `receipts/` (the upload task's persisted results),
-`attempts/` (the inbox claims), `input-seen.json` (the last input fingerprint the inbox
-found with the manifest's digest) and `set-aside/` (evidence of handoffs that were never
-recorded). This module is the only one that spells those names.
+`records/` (the handed-off part files), `rows/` (their trainer rows, Parquet, when the run
+writes them), `consumers/<name>/` (each row consumer's acknowledgements), `receipts/` (the
+upload task's persisted results), `attempts/` (the inbox claims), `input-seen.json` (the
+last input fingerprint the inbox found with the manifest's digest) and `set-aside/`
+(evidence of handoffs that were never recorded). This module is the only one that spells
+those names.
 The manifest binds a run id to one input (by digest) and its settings, create-only, so a run
 id cannot silently mix two inputs; retrigger and status read it back. It never holds storage
 options or credentials. This module does not import Prefect.
@@ -27,6 +29,9 @@ from capture_core.storage import ByteStore
 MANIFEST = "run.json"
 LEDGER = "ledger.jsonl"
 RECORDS = "records"
+ROWS = "rows"
+ROW_FORMATS = ("none", "parquet")
+CONSUMERS = "consumers"
 RECEIPTS = "receipts"
 ATTEMPTS = "attempts"
 INPUT_SEEN = "input-seen.json"
@@ -51,11 +56,29 @@ def part_key(run_id: str, index: int, sha256: str) -> str:
     return f"{run_id}/{RECORDS}/part-{index:05d}-{sha256[:16]}.jsonl"
 
 
+def rows_key(run_id: str, index: int, sha256: str) -> str:
+    """The trainer-rows part (Parquet) of batch `index`, beside its records part."""
+    return f"{run_id}/{ROWS}/part-{index:05d}-{sha256[:16]}.parquet"
+
+
+def ack_key(run_id: str, consumer: str, rows_part: str) -> str:
+    """Consumer `consumer`'s acknowledgement of the rows part whose key is `rows_part`."""
+    name = rows_part.rsplit("/", 1)[-1].removesuffix(".parquet")
+    return f"{run_id}/{CONSUMERS}/{consumer}/{name}.ack"
+
+
+def consumers_prefix(run_id: str) -> str:
+    return f"{run_id}/{CONSUMERS}"
+
+
 class RunManifest(BaseModel):
     """What a run finalizes and how.
 
     `rollouts_fingerprint` (see `rollout_io.file_fingerprint`) lets the inbox see an
     unchanged file without reading it; the digest alone binds the run to its input.
+    `rows` is the trainer-row format written beside each part (`none` or `parquet`);
+    `retire_after_consumer` names the row consumer whose acknowledgements gate retirement.
+    Both are settings of the run: a re-claim with other values is refused.
     """
 
     run_id: str
@@ -68,13 +91,18 @@ class RunManifest(BaseModel):
     batches: int
     max_mask_fraction: float | None = None
     mask_fraction_min_samples: int = 50
+    rows: str = "none"
+    retire_after_consumer: str | None = None
     delivery: str = MAIN_CHAIN
-    """Written only when it is not the default, so a default run's manifest is unchanged."""
+    """Written only when it is not the default, so a default run's manifest is unchanged;
+    so are `rows` and `retire_after_consumer`."""
 
     def encoded(self) -> bytes:
         body = self.model_dump()
-        if body["delivery"] == MAIN_CHAIN:
-            del body["delivery"]
+        defaults = {"delivery": MAIN_CHAIN, "rows": "none", "retire_after_consumer": None}
+        for name, default in defaults.items():
+            if body[name] == default:
+                del body[name]
         return _encode(body)
 
 
@@ -84,6 +112,7 @@ class LedgerLine(BaseModel):
     `kept` says the capture was deliberately not retired (it changed since it was frozen);
     a later retirement never clears its reason. Lines written before `kept` existed are read
     with it derived from their error text, the way they were interpreted then.
+    `awaiting_consumer` names the row consumer whose acknowledgement its retirement waits for.
     """
 
     rollout_id: str | None
@@ -98,6 +127,7 @@ class LedgerLine(BaseModel):
     delivered_fraction: float | None = None
     terminal_method: str | None = None
     terminal_abstentions: list[str] = Field(default_factory=list)
+    awaiting_consumer: str | None = None
     traces: int | None = None
     """`all_traces` runs: the rollout's training rows, owned calls and tokens trained."""
     owned_calls: int | None = None
@@ -273,6 +303,7 @@ class RunLayout:
         for line in ledger:
             if line.rollout_id in retired:
                 line.retired = True
+                line.awaiting_consumer = None
                 if not line.kept:
                     line.error = None
         self.write_ledger(ledger)
@@ -294,7 +325,7 @@ def _changed_settings(existing: RunManifest | None, new: RunManifest) -> list[st
             f"input digest {existing.rollouts_sha256[:12]} ({existing.rollouts}) is now "
             f"{new.rollouts_sha256[:12]} ({new.rollouts})"
         )
-    for name in ("batch_size", "builder", "delivery"):
+    for name in ("batch_size", "builder", "delivery", "rows", "retire_after_consumer"):
         old, now = getattr(existing, name), getattr(new, name)
         if old != now:
             changed.append(f"{name.replace('_', ' ')} {old} is now {now}")

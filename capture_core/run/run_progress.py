@@ -14,7 +14,13 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, Field
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
-from capture_core.run.handoff import HandoffReceipt, RetireOutcome, RolloutOutcome, kept_as_evidence
+from capture_core.run.handoff import (
+    HandoffReceipt,
+    RetireOutcome,
+    RolloutOutcome,
+    kept_as_evidence,
+    marked_retirable,
+)
 from capture_core.run.run_layout import LedgerLine
 from capture_core.run.run_report import reason_category
 
@@ -86,6 +92,7 @@ def _handed_off_lines(receipt: HandoffReceipt, retire: RetireOutcome) -> Iterabl
     for rollout in receipt.rollouts:
         rid = rollout.rollout_id or ""
         kept = retire.kept.get(rid) or retire.disagreed.get(rid)
+        waits = rollout.can_retire and not rollout.masked and rid not in retire.retired
         yield LedgerLine(
             rollout_id=rollout.rollout_id,
             line=rollout.line,
@@ -99,6 +106,7 @@ def _handed_off_lines(receipt: HandoffReceipt, retire: RetireOutcome) -> Iterabl
             delivered_fraction=rollout.delivered_fraction,
             terminal_method=rollout.terminal_method,
             terminal_abstentions=rollout.terminal_abstentions,
+            awaiting_consumer=retire.waiting_for if waits else None,
             traces=rollout.traces,
             owned_calls=rollout.owned_calls,
             tokens_trained=rollout.tokens_trained,
@@ -219,11 +227,14 @@ def ledger_changes(
 
 
 def retire_counts(receipts: list[HandoffReceipt], outcomes: list[RetireOutcome]) -> dict[str, int]:
-    """What a retire pass did: retired now, retired by an earlier run, and kept captures."""
+    """What a retire pass did: retired now, retired by an earlier run, kept captures, and
+    captures waiting for a row consumer's acknowledgement."""
+    pairs = list(zip(receipts, outcomes, strict=True))
     return {
         "receipts": len(receipts),
         "retired": sum(len(o.retired) for o in outcomes if not o.earlier),
         "retired_earlier": sum(len(o.retired) for o in outcomes if o.earlier),
         "kept": sum(len(o.kept) + len(o.disagreed) for o in outcomes)
         + sum(map(kept_as_evidence, receipts)),
+        "waiting": sum(marked_retirable(r) for r, o in pairs if o.waiting_for),
     }

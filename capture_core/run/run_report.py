@@ -41,6 +41,7 @@ class RunSummary(BaseModel):
     malformed_line_errors: list[str] = Field(default_factory=list)
     terminal_methods: dict[str, int] = Field(default_factory=dict)
     terminal_abstentions: dict[str, int] = Field(default_factory=dict)
+    awaiting_consumer: int = 0
     delivery: str = MAIN_CHAIN
     traces: int = 0
     """`all_traces`: training rows handed off, calls they own and tokens they train."""
@@ -57,6 +58,11 @@ class RunSummary(BaseModel):
             and self.duplicate_lines == 0
             and not self.errors
         )
+
+    @property
+    def complete(self) -> bool:
+        """`ok`, and no capture waits for a row consumer's acknowledgement to be retired."""
+        return self.ok and self.awaiting_consumer == 0
 
 
 def reason_category(reason: str | None) -> str:
@@ -128,6 +134,7 @@ def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
         duplicate_lines=sum(1 for line in ledger if not line.finalized and line.rollout_id),
         terminal_methods=_by_count(methods),
         terminal_abstentions=dict(list(_by_count(abstentions).items())[:TOP_ABSTENTIONS]),
+        awaiting_consumer=sum(1 for line in ledger if line.awaiting_consumer and not line.retired),
         traces=sum(line.traces or 0 for line in ledger if line.handed_off),
         owned_calls=sum(line.owned_calls or 0 for line in ledger if line.handed_off),
         tokens_trained=sum(line.tokens_trained or 0 for line in ledger if line.handed_off),

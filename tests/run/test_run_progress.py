@@ -102,8 +102,14 @@ def test_retire_counts_split_now_earlier_and_kept() -> None:
     before = RetireOutcome(receipt_key="b", retired=["r2"], earlier=True)
     receipts = [receipt(outcome(1), outcome(3, masked=True)), receipt(outcome(2), key="b")]
     assert retire_counts(receipts, [now, before]) == {
-        "receipts": 2, "retired": 1, "retired_earlier": 1, "kept": 1,
+        "receipts": 2, "retired": 1, "retired_earlier": 1, "kept": 1, "waiting": 0,
     }  # fmt: skip
+
+
+def test_retire_counts_count_captures_waiting_for_a_consumer() -> None:
+    waiting = RetireOutcome(receipt_key="a", waiting_for="trainer")
+    receipts = [receipt(outcome(1), outcome(2), outcome(3, masked=True))]
+    assert retire_counts(receipts, [waiting])["waiting"] == 2
 
 
 def line(n: int, handed_off: bool, retired: bool = False, error: str | None = None) -> LedgerLine:

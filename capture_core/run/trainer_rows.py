@@ -1,0 +1,288 @@
+"""Trainer rows: a batch's delivered records as one Parquet part, beside its JSONL part.
+
+One row per delivered trace when a record carries `training_traces` (multi-trace delivery),
+else one row per delivered main chain: the chain's final cumulative tokens, with the loss
+mask over its generated spans and their sampling-time log probs (0 elsewhere). A record's
+token-bearing items that do not extend one another (a record that arrived with its own
+token ids, not prefix-contiguous) give one row per contiguous run, never a join invented
+across a rewritten history. Masked rollouts, records without a rollout id and records
+without token ids have no rows: rows are derived from what was delivered, nothing else.
+
+The part is zstd-compressed Parquet in row groups of at most `ROW_GROUP_TOKENS` tokens,
+so a reader streams it a group at a time. Token ids are int32 unless an id of the part
+needs int64. Encoding is deterministic for a pyarrow version: a re-run of a batch writes
+the same bytes, so its create-only upload is accepted. This is the only module that
+writes or reads rows; it imports pyarrow, so the handoff imports it only where rows are
+made, and nothing `import capture_core` loads imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from capture_core.builder.build_result import MASK_SAMPLE_KEY
+from capture_core.ids import maybe_rollout_id_from_run_body
+from capture_core.records import response_items
+from capture_core.run.run_layout import ROW_FORMATS
+
+MAIN_CHAIN = "main_chain"
+ALL_TRACES = "all_traces"
+TRACES_KEY = "training_traces"
+ROW_GROUP_TOKENS = 1 << 20
+"""Tokens per row group at most (a group of one longer row is that row): about 9 MB of
+token ids, log probs and mask in memory per group while streaming."""
+INT32_MAX = 2**31 - 1
+WRITE_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    # Token ids and log probs are near-random numbers: dictionaries do not pay, while split
+    # byte streams let zstd squeeze their high bytes. Strings repeat, so they keep one.
+    "use_dictionary": ["rollout_id", "trace_id", "delivery"],
+    "use_byte_stream_split": ["token_ids.list.element", "generation_logprobs.list.element"],
+    "write_statistics": ["rollout_id", "task_index", "rollout_index", "line"],
+    "data_page_version": "2.0",
+}
+
+
+@dataclass(frozen=True)
+class TrainerRow:
+    """One physical training row: exact tokens, behaviour log probs, and the loss mask."""
+
+    rollout_id: str
+    trace_id: str
+    token_ids: np.ndarray
+    generation_logprobs: np.ndarray
+    loss_mask: np.ndarray
+    reward: float | None
+    task_index: int | None
+    rollout_index: int | None
+    attempt_index: int | None
+    line: int
+    delivery: str
+
+
+def check_row_format(rows: str) -> str:
+    """Refuse an unknown row format, naming the ones there are."""
+    if rows not in ROW_FORMATS:
+        raise ValueError(f"unknown rows format {rows!r}; use one of {', '.join(ROW_FORMATS)}")
+    return rows
+
+
+def record_rows(record: Mapping[str, Any], line: int, projected: bool = False) -> list[TrainerRow]:
+    """The rows of one delivered record (none when it is masked or carries no tokens).
+
+    `projected`: the record's output is the builder's projection of one chain, whose prefix
+    contiguity the projection already asserted, so it is one row without comparing prompts
+    again. Any other record's items are compared (a new row where one does not extend).
+    """
+    if record.get(MASK_SAMPLE_KEY):
+        return []
+    try:
+        rollout_id = maybe_rollout_id_from_run_body(dict(record))
+    except ValueError:
+        return []
+    if rollout_id is None:
+        return []
+    envelope = record.get(TRACES_KEY)
+    if isinstance(envelope, Mapping):
+        shaped = _trace_rows(rollout_id, envelope)
+        delivery = ALL_TRACES
+    else:
+        shaped = _chain_rows(rollout_id, record.get("response"), projected)
+        delivery = MAIN_CHAIN
+    reward = record.get("reward")
+    return [
+        TrainerRow(
+            rollout_id=rollout_id,
+            trace_id=trace_id,
+            token_ids=tokens,
+            generation_logprobs=logprobs,
+            loss_mask=mask,
+            reward=float(reward) if isinstance(reward, int | float) else None,
+            task_index=_index(record.get("_ng_task_index")),
+            rollout_index=_index(record.get("_ng_rollout_index")),
+            attempt_index=_index(record.get("_ng_attempt_index")),
+            line=line,
+            delivery=delivery,
+        )
+        for trace_id, tokens, logprobs, mask in shaped
+    ]
+
+
+Shaped = tuple[str, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _trace_rows(rollout_id: str, envelope: Mapping[str, Any]) -> list[Shaped]:
+    """The envelope's traces as rows, unchanged (it was validated before it was handed off)."""
+    rows = []
+    for trace in envelope.get("traces") or []:
+        tokens = np.asarray(trace["token_ids"], dtype=np.int64)
+        logprobs = np.asarray(trace["generation_logprobs"], dtype=np.float32)
+        mask = (np.asarray(trace["loss_mask"]) != 0).astype(np.int8)
+        if not len(tokens) == len(logprobs) == len(mask):
+            raise ValueError(
+                f"rollout {rollout_id}: trace {trace.get('trace_id')} has {len(tokens)} token "
+                f"ids, {len(logprobs)} log probs and {len(mask)} mask positions; a trace's "
+                "arrays must be equally long, so it is not written as a row"
+            )
+        rows.append((str(trace["trace_id"]), tokens, logprobs, mask))
+    return rows
+
+
+def _chain_rows(rollout_id: str, response: Any, projected: bool) -> list[Shaped]:
+    """The record's token-bearing items as cumulative rows: a row's tokens are its last
+    item's prompt and generation, each item's generation is a masked span at its place."""
+    if not isinstance(response, Mapping):
+        return []
+    items = [
+        item
+        for item in response_items(response)
+        if isinstance(item, Mapping) and item.get("generation_token_ids")
+    ]
+    groups = [items] if projected else _extending_runs(items)
+    rows = []
+    for n, group in enumerate(g for g in groups if g):
+        last = group[-1]
+        tokens = np.asarray(
+            list(last.get("prompt_token_ids") or []) + list(last["generation_token_ids"]),
+            dtype=np.int64,
+        )
+        logprobs = np.zeros(len(tokens), dtype=np.float32)
+        mask = np.zeros(len(tokens), dtype=np.int8)
+        for item in group:
+            start = len(item.get("prompt_token_ids") or [])
+            end = start + len(item["generation_token_ids"])
+            mask[start:end] = 1
+            logprobs[start:end] = item.get("generation_log_probs") or []
+        trace_id = f"{rollout_id}:main" if n == 0 else f"{rollout_id}:main-{n}"
+        rows.append((trace_id, tokens, logprobs, mask))
+    return rows
+
+
+def _extending_runs(items: list[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """Split items into runs where each item's prompt extends the previous prompt and
+    generation exactly."""
+    runs: list[list[Mapping[str, Any]]] = [[]]
+    seen: list[int] = []
+    for item in items:
+        prompt = list(item.get("prompt_token_ids") or [])
+        if seen and prompt[: len(seen)] != seen:
+            runs.append([])
+        runs[-1].append(item)
+        seen = prompt + list(item["generation_token_ids"])
+    return runs
+
+
+def _index(value: Any) -> int | None:
+    """A task, rollout or attempt index as an integer (integer-valued strings too), or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def row_schema(token_type: pa.DataType) -> pa.Schema:
+    """The columns of a rows part, in order."""
+    return pa.schema(
+        [
+            ("rollout_id", pa.string()),
+            ("trace_id", pa.string()),
+            _required_list("token_ids", token_type),
+            _required_list("generation_logprobs", pa.float32()),
+            _required_list("loss_mask", pa.int8()),
+            ("reward", pa.float64()),
+            ("task_index", pa.int64()),
+            ("rollout_index", pa.int64()),
+            ("attempt_index", pa.int64()),
+            ("line", pa.int64()),
+            ("delivery", pa.string()),
+        ]
+    )
+
+
+def _required_list(name: str, value_type: pa.DataType) -> pa.Field:
+    """A list column whose lists and elements are never null: readers skip null levels."""
+    element = pa.field("element", value_type, nullable=False)
+    return pa.field(name, pa.list_(element), nullable=False)
+
+
+def rows_table(rows: Sequence[TrainerRow]) -> pa.Table:
+    """The rows as one table; token ids int64 only when an id of these rows needs it."""
+    lengths = np.fromiter((len(r.token_ids) for r in rows), dtype=np.int64, count=len(rows))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+
+    def listed(name: str, dtype: type, value_type: pa.DataType) -> pa.Array:
+        parts = [getattr(r, name) for r in rows]
+        values = np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+        element = pa.field("element", value_type, nullable=False)
+        return pa.ListArray.from_arrays(offsets, pa.array(values, value_type), pa.list_(element))
+
+    ids = np.concatenate([r.token_ids for r in rows]) if rows else np.zeros(0, np.int64)
+    narrow = len(ids) == 0 or (ids.min() >= -INT32_MAX - 1 and ids.max() <= INT32_MAX)
+    token_type = pa.int32() if narrow else pa.int64()
+    columns = {
+        "rollout_id": pa.array([r.rollout_id for r in rows], pa.string()),
+        "trace_id": pa.array([r.trace_id for r in rows], pa.string()),
+        "token_ids": listed("token_ids", np.int32 if narrow else np.int64, token_type),
+        "generation_logprobs": listed("generation_logprobs", np.float32, pa.float32()),
+        "loss_mask": listed("loss_mask", np.int8, pa.int8()),
+        "reward": pa.array([r.reward for r in rows], pa.float64()),
+        "task_index": pa.array([r.task_index for r in rows], pa.int64()),
+        "rollout_index": pa.array([r.rollout_index for r in rows], pa.int64()),
+        "attempt_index": pa.array([r.attempt_index for r in rows], pa.int64()),
+        "line": pa.array([r.line for r in rows], pa.int64()),
+        "delivery": pa.array([r.delivery for r in rows], pa.string()),
+    }
+    return pa.table(columns, schema=row_schema(token_type))
+
+
+def encode_rows(rows: Sequence[TrainerRow]) -> bytes:
+    """The Parquet bytes of a rows part: zstd, row groups of at most `ROW_GROUP_TOKENS`."""
+    table = rows_table(rows)
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, table.schema, **WRITE_OPTIONS) as writer:
+        for start, stop in _row_groups(rows):
+            writer.write_table(table.slice(start, stop - start), row_group_size=stop - start)
+        if not rows:
+            writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _row_groups(rows: Sequence[TrainerRow]) -> Iterable[tuple[int, int]]:
+    start, tokens = 0, 0
+    for i, row in enumerate(rows):
+        if i > start and tokens + len(row.token_ids) > ROW_GROUP_TOKENS:
+            yield start, i
+            start, tokens = i, 0
+        tokens += len(row.token_ids)
+    if start < len(rows):
+        yield start, len(rows)
+
+
+def batch_rows(records: Iterable[tuple[int, Mapping[str, Any], bool]]) -> bytes:
+    """The rows part of a batch's emitted records, as `(input line, record, projected)`."""
+    return encode_rows(
+        [row for line, rec, projected in records for row in record_rows(rec, line, projected)]
+    )
+
+
+def count_rows(data: bytes) -> int:
+    """The number of rows of a rows part, from its footer."""
+    return pq.read_metadata(pa.BufferReader(data)).num_rows
+
+
+def read_rows(data: bytes) -> pa.Table:
+    """A rows part's bytes as a table (the caller has verified them).
+
+    Decoded on the calling thread: a part is a few MB, and pyarrow's thread pool was slower
+    than one thread on a busy machine (a trainer reads parts while it trains).
+    """
+    return pq.read_table(pa.BufferReader(data), use_threads=False)

@@ -1,0 +1,35 @@
+"""Tasks over a run's row consumers: whether a consumer acknowledged a batch's rows part.
+
+Retirement after consumption asks this before retiring a batch; the logic lives in
+`capture_core.run.row_cursor`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from capture_core.run.handoff import HandoffReceipt
+from capture_core.run.row_cursor import Cursor
+from capture_core.run.run_layout import RunLayout
+from capture_core.storage import open_byte_store
+from tasks.common import TRANSIENT_RETRIES
+
+
+@task(name="check-acknowledged", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+def acknowledged(
+    dest: str,
+    receipt: HandoffReceipt,
+    consumer: str,
+    storage_options: Mapping[str, Any] | None = None,
+) -> bool:
+    """Whether `consumer` acknowledged the receipt's rows part at the digest it certifies.
+
+    An ack of other bytes raises (it counts for nothing); a batch without rows is never
+    acknowledged.
+    """
+    layout = RunLayout(open_byte_store(dest, storage_options), receipt.run_id)
+    return Cursor(layout, consumer, token="").acknowledged(receipt) is not None

@@ -1,0 +1,150 @@
+"""Trainer rows: what a delivered record becomes as Parquet rows, read back by pyarrow.
+
+No Prefect here: rows are encoded from records and read as plain Parquet files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+
+from bench.rows_bench import capture, json_rows
+from capture_core.run import trainer_rows
+from capture_core.run.handoff import finalize_batch
+from capture_core.run.rollout_io import plan_rollout_file, read_batch
+from capture_core.run.trainer_rows import batch_rows, read_rows, record_rows
+from capture_core.store import TokenCaptureStore
+from capture_core.testing.synthetic import RolloutShape
+
+
+def item(prompt: list[int], generated: list[int], logprobs: list[float]) -> dict:
+    return {
+        "type": "message",
+        "prompt_token_ids": prompt,
+        "generation_token_ids": generated,
+        "generation_log_probs": logprobs,
+    }
+
+
+def record(output: list[dict], **fields: object) -> dict:
+    base = {"_ng_task_index": 3, "_ng_rollout_index": 1, "reward": 0.5}
+    return {**base, "response": {"output": output}, **fields}
+
+
+def test_a_main_chain_is_one_row_of_its_final_cumulative_tokens() -> None:
+    chain = [item([1, 2], [3, 4], [-0.5, -0.25]), item([1, 2, 3, 4, 5], [6], [-1.0])]
+    for projected in (False, True):
+        (row,) = record_rows(record(chain), line=7, projected=projected)
+        assert row.token_ids.tolist() == [1, 2, 3, 4, 5, 6]
+        assert row.loss_mask.tolist() == [0, 0, 1, 1, 0, 1]
+        assert row.generation_logprobs.tolist() == [0.0, 0.0, -0.5, -0.25, 0.0, -1.0]
+    assert (row.rollout_id, row.trace_id, row.delivery) == ("3-1", "3-1:main", "main_chain")
+    assert (row.reward, row.task_index, row.rollout_index, row.line) == (0.5, 3, 1, 7)
+
+
+def test_items_that_do_not_extend_the_row_start_a_new_row_never_a_join() -> None:
+    rewritten = [item([1, 2], [3], [-0.5]), item([1, 9], [4], [-0.1])]
+    rows = record_rows(record(rewritten), line=1)
+    assert [r.token_ids.tolist() for r in rows] == [[1, 2, 3], [1, 9, 4]]
+    assert [r.loss_mask.tolist() for r in rows] == [[0, 0, 1], [0, 0, 1]]
+    assert [r.trace_id for r in rows] == ["3-1:main", "3-1:main-1"]
+
+
+def test_masked_records_and_records_without_tokens_or_id_have_no_rows() -> None:
+    chain = [item([1], [2], [-0.5])]
+    assert record_rows(record(chain, mask_sample=True), line=1) == []
+    assert record_rows(record([{"type": "message", "content": "hi"}]), line=1) == []
+    assert record_rows({"response": {"output": chain}}, line=1) == []
+
+
+def test_a_training_traces_envelope_gives_one_row_per_trace_unchanged() -> None:
+    traces = [
+        {
+            "trace_id": "3-1:c1",
+            "token_ids": [1, 2, 3],
+            "generation_logprobs": [0.0, 0.0, -0.5],
+            "loss_mask": [0, 0, 1],
+        },
+        {
+            "trace_id": "3-1:c2",
+            "token_ids": [1, 5, 6, 7],
+            "generation_logprobs": [0.0, 0.0, -0.1, -0.2],
+            "loss_mask": [0, 0, 1, 1],
+        },
+    ]
+    envelope = {"schema_version": 1, "rollout_id": "3-1", "traces": traces}
+    rows = record_rows(record([item([1], [2], [-1.0])], training_traces=envelope), line=2)
+    assert [r.trace_id for r in rows] == ["3-1:c1", "3-1:c2"]
+    assert [r.token_ids.tolist() for r in rows] == [[1, 2, 3], [1, 5, 6, 7]]
+    assert [r.loss_mask.tolist() for r in rows] == [[0, 0, 1], [0, 0, 1, 1]]
+    assert {r.delivery for r in rows} == {"all_traces"}
+    broken = {**traces[0], "loss_mask": [0, 1]}
+    with pytest.raises(ValueError, match="equally long"):
+        record_rows(record([], training_traces={**envelope, "traces": [broken]}), line=2)
+
+
+def test_pyarrow_reads_the_part_with_narrow_types_and_zstd(tmp_path) -> None:
+    chain = [item([1, 2], [3, 4], [-0.5, -0.25])]
+    data = batch_rows([(1, record(chain), True), (2, record(chain, mask_sample=True), True)])
+    path = tmp_path / "part-00000-0000000000000000.parquet"
+    path.write_bytes(data)
+    table = pq.read_table(path)
+    assert table.num_rows == 1
+    assert table.schema.field("token_ids").type.value_type == pa.int32()
+    assert table.schema.field("generation_logprobs").type.value_type == pa.float32()
+    assert table.schema.field("loss_mask").type.value_type == pa.int8()
+    assert table.column("token_ids").to_pylist() == [[1, 2, 3, 4]]
+    metadata = pq.ParquetFile(path).metadata
+    assert metadata.row_group(0).column(0).compression == "ZSTD"
+    assert pads.dataset(str(tmp_path), format="parquet").to_table().num_rows == 1
+
+
+def test_token_ids_widen_to_int64_only_when_an_id_needs_it() -> None:
+    big = [item([1], [2**31], [-0.5])]
+    table = read_rows(batch_rows([(1, record(big), False)]))
+    assert table.schema.field("token_ids").type.value_type == pa.int64()
+    assert table.column("token_ids").to_pylist() == [[1, 2**31]]
+
+
+def test_row_groups_stay_within_the_token_budget(monkeypatch) -> None:
+    monkeypatch.setattr(trainer_rows, "ROW_GROUP_TOKENS", 10)
+    chain = [item([1, 2, 3], [4, 5, 6], [-0.5] * 3)]
+    records = [(i, record(chain, _ng_rollout_index=i), False) for i in range(5)]
+    parquet = pq.ParquetFile(pa.BufferReader(batch_rows(records)))
+    assert [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)] == [
+        1,
+        1,
+        1,
+        1,
+        1,
+    ]
+    monkeypatch.setattr(trainer_rows, "ROW_GROUP_TOKENS", 12)
+    parquet = pq.ParquetFile(pa.BufferReader(batch_rows(records)))
+    assert parquet.num_row_groups == 3
+
+
+def test_encoding_is_deterministic_and_an_empty_batch_is_a_readable_part() -> None:
+    chain = [(1, record([item([1, 2], [3], [-0.5])]), False)]
+    assert batch_rows(chain) == batch_rows(chain)
+    empty = read_rows(batch_rows([]))
+    assert empty.num_rows == 0 and "token_ids" in empty.schema.names
+
+
+def test_a_finalized_batch_stores_its_rows_in_at_most_035x_the_json_bytes(tmp_path) -> None:
+    """The bench's bytes figure, pinned: it does not depend on the machine."""
+    shape = RolloutShape(turns=8, prompt_tokens=256, generated_tokens=128, tool_tokens=64)
+    records = capture(str(tmp_path / "store"), 6, shape)
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    (batch,) = plan_rollout_file(str(rollouts), 100).batches
+    lines = read_batch(str(rollouts), batch)
+    source = TokenCaptureStore(str(tmp_path / "store"))
+    finalized = asyncio.run(finalize_batch("r", batch, lines, source, rows="parquet"))
+    parquet = finalized.rows or b""
+    assert read_rows(parquet).num_rows == 6
+    assert len(parquet) <= 0.35 * len(json_rows(finalized))
