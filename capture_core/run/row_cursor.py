@@ -23,6 +23,8 @@ from pydantic import BaseModel, ValidationError
 
 from capture_core.errors import (
     AlreadyAcknowledgedError,
+    InvalidInputError,
+    InvalidRecordError,
     RowsNotWrittenError,
     UnreadableAcknowledgementError,
     UnreadableReceiptError,
@@ -53,7 +55,7 @@ def validate_consumer_name(name: str) -> str:
     try:
         return validate_rollout_id(name)
     except ValueError as exc:
-        raise ValueError(str(exc).replace("rollout id", "consumer name")) from exc
+        raise InvalidInputError(str(exc).replace("rollout id", "consumer name")) from exc
 
 
 def receipt_keys(layout: RunLayout) -> list[str]:
@@ -76,7 +78,7 @@ def read_stored_receipt(layout: RunLayout, key: str) -> HandoffReceipt:
     try:
         inner = orjson.loads(orjson.loads(data)["result"])
         if not str(inner["__class__"]).endswith(".HandoffReceipt"):
-            raise ValueError(f"it holds {inner['__class__']}")
+            raise InvalidRecordError(f"it holds {inner['__class__']}")
         receipt = HandoffReceipt.model_validate(inner["data"])
     except (ValueError, KeyError, TypeError, ValidationError) as exc:
         detail = f"{type(exc).__name__}: {str(exc).partition(chr(10))[0][:160]}"
@@ -102,7 +104,7 @@ def receipt_key_of_part(layout: RunLayout, part: str) -> str:
     name = part.rsplit("/", 1)[-1]
     found = _ROWS_PART.fullmatch(name)
     if found is None or part != layout.key("rows", name):
-        raise ValueError(
+        raise InvalidInputError(
             f"{part!r} is not a rows part of run {layout.run_id}; acknowledge the `.key` of "
             "a part the consumer yielded"
         )

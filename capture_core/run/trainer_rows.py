@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from capture_core.builder.build_result import MASK_SAMPLE_KEY
+from capture_core.errors import InvalidInputError, InvalidRecordError
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.records import response_items
 from capture_core.run.run_layout import ROW_FORMATS
@@ -69,7 +70,9 @@ class TrainerRow:
 def check_row_format(rows: str) -> str:
     """Refuse an unknown row format, naming the ones there are."""
     if rows not in ROW_FORMATS:
-        raise ValueError(f"unknown rows format {rows!r}; use one of {', '.join(ROW_FORMATS)}")
+        raise InvalidInputError(
+            f"unknown rows format {rows!r}; use one of {', '.join(ROW_FORMATS)}"
+        )
     return rows
 
 
@@ -125,7 +128,7 @@ def _trace_rows(rollout_id: str, envelope: Mapping[str, Any]) -> list[Shaped]:
         logprobs = np.asarray(trace["generation_logprobs"], dtype=np.float32)
         mask = (np.asarray(trace["loss_mask"]) != 0).astype(np.int8)
         if not len(tokens) == len(logprobs) == len(mask):
-            raise ValueError(
+            raise InvalidRecordError(
                 f"rollout {rollout_id}: trace {trace.get('trace_id')} has {len(tokens)} token "
                 f"ids, {len(logprobs)} log probs and {len(mask)} mask positions; a trace's "
                 "arrays must be equally long, so it is not written as a row"
