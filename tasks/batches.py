@@ -35,6 +35,7 @@ from capture_core.storage import open_byte_store
 from capture_core.testing.faults import crash_point
 from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async
 from tasks.receipts import UnrecordedReceiptError, read_receipt, set_aside_unrecorded
+from tasks.store_limit import store_requests
 
 StorageOptions = Mapping[str, Any] | None
 
@@ -110,7 +111,8 @@ def finalize_rollout_batch(
     """
     lines = read_batch(rollouts, batch, storage_options)
     source = open_source(store, storage_options, source_kwargs)
-    finalized = run_async(finalize_batch(run_id, batch, lines, source, builder))
+    with store_requests():
+        finalized = run_async(finalize_batch(run_id, batch, lines, source, builder))
     meanwhile = None if dest is None else _receipt_meanwhile(dest, run_id, batch, storage_options)
     if meanwhile is not None:
         return meanwhile
@@ -202,7 +204,10 @@ def retire_batch(
             "retired. Rerun the run (tokcap retrigger) to persist it, then retire"
         )
     source = open_source(store, storage_options, source_kwargs)
-    outcome = run_async(retire_receipt(persisted, source, open_byte_store(dest, storage_options)))
+    with store_requests():
+        outcome = run_async(
+            retire_receipt(persisted, source, open_byte_store(dest, storage_options))
+        )
     logger = get_run_logger()
     logger.info(
         "batch %d: retired %d captures; kept %d masked or unfinished as evidence and %d "
