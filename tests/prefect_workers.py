@@ -10,11 +10,13 @@ from pathlib import Path
 
 import psutil
 
+PREFECT = (sys.executable, "-m", "prefect")
+
 
 def prefect_cli(args: list[str], env: dict[str, str], cwd: Path) -> str:
     """Run `prefect ARGS`; its stdout, or fail with the end of its output."""
     done = subprocess.run(
-        [sys.executable, "-m", "prefect", *args],
+        [*PREFECT, *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -29,8 +31,7 @@ def start_worker(pool: str, name: str, env: dict[str, str], cwd: Path) -> subpro
     """`prefect worker start` on `pool`, one flow run at a time, logging to `worker-NAME.log`."""
     log = open(cwd / f"worker-{name}.log", "wb")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
-        [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool]
-        + ["--limit", "1", "--name", f"worker-{name}"],
+        [*PREFECT, "worker", "start", "--pool", pool, "--limit", "1", "--name", f"worker-{name}"],
         cwd=cwd,
         env={**env, "PREFECT_LOGGING_LEVEL": "INFO"},
         stdout=log,

@@ -150,6 +150,13 @@ def finished(runs: list[Any]) -> bool:
     return bool(runs) and all(r.state is not None and r.state.is_final() for r in runs)
 
 
+def wait_finished(deployment: str, run_ids: list[str], what: str) -> None:
+    """Wait until every run id has a run of the deployment and all of them ended."""
+    wait_until(
+        lambda: all(finished(runs_of(deployment, r)) for r in run_ids), RUN_DEADLINE, what, 0.5
+    )
+
+
 def wait_completed(paths: dict[str, Any], run_ids: list[str], what: str) -> None:
     dest = open_byte_store(paths["dest"])
     wait_until(lambda: all(run_completed(dest, r) for r in run_ids), RUN_DEADLINE, what, 0.5)
@@ -169,7 +176,8 @@ def handed_off_once(paths: dict[str, Any], run_id: str, ids: list[str], batches:
 
 
 def test_deploying_and_applying_creates_every_shipped_automation(event_path) -> None:
-    listed = prefect_cli(["automation", "ls"], event_path["env"], event_path["home"])
+    wide = {**event_path["env"], "COLUMNS": "400"}  # the table cuts names to fit the width
+    listed = prefect_cli(["automation", "ls"], wide, event_path["home"])
     for name in AUTOMATIONS:
         assert name in listed, f"{name} is listed by prefect automation ls"
     assert "concurrency limit: tokcap-store-requests = 64" in event_path["applied"]
@@ -188,6 +196,7 @@ def test_submitted_files_are_finalized_by_their_triggered_runs_two_at_once(event
     wait_completed(event_path, run_ids, "both submitted files to be handed off and retired")
     handed_off_once(event_path, run_ids[0], ["31-0", "31-1"], 1)
     handed_off_once(event_path, run_ids[1], ["32-0", "32-1"], 1)
+    wait_finished("finalize-inbox-file/inbox-file", run_ids, "both triggered runs to end")
     runs = [runs_of("finalize-inbox-file/inbox-file", r) for r in run_ids]
     assert [len(r) for r in runs] == [1, 1], "one triggered run per submitted file"
     (one,), (two,) = runs
@@ -260,11 +269,7 @@ def test_a_run_failed_by_an_unreachable_store_is_retriggered_once_it_is_back(
     (failed,) = runs_of("finalize-inbox-file/inbox-file", run_id)
     assert failed.state.is_failed(), failed.state
     wait_completed(event_path, [run_id], "the retriggered run to hand the file off")
-    wait_until(
-        lambda: finished(runs_of("retrigger-failed/retrigger-failed", run_id)),
-        120,
-        "the retrigger run to end",
-    )
+    wait_finished("retrigger-failed/retrigger-failed", [run_id], "the retrigger run to end")
     retriggers = runs_of("retrigger-failed/retrigger-failed", run_id)
     assert [r.state.name for r in retriggers] == ["Completed"]
     assert retriggers[0].parameters["retrigger"] == 1
@@ -309,6 +314,7 @@ def test_an_inbox_pass_fans_out_one_run_per_file_copied_in_without_an_event(even
     run_ids = [run_id_for_file(u) for u in urls]
     parent = run_deployment("finalize-inbox/inbox", timeout=0)
     wait_completed(event_path, run_ids, "the inbox pass's child runs to hand both files off")
+    wait_finished("finalize-inbox-file/inbox-file", run_ids, "both child runs to end")
     children = [runs_of("finalize-inbox-file/inbox-file", r) for r in run_ids]
     assert [len(c) for c in children] == [1, 1], "one child run per file"
     wait_until(lambda: finished([read_run(parent.id)]), 120, "the inbox pass to end")
