@@ -110,7 +110,7 @@ def event_path(
 
 
 def remove_deployed() -> None:
-    """Delete this module's deployments and automations, so later tests see none of them."""
+    """Delete this module's deployments, automations and limit, so later tests see none."""
     with get_client(sync_client=True) as client:
         for deployment in client.read_deployments():
             if deployment.work_pool_name == POOL:
@@ -118,6 +118,7 @@ def remove_deployed() -> None:
         for name in AUTOMATIONS:
             for automation in client.read_automations_by_name(name):
                 client.delete_automation(automation.id)
+        client.delete_global_concurrency_limit_by_name("tokcap-store-requests")
 
 
 def rollout_file(paths: dict[str, Any], name: str, task: int, count: int, **kwargs: Any) -> str:
@@ -329,3 +330,27 @@ def test_an_inbox_pass_fans_out_one_run_per_file_copied_in_without_an_event(even
 def read_run(flow_run_id: UUID) -> Any:
     with get_client(sync_client=True) as client:
         return client.read_flow_run(flow_run_id)
+
+
+def test_a_batch_holds_its_share_of_the_store_request_limit(event_path) -> None:
+    """Runs last: it changes the limit, so no run of the module may be in flight."""
+    from flows.automations import apply_automations
+    from tasks.store_limit import STORE_REQUESTS, _limit_at, store_requests
+
+    def active() -> int:
+        with get_client(sync_client=True) as client:
+            return client.read_global_concurrency_limit_by_name(STORE_REQUESTS).active_slots
+
+    _limit_at.cache_clear()
+    with store_requests():
+        assert active() == 16, "one batch holds one slot per rollout it works on at once"
+    assert active() == 0
+    apply_automations(store_request_limit=8)
+    _limit_at.cache_clear()
+    try:
+        too_small = pytest.raises(ValueError, match="tokcap-store-requests is 8, below the 16")
+        with too_small, store_requests():
+            pass
+    finally:
+        apply_automations()
+        _limit_at.cache_clear()
