@@ -235,14 +235,17 @@ def dispatch_file(deployment: str, item: InboxFile, settings: FileSettings) -> s
     """Start one run of the file's deployment through the work pool; its flow run id.
 
     The run is a child of this pass in the UI. The pass does not wait for it: a pass that
-    waited would hold a worker slot that the child may need.
+    waited would hold a worker slot that the child may need. Passes within one claim lease
+    share one run per file attempt (the idempotency key), so a run not started yet is not
+    doubled by every pass; one that died before claiming is replaced a lease later.
     """
     parameters = {"rollouts": item.url, "run_id": item.run_id, **settings.model_dump()}
+    window = int(time.time() // settings.claim_lease_seconds)
     flow_run = run_deployment(
         deployment,
         parameters=parameters,
         timeout=0,
-        idempotency_key=f"{runtime.flow_run.id}-{item.run_id}",
+        idempotency_key=f"{item.run_id}-attempt-{item.attempts}-window-{window}",
     )
     get_run_logger().info("%s: started run %s of %s", item.url, flow_run.id, deployment)
     return str(flow_run.id)
