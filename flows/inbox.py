@@ -176,19 +176,8 @@ def finalize_inbox(
     deployment per file and returns: any worker of the pool takes each, and the file's claim
     still lets exactly one of them hand it off.
     """
-    options = public_storage_options(storage_options)
-    check_separate_locations({"inbox": inbox, "store": store, "dest": dest})
-    settings = FileSettings(
-        inbox=inbox,
-        store=store,
-        dest=dest,
-        batch_size=batch_size,
-        max_mask_fraction=max_mask_fraction,
-        max_attempts=max_attempts,
-        storage_options=options,
-        source_kwargs=source_kwargs,
-        claim_lease_seconds=claim_lease_seconds,
-    )
+    settings = FileSettings.of(locals())
+    options = settings.storage_options
     report = InboxReport()
     for item in scan_inbox(inbox, pattern, dest, options):
         if fan_out is None:
@@ -212,6 +201,17 @@ class FileSettings(BaseModel):
     storage_options: dict[str, Any] | None = None
     source_kwargs: dict[str, Any] | None = None
     claim_lease_seconds: float = 300.0
+
+    @classmethod
+    def of(cls, parameters: dict[str, Any]) -> FileSettings:
+        """The settings among a flow's parameters, checked: public storage options only,
+        and inbox, store and destination separate."""
+        settings = cls(**{name: parameters[name] for name in cls.model_fields})
+        settings.storage_options = public_storage_options(settings.storage_options)
+        check_separate_locations(
+            {"inbox": settings.inbox, "store": settings.store, "dest": settings.dest}
+        )
+        return settings
 
 
 def settled(item: InboxFile, settings: FileSettings, report: InboxReport) -> bool:
@@ -308,18 +308,7 @@ def finalize_inbox_file(
     `run_id` must be the file's own (`run_id_for_file`) and the file must lie in `inbox`:
     an event naming anything else is refused, so no event can finalize a file elsewhere.
     """
-    settings = FileSettings(
-        inbox=inbox,
-        store=store,
-        dest=dest,
-        batch_size=batch_size,
-        max_mask_fraction=max_mask_fraction,
-        max_attempts=max_attempts,
-        storage_options=public_storage_options(storage_options),
-        source_kwargs=source_kwargs,
-        claim_lease_seconds=claim_lease_seconds,
-    )
-    check_separate_locations({"inbox": inbox, "store": store, "dest": dest})
+    settings = FileSettings.of(locals())
     check_inbox_file(rollouts, run_id, inbox)
     report = InboxReport()
     take_file(inspect_inbox_file(rollouts, dest, settings.storage_options), settings, report)
