@@ -88,3 +88,21 @@ def test_tokcap_submit_prints_one_run_id_line_per_file(tmp_path: Path) -> None:
     assert "not announced" in done.stderr, "without a server it says the event was not sent"
     refused = run_cli(["submit", "--inbox", inbox, source(tmp_path / "x", "a.jsonl", LINE * 5)], "")
     assert refused.returncode == 2 and f"{inbox}/a.jsonl" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("rollouts", "run_id", "why"),
+    [
+        ("/data/elsewhere/a.jsonl", None, "is not a file of the inbox"),
+        ("/data/inbox/sub/a.jsonl", None, "is not a file of the inbox"),
+        ("/data/inbox-other/a.jsonl", None, "is not a file of the inbox"),
+        ("/data/inbox/a.jsonl", "a-0000000000", "is not the run of"),
+    ],
+)
+def test_a_file_run_refuses_an_event_naming_another_file_or_run(rollouts, run_id, why) -> None:
+    from flows.inbox import check_inbox_file
+
+    with pytest.raises(ValueError, match=why):
+        check_inbox_file(rollouts, run_id or run_id_for_file(rollouts), "/data/inbox")
+    check_inbox_file("/data/inbox/a.jsonl", run_id_for_file("/data/inbox/a.jsonl"), "/data/inbox")
+    record_case("an event naming a file outside the inbox or another run id")
