@@ -2,13 +2,13 @@
 
 A real `prefect server start` (SQLite) runs in a subprocess with the whole shipped
 `prefect.yaml` deployed on a bench pool, the shipped automations applied, and two process
-workers (`--limit 1`). Files are submitted one at a time through the library call of
-`tokcap submit`; each is timed until its run is complete in the destination (handed off,
-verified and retired: `run_completed`). Also printed: the triggered run's own duration from
-its start to its end (so the rest is queueing and the worker's process start), and the
-schedule path it replaces (on average half the 10-minute interval before the run starts,
-plus the run). Asserts nothing.
-Usage: .venv/bin/python -m bench.latency_bench [--files N] [--rollouts R]
+workers (`--limit 1`, polling every `--poll-seconds`, Prefect's default 10 s). Files are
+submitted one at a time through the library call of `tokcap submit`; each is timed until its
+run is complete in the destination (handed off, verified and retired: `run_completed`). Also
+printed: the triggered run's own duration from its start to its end (so the rest is the
+event, the worker's poll and its process start), and the schedule path it replaces (on
+average half the 10-minute interval before the run starts, plus the run). Asserts nothing.
+Usage: .venv/bin/python -m bench.latency_bench [--files N] [--rollouts R] [--poll-seconds S]
 """
 
 from __future__ import annotations
@@ -83,6 +83,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--files", type=int, default=6)
     parser.add_argument("--rollouts", type=int, default=50, help="rollouts per file")
+    parser.add_argument(
+        "--poll-seconds",
+        type=float,
+        default=10.0,
+        help="PREFECT_WORKER_QUERY_SECONDS of the workers (default 10, Prefect's own)",
+    )
     args = parser.parse_args()
     logging.getLogger("capture_core").setLevel(logging.ERROR)
     work = tempfile.mkdtemp(prefix="tokcap-latency-bench-")
@@ -92,7 +98,7 @@ def main() -> None:
         PREFECT_HOME=os.path.join(work, "prefect"),
         PREFECT_LOGGING_LEVEL="ERROR",
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_WORKER_QUERY_SECONDS="1",
+        PREFECT_WORKER_QUERY_SECONDS=f"{args.poll_seconds:g}",
         TOKCAP_INBOX=os.path.join(work, "inbox"),
         TOKCAP_STORE=os.path.join(work, "store"),
         TOKCAP_DEST=os.path.join(work, "dest"),
@@ -101,7 +107,8 @@ def main() -> None:
         sources = [write_file(work, i, args.rollouts) for i in range(args.files)]
         print(
             f"{args.files} files x {args.rollouts} rollouts x {SHAPE.turns} calls, submitted one "
-            f"at a time; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
+            f"at a time; workers poll every {args.poll_seconds:g} s; {os.cpu_count()} cores, "
+            f"load average {os.getloadavg()[0]:.1f}"
         )
         with prefect_server(os.environ["PREFECT_HOME"]) as (api, _server):
             os.environ["PREFECT_API_URL"] = api
