@@ -14,10 +14,7 @@ from typing import Any
 
 from flows.cli_checks import UsageError, absolute, positive_int
 
-NOT_ANNOUNCED = (
-    "not announced: PREFECT_API_URL is not set, so no server received an event; the inbox "
-    "deployment's scheduled pass finalizes the files"
-)
+NOT_ANNOUNCED = "the inbox deployment's scheduled pass finalizes it"
 
 
 def add_event_commands(commands: Any, add_storage: Callable[..., None]) -> None:
@@ -54,7 +51,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
     """Submit each file in turn; one `run id: <id>` line per file submitted."""
     from flows.submit import SubmitRefusedError, submit_files
 
-    announced = True
     for source in args.files:
         try:
             (result,) = submit_files(args.inbox, [source], args.options or None)
@@ -63,9 +59,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"run id: {result.run_id}", flush=True)
         if not result.placed:
             print(f"{result.url} was already in the inbox with this content", file=sys.stderr)
-        announced = announced and result.announced
-    if not announced:
-        print(f"tokcap submit: {NOT_ANNOUNCED}", file=sys.stderr)
+        if result.not_announced:
+            print(
+                f"tokcap submit: {result.url} not announced: {result.not_announced}; "
+                + NOT_ANNOUNCED,
+                file=sys.stderr,
+            )
     return 0
 
 

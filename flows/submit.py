@@ -40,6 +40,7 @@ class Submitted(BaseModel):
     placed: bool
     announced: bool
     event_id: str | None = None
+    not_announced: str | None = None
 
 
 def read_source(source: str, storage_options: Mapping[str, Any] | None) -> bytes:
@@ -124,13 +125,18 @@ def submit_files(
     """Place each file into the inbox, then announce it; one `Submitted` per file, in order.
 
     A refused file raises `SubmitRefusedError` before later files are placed; files placed
-    before it stay placed and announced (a resubmission of them is accepted).
+    before it stay placed and announced (a resubmission of them is accepted). A file whose
+    event did not reach a server stays placed, with `not_announced` saying why.
     """
     results = []
     for source in files:
         url, placed = place_file(source, inbox, storage_options)
         run_id = run_id_for_file(url)
-        event_id = announce(url, run_id, inbox)
+        event_id, why = None, "PREFECT_API_URL is not set"
+        try:
+            event_id = announce(url, run_id, inbox)
+        except Exception as exc:  # placed all the same: the scheduled pass finalizes it
+            why = f"the server did not take the event ({type(exc).__name__}: {exc})"
         results.append(
             Submitted(
                 source=source,
@@ -139,6 +145,7 @@ def submit_files(
                 placed=placed,
                 announced=event_id is not None,
                 event_id=event_id,
+                not_announced=None if event_id else why,
             )
         )
     return results

@@ -14,7 +14,7 @@ from capture_core.storage import open_byte_store
 from flows.submit import SUBMITTED, SubmitRefusedError, place_file, submit_files
 from tests.pipeline_helpers import run_cli, write_rollouts
 from tests.reliability_figures import record_case
-from tests.servers import wait_until
+from tests.servers import free_port, wait_until
 
 LINE = b'{"_ng_task_index": 1, "_ng_rollout_index": 0}\n'
 
@@ -106,3 +106,14 @@ def test_a_file_run_refuses_an_event_naming_another_file_or_run(rollouts, run_id
         check_inbox_file(rollouts, run_id or run_id_for_file(rollouts), "/data/inbox")
     check_inbox_file("/data/inbox/a.jsonl", run_id_for_file("/data/inbox/a.jsonl"), "/data/inbox")
     record_case("an event naming a file outside the inbox or another run id")
+
+
+def test_a_file_whose_event_no_server_took_is_placed_and_said_so(tmp_path: Path) -> None:
+    inbox = str(tmp_path / "inbox")
+    nobody = f"http://127.0.0.1:{free_port()}/api"
+    done = run_cli(["submit", "--inbox", inbox, source(tmp_path, "late.jsonl")], nobody)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"run id: {run_id_for_file(f'{inbox}/late.jsonl')}"]
+    assert "late.jsonl not announced: the server did not take the event" in done.stderr
+    assert "scheduled pass finalizes it" in done.stderr
+    assert Path(inbox, "late.jsonl").read_bytes() == LINE
