@@ -6,7 +6,8 @@ server's cost per task run and per flow run is measured, not guessed. The shippe
 its own copy of the same inbox (N files of R rollouts, local store and destination):
 - one worker / two workers: `prefect worker start --limit 1` each, one inbox run of the
   shipped deployment, which fans out one `inbox-file` run per file through the pool;
-  "overlap" says whether two file runs ran at the same time (from their start and end);
+  "overlap" says whether two file runs were on workers at the same time (from a worker
+  taking each, its process start included, to its end);
 - dask (with `--dask`): one process finalizing each file on a two-process Dask cluster;
 - plain: the same steps as direct capture_core calls in one process, no Prefect at all.
 Server CPU is reported net of its idle rate (services, worker polls) measured just before.
@@ -185,10 +186,21 @@ def file_runs(run_ids: list[str]) -> list[object]:
     return [r for r in runs if r.parameters.get("run_id") in run_ids and r.end_time]
 
 
+def taken_at(flow_run: object) -> object:
+    """When a worker took the run (its first Pending state), so its process start counts."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        states = client.read_flow_run_states(flow_run.id)
+    pending = [s.timestamp for s in states if s.name == "Pending"]
+    return min(pending) if pending else flow_run.start_time
+
+
 def overlapped(run_ids: list[str]) -> bool:
-    """Whether any two file runs of these run ids ran at the same time."""
-    runs = sorted(file_runs(run_ids), key=lambda r: r.start_time)
-    return any(b.start_time < a.end_time for a, b in itertools.pairwise(runs))
+    """Whether any two file runs of these run ids were on workers at the same time, from
+    a worker taking each (its process start included) to its end."""
+    spans = sorted((taken_at(r), r.end_time) for r in file_runs(run_ids))
+    return any(b[0] < a[1] for a, b in itertools.pairwise(spans))
 
 
 def run_dask(work: str, batch_size: int) -> float:
