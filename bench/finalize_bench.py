@@ -2,13 +2,14 @@
 
 Baseline: `orjson.loads` of every entry as full-prompt JSON (already in memory).
 Finalize is `finalize_rollout_token_capture` per rollout from a local store: freeze, read,
-validate, build, project and check contiguity. The reference, NeMo Gym's file store
-(`NemoGymFileStore`, the same captures in its layout), is finalized the same way. The three
-sides alternate over the repetitions; each finalize runs on a fresh copy of its captured
-store (a freeze is done once). Peak RSS is measured in a fresh process that finalizes one
-rollout. Prints medians, ranges and ratios; asserts nothing.
+validate, build, project and check contiguity; `--concurrency` rollouts at once (default
+the store concurrency, as `finalize_batch` runs them; 1: one after another). The reference,
+NeMo Gym's file store (`NemoGymFileStore`, the same captures in its layout), is finalized
+the same way. The three sides alternate over the repetitions; each finalize runs on a
+fresh copy of its captured store (a freeze is done once). Peak RSS is measured in a fresh
+process that finalizes one rollout. Prints medians, ranges and ratios; asserts nothing.
 Usage: .venv/bin/python -m bench.finalize_bench [--preset many|long|all] [--rollouts N]
-       [--repetitions R] [--dir D]
+       [--repetitions R] [--dir D] [--concurrency C]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import orjson
 from bench import filesystem
 from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.delivery import finalize_rollout_token_capture
+from capture_core.handoff import store_concurrency
 from capture_core.nemo_gym_store import NemoGymFileStore
 from capture_core.store import TokenCaptureStore, encode_entry
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
@@ -107,16 +109,22 @@ def parse_seconds(blobs: list[bytes]) -> float:
     return time.perf_counter() - start
 
 
-def finalize_seconds(root: str, records: list[dict]) -> tuple[float, int]:
+def finalize_seconds(root: str, records: list[dict], concurrency: int = 1) -> tuple[float, int]:
+    """Seconds to finalize `records`, `concurrency` rollouts at once (as `finalize_batch`
+    does), and how many masked."""
     store = TokenCaptureStore(root)
 
     async def run() -> int:
-        masked = 0
-        for record in records:
-            # A fresh copy, dropped after use, as the pipeline drops each batch after upload.
-            built = await finalize_rollout_token_capture(orjson.loads(orjson.dumps(record)), store)
-            masked += bool(built and built["mask_sample"])
-        return masked
+        limit = asyncio.Semaphore(concurrency)
+
+        async def one(record: dict) -> bool:
+            async with limit:
+                # A fresh copy, dropped after use, as the pipeline drops each batch after upload.
+                copy = orjson.loads(orjson.dumps(record))
+                built = await finalize_rollout_token_capture(copy, store)
+                return bool(built and built["mask_sample"])
+
+        return sum(await asyncio.gather(*map(one, records)))
 
     start = time.perf_counter()
     masked = asyncio.run(run())
@@ -182,17 +190,19 @@ def durable_copy(source: str, target: str) -> None:
         os.close(fd)
 
 
-def finalize_fresh(template: str, records: list[dict]) -> float:
+def finalize_fresh(template: str, records: list[dict], concurrency: int = 1) -> float:
     """Seconds to finalize `records` from a fresh copy of the captured store `template`."""
     copy = f"{template}-run"
     shutil.copytree(template, copy, copy_function=durable_copy)
     try:
-        return finalize_seconds(copy, records)[0]
+        return finalize_seconds(copy, records, concurrency)[0]
     finally:
         shutil.rmtree(copy, ignore_errors=True)
 
 
-def run_preset(key: str, rollouts: int | None, repetitions: int, space: str | None) -> None:
+def run_preset(
+    key: str, rollouts: int | None, repetitions: int, space: str | None, concurrency: int = 1
+) -> None:
     preset = PRESETS[key]
     count = rollouts or preset.rollouts
     root = tempfile.mkdtemp(prefix=f"tokcap-bench-{key}-", dir=space)
@@ -205,15 +215,15 @@ def run_preset(key: str, rollouts: int | None, repetitions: int, space: str | No
         stored = sum(len(b) for b in blobs)
         full = full_prompt_blobs(root)
         print(
-            f"\n== {preset.name}, {count} rollout(s): {len(blobs)} entries, "
+            f"\n== {preset.name}, {count} rollout(s), {concurrency} at once: {len(blobs)} entries, "
             f"{stored / 2**20:.1f} MiB stored, {sum(map(len, full)) / 2**20:.1f} MiB as "
             f"full-prompt JSON (captured in both layouts in {time.perf_counter() - start:.1f}s)"
         )
         seconds = alternate_sides(
             {
                 "parse": lambda: parse_seconds(full),
-                "tokcap": lambda: finalize_fresh(root, records),
-                "nemo_gym": lambda: finalize_fresh(gym_root, records),
+                "tokcap": lambda: finalize_fresh(root, records, concurrency),
+                "nemo_gym": lambda: finalize_fresh(gym_root, records, concurrency),
             },
             repetitions,
         )
@@ -256,10 +266,16 @@ def main() -> None:
     parser.add_argument(
         "--dir", default=None, help="where to write (/dev/shm: no fsync cost, CPU alone)"
     )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=store_concurrency(),
+        help="rollouts finalized at once, as finalize_batch does (1: one after another)",
+    )
     args = parser.parse_args()
     print(filesystem.describe(args.dir or tempfile.gettempdir()))
     for key in ("many", "long") if args.preset == "all" else (args.preset,):
-        run_preset(key, args.rollouts, args.repetitions, args.dir)
+        run_preset(key, args.rollouts, args.repetitions, args.dir, args.concurrency)
 
 
 if __name__ == "__main__":

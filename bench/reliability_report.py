@@ -1,13 +1,13 @@
 """Reliability figures: crash points survived, faults injected and survived, bad inputs tried,
 racing rollouts checked, and records lost (which must be 0).
 
-Runs the crash and reliability tests with figure recording switched on and prints the totals.
+Runs the tests marked `integrity` (attack cases, crash points, faults, property checks) with
+figure recording switched on and prints the totals.
 Usage: .venv/bin/python -m bench.reliability_report [extra pytest arguments]
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import subprocess
 import sys
@@ -32,9 +32,8 @@ LABELS = {
 def main() -> int:
     figures_file = tempfile.mktemp(prefix="tokcap-reliability-", suffix=".jsonl")
     env = {**os.environ, "TOKCAP_RELIABILITY_FIGURES": figures_file}
-    tests = ["tests/test_crash.py", "tests/test_reliability.py", "tests/test_properties.py"]
-    tests += sorted(glob.glob("tests/test_integrity_*.py"))
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", *tests, *sys.argv[1:]], env=env)
+    command = [sys.executable, "-m", "pytest", "-q", "-m", "integrity", "tests", *sys.argv[1:]]
+    result = subprocess.run(command, env=env)
     totals: Counter[str] = Counter({name: 0 for name in LABELS})
     cases: Counter[str] = Counter()
     if os.path.exists(figures_file):

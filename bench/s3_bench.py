@@ -84,7 +84,7 @@ def main() -> None:
     logging.getLogger("capture_core").setLevel(logging.ERROR)
     import s3fs
 
-    from tests.servers import FAKE_AWS_ENV, moto_server
+    from tests.support.servers import FAKE_AWS_ENV, moto_server
 
     os.environ.update(FAKE_AWS_ENV)
     with moto_server() as endpoint:

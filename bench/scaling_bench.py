@@ -73,7 +73,7 @@ def make_inbox(work: str, files: int, rollouts: int) -> str:
 @contextlib.contextmanager
 def prefect_server(home: str) -> Iterator[tuple[str, psutil.Process]]:
     """`prefect server start` on a free loopback port; yields its API URL and process."""
-    from tests.servers import free_port
+    from tests.support.servers import free_port
 
     port = free_port()
     env = {**os.environ, "PREFECT_HOME": home, "PREFECT_UI_ENABLED": "false"}

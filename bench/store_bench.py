@@ -16,7 +16,11 @@ Every side writes into fresh folders under one bench folder, removed only at the
 ext4 without a journal, files deleted just before a run slow that run's creates (see
 `bench/filesystem.py`), and which side pays for the other's deletions would depend on the
 inode allocator. The header names the filesystem measured; `--dir` picks another.
+With `--against COMMIT`, it instead puts the same entries with the capture store of that commit
+(its tree extracted by `git archive`), alternated with this tree's, each side in a fresh
+process, and prints puts/s of both and their ratio: the figure for "no lower than before".
 Usage: .venv/bin/python -m bench.store_bench [--rollouts N] [--repetitions R] [--dir D] [--s3]
+       [--against COMMIT]
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -173,10 +179,84 @@ def bench_local(
     )
 
 
+# Run in a fresh process whose `capture_core` is the tree given first on PYTHONPATH: it parses
+# the entries from their JSON (fresh int objects) and prints the seconds of the puts alone.
+_PUT_CHILD = """
+import json, sys, tempfile, time
+from concurrent.futures import ThreadPoolExecutor
+import capture_core
+from capture_core.records import TokenEntry
+from capture_core.store import TokenCaptureStore
+assert capture_core.__file__.startswith(sys.argv[1]), capture_core.__file__
+with open(sys.argv[2], "rb") as f:
+    rollouts = [[TokenEntry.model_validate_json(line) for line in r.splitlines()]
+                for r in f.read().split(b"\\n\\n") if r]
+store = TokenCaptureStore(tempfile.mkdtemp(prefix="store-", dir=sys.argv[3]))
+def capture(entries):
+    for entry in entries:
+        store.put_now(entry)
+start = time.perf_counter()
+with ThreadPoolExecutor(int(sys.argv[4])) as pool:
+    for future in [pool.submit(capture, r) for r in rollouts]:
+        future.result()
+print(json.dumps(time.perf_counter() - start))
+"""
+
+
+def tree_of(commit: str, into: str) -> str:
+    """The source tree of `commit` (this repository's), extracted under `into`."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tree = os.path.join(into, f"tree-{commit}")
+    if os.path.isdir(tree):
+        return tree
+    os.makedirs(tree)
+    archive = subprocess.run(
+        ["git", "-C", repo, "archive", commit], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return tree
+
+
+def child_put_seconds(tree: str, entries: str, space: str, concurrency: int) -> float:
+    """Seconds of the puts by `tree`'s capture store, in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": tree}
+    out = subprocess.run(
+        [sys.executable, "-c", _PUT_CHILD, tree, entries, space, str(concurrency)],
+        check=True,
+        capture_output=True,
+        env=env,
+        cwd=tree,  # `python -c` puts the working folder first on the path
+        text=True,
+    ).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def bench_against(
+    commit: str, space: str, rollouts: list[list[TokenEntry]], concurrency: int, repetitions: int
+) -> None:
+    """Puts/s of this tree against `commit`'s, alternated, same entries, same filesystem."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    old = tree_of(commit, space)
+    entries = os.path.join(space, "entries.jsonl")
+    with open(entries, "wb") as f:
+        f.write(b"\n\n".join(b"\n".join(e.model_dump_json().encode() for e in r) for r in rollouts))
+    puts = sum(len(r) for r in rollouts)
+    ratio = alternate(
+        lambda: child_put_seconds(old, entries, space, concurrency),
+        lambda: child_put_seconds(here, entries, space, concurrency),
+        repetitions,
+    )
+    print(
+        f"local put, concurrency {concurrency:>2}: this tree {puts / median(ratio.measured):6.0f} "
+        f"puts/s, {commit} {puts / median(ratio.baseline):6.0f} puts/s; time this/that = "
+        f"{ratio.describe()} (goal <= 1x), load {os.getloadavg()[0]:.1f}"
+    )
+
+
 def bench_s3(rollouts: list[list[TokenEntry]]) -> None:
     import s3fs
 
-    from tests.servers import FAKE_AWS_ENV, moto_server
+    from tests.support.servers import FAKE_AWS_ENV, moto_server
 
     os.environ.update(FAKE_AWS_ENV)
     entries = [e for rollout in rollouts for e in rollout]
@@ -200,6 +280,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="*", default=[16, 1])
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where to write")
     parser.add_argument("--s3", action="store_true", help="also put against a moto server")
+    parser.add_argument("--against", help="compare puts/s with this commit's store, not raw")
     args = parser.parse_args()
     rollouts = workload(args.rollouts)
     print(f"{args.rollouts} rollouts x {SHAPE.turns} calls (S={SHAPE.prompt_tokens})")
@@ -207,7 +288,10 @@ def main() -> None:
     space = tempfile.mkdtemp(prefix="tokcap-store-bench-", dir=args.dir)
     try:
         for concurrency in args.concurrency:
-            bench_local(space, rollouts, concurrency, args.repetitions)
+            if args.against:
+                bench_against(args.against, space, rollouts, concurrency, args.repetitions)
+            else:
+                bench_local(space, rollouts, concurrency, args.repetitions)
     finally:
         shutil.rmtree(space, ignore_errors=True)
     if args.s3:

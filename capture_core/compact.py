@@ -115,9 +115,31 @@ def _is_delta_schema(stored: dict[str, Any]) -> bool:
     return stored.get("schema_version") in (2, STORED_SCHEMA_VERSION) and _PROMPT in stored
 
 
+# hashlib releases the interpreter lock for every update of at least 2,048 bytes. Among 16
+# writer threads each release is a handoff of the lock (futex wake-ups, context switches)
+# that costs more than the hashing it frees; smaller updates keep the lock (docs/perf.md).
+_HASH_CHUNK = 2040
+
+
+def feed(hasher: Any, data: bytes | memoryview) -> Any:
+    """Update `hasher` with `data` in slices small enough to keep the interpreter lock."""
+    view = memoryview(data)
+    if len(view) <= _HASH_CHUNK:
+        hasher.update(view)
+        return hasher
+    for start in range(0, len(view), _HASH_CHUNK):
+        hasher.update(view[start : start + _HASH_CHUNK])
+    return hasher
+
+
+def sha256_of(data: bytes | memoryview) -> Any:
+    """A sha256 hasher over `data`, fed without releasing the interpreter lock."""
+    return feed(hashlib.sha256(), data)
+
+
 def seal(body: bytes) -> bytes:
     """Append the seal (a digest of `body`) to a JSON object's bytes, as its last member."""
-    digest = digest_text(hashlib.sha256(body)).encode("ascii")
+    digest = digest_text(sha256_of(body)).encode("ascii")
     return body[:-1] + _SEAL_HEAD + digest + _SEAL_TAIL
 
 
@@ -149,7 +171,7 @@ def check_seal(data: bytes) -> str | None:
         or data[-_SEAL_SIZE : -_SEAL_CHARS - len(_SEAL_TAIL)] != _SEAL_HEAD
     ):
         return "it has no digest although its stored schema requires one (truncated or edited?)"
-    hasher = hashlib.sha256(memoryview(data)[:-_SEAL_SIZE])
+    hasher = sha256_of(memoryview(data)[:-_SEAL_SIZE])
     hasher.update(b"}")
     stored = data[-_SEAL_CHARS - len(_SEAL_TAIL) : -len(_SEAL_TAIL)].decode("ascii", "replace")
     if digest_text(hasher) != stored:
@@ -191,7 +213,7 @@ class Known:
 
 def generation_digest(raw: bytes | memoryview) -> bytes:
     """The first 128 bits of sha256 over a generation's int64 bytes."""
-    return hashlib.sha256(raw).digest()[:16]
+    return sha256_of(raw).digest()[:16]
 
 
 def known_of(
@@ -225,56 +247,77 @@ class EncodedEntry:
 
 
 def encode(entry: TokenEntry, call_key: str, candidates: Sequence[Known] = ()) -> EncodedEntry:
-    """Encode an entry as a delta against the longest candidate it extends, or whole.
+    """Encode an entry as a delta against the longest candidate it extends, or whole."""
+    draft = Draft(entry, call_key)
+    return draft.encode(draft.match(candidates))
 
-    One sha256 pass over the prompt gives its digest and, on the way, the digest of its
-    first `prompt_length` tokens for each candidate; a candidate is the parent only when
-    that digest equals its stored prompt digest and the next tokens hash to its generation
-    digest. The reader checks the same chain (`prompt_rebuild`), so a wrong choice could
-    only mask, never rebuild a wrong prompt.
+
+class Draft:
+    """An entry being encoded: its tokens packed once, its prompt hashed in one pass.
+
+    `match` picks the longest candidate whose tokens start the prompt: the digest of the
+    prompt's first `prompt_length` tokens must equal its stored prompt digest and the next
+    tokens must hash to its generation digest. The sha256 states at each prompt length asked
+    for are kept, so matching more candidates later (after a listing) and the prompt's own
+    digest continue the same pass instead of hashing the prompt again. The reader checks the
+    same chain (`prompt_rebuild`), so a wrong choice could only mask, never rebuild a wrong
+    prompt.
     """
-    prompt = entry.prompt_token_ids
-    rest = _normalized(entry_fields(entry))
-    prompt_raw = token_bytes(prompt)
-    gen_raw = token_bytes(entry.generation_token_ids)
-    if prompt_raw is None or gen_raw is None:
-        # Stored whole, never a parent. A prompt beyond int64 has no prompt digest; the seal
-        # still covers it.
-        digest = digest_text(hashlib.sha256(prompt_raw)) if prompt_raw is not None else None
-        return EncodedEntry(_sealed(rest, digest, None, 0, prompt), rest, digest)
-    hasher, parent = _hash_and_match(prompt_raw, [c for c in candidates if c.call_key != call_key])
-    digest = digest_text(hasher)
-    shared = parent.length if parent is not None else 0
-    parent_key = parent.call_key if parent is not None else None
-    data = _sealed(rest, digest, parent_key, shared, prompt[shared:] if shared else prompt)
-    known = known_of(call_key, len(prompt), digest, gen_raw)
-    return EncodedEntry(data, rest, digest, parent_key, known)
 
+    def __init__(self, entry: TokenEntry, call_key: str) -> None:
+        self.call_key = call_key
+        self._prompt = entry.prompt_token_ids
+        self._rest = _normalized(entry_fields(entry))
+        self._prompt_raw = token_bytes(self._prompt)
+        self._gen_raw = token_bytes(entry.generation_token_ids)
+        self._view = memoryview(self._prompt_raw or b"")
+        self._states: dict[int, Any] = {0: hashlib.sha256()}
+        self._spans: dict[tuple[int, int], bytes] = {}
 
-def _hash_and_match(prompt_raw: bytes, candidates: Sequence[Known]) -> tuple[Any, Known | None]:
-    """The prompt's sha256 state and the longest candidate whose tokens start the prompt.
+    @property
+    def prompt_length(self) -> int:
+        return len(self._prompt)
 
-    One pass over the prompt; the state at each candidate's prompt length is kept, and its
-    digest computed only when that candidate's turn comes (longest first).
-    """
-    view = memoryview(prompt_raw)
-    total = len(prompt_raw) // 8
-    fitting = [c for c in candidates if c.length <= total]
-    hasher = hashlib.sha256()
-    done = 0
-    states: dict[int, Any] = {}
-    for end in sorted({c.prompt_length for c in fitting}):
-        hasher.update(view[done * 8 : end * 8])
-        done = end
-        states[end] = hasher.copy()
-    hasher.update(view[done * 8 :])
-    for candidate in sorted(fitting, key=_length, reverse=True):
-        start, end = candidate.prompt_length * 8, candidate.length * 8
-        if digest_text(states[candidate.prompt_length]) == candidate.prompt_digest and (
-            generation_digest(view[start:end]) == candidate.generation_digest
-        ):
-            return hasher, candidate
-    return hasher, None
+    def match(self, candidates: Sequence[Known]) -> Known | None:
+        """The longest of `candidates` whose prompt plus generation starts the prompt."""
+        if self._prompt_raw is None or self._gen_raw is None:
+            return None  # stored whole, never a parent or a child
+        total = len(self._prompt)
+        fitting = [c for c in candidates if c.length <= total and c.call_key != self.call_key]
+        for end in sorted({c.prompt_length for c in fitting}):
+            self._state_at(end)  # ascending, so one pass over the prompt
+        for candidate in sorted(fitting, key=_length, reverse=True):
+            if digest_text(self._state_at(candidate.prompt_length)) == candidate.prompt_digest:
+                span = (candidate.prompt_length * 8, candidate.length * 8)
+                if span not in self._spans:
+                    self._spans[span] = generation_digest(self._view[span[0] : span[1]])
+                if self._spans[span] == candidate.generation_digest:
+                    return candidate
+        return None
+
+    def encode(self, parent: Known | None) -> EncodedEntry:
+        """The stored bytes as a delta against `parent` (one `match` chose), or whole."""
+        rest, prompt = self._rest, self._prompt
+        # A prompt beyond int64 has no prompt digest; the seal still covers it.
+        digest = digest_text(self._state_at(len(prompt))) if self._prompt_raw is not None else None
+        if digest is None or self._gen_raw is None:
+            # Stored whole, never a parent.
+            return EncodedEntry(_sealed(rest, digest, None, 0, prompt), rest, digest)
+        shared = parent.length if parent is not None else 0
+        parent_key = parent.call_key if parent is not None else None
+        data = _sealed(rest, digest, parent_key, shared, prompt[shared:] if shared else prompt)
+        known = known_of(self.call_key, len(prompt), digest, self._gen_raw)
+        return EncodedEntry(data, rest, digest, parent_key, known)
+
+    def _state_at(self, end: int) -> Any:
+        """The sha256 state after the prompt's first `end` tokens, from the nearest one kept."""
+        state = self._states.get(end)
+        if state is None:
+            start = max(n for n in self._states if n < end)
+            state = self._states[start].copy()
+            feed(state, self._view[start * 8 : end * 8])
+            self._states[end] = state
+        return state
 
 
 def _length(candidate: Known) -> int:
@@ -305,5 +348,5 @@ def stored_identity(data: bytes) -> tuple[bytes, str | None] | None:
         return encode_json(_normalized(fields)), block["sha256"]
     prompt = stored.get("prompt_token_ids")
     raw = token_bytes(prompt) if isinstance(prompt, list) else None
-    digest = digest_text(hashlib.sha256(raw)) if raw is not None else None
+    digest = digest_text(sha256_of(raw)) if raw is not None else None
     return encode_json(_normalized(stored)), digest

@@ -3,12 +3,13 @@ storage when a listing shows calls this process does not know.
 
 Per rollout it keeps the names of the calls it knows (written here or read back) and, for
 the few latest, their lengths and digests (`compact.Known`): a few dozen bytes per call,
-whatever the context length. A put lists the rollout's entries (one listing, which also
-proves each candidate still exists) and reads back only the entries it has not seen: those
-another process wrote, or all of a rollout whose state was evicted. Reading back costs one
-object read per such entry, never its ancestors: its stored prompt digest and generation
-are all a child needs. The whole index is bounded by `max_bytes` (rollouts least recently
-used go first); eviction only costs reads, never a delta.
+whatever the context length. A put first tries the candidates held (`known`); when none
+fits (`TokenCaptureStore._encode` says when), it lists the rollout's entries (one listing,
+which also proves each candidate still exists) and reads back only the entries it has not
+seen: those another process wrote, or all of a rollout whose state was evicted. Reading
+back costs one object read per such entry, never its ancestors: its stored prompt digest
+and generation are all a child needs. The whole index is bounded by `max_bytes` (rollouts
+least recently used go first); eviction only costs reads, never a delta.
 """
 
 from __future__ import annotations
@@ -90,6 +91,12 @@ class ParentIndex:
             elif rollout_id in self._rollouts:
                 self._rollouts.move_to_end(rollout_id)
             return [c for c in state.candidates if c.call_key in listed]
+
+    def known(self, rollout_id: str) -> list[compact.Known]:
+        """The candidates held for a rollout, without reading storage (they may be stale)."""
+        with self._lock:
+            state = self._rollouts.get(rollout_id)
+            return list(state.candidates) if state is not None else []
 
     def remember(self, rollout_id: str, name: str, known: compact.Known | None) -> None:
         """Learn a call this process stored (or found stored with the same payload)."""

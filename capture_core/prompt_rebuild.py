@@ -8,12 +8,19 @@ with a reason; it never yields a wrong prompt. The format itself is described in
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from capture_core.compact import STORED_SCHEMA_VERSION, check_seal, digest_text, token_bytes, unpack
+from capture_core.compact import (
+    STORED_SCHEMA_VERSION,
+    check_seal,
+    digest_text,
+    feed,
+    sha256_of,
+    token_bytes,
+    unpack,
+)
 from capture_core.records import TOKEN_ENTRY_RECORD_SCHEMA_VERSION
 
 
@@ -109,7 +116,7 @@ def _verified_root(name: str, entry: StoredEntry, reasons: list[str]) -> Any:
     raw = token_bytes(entry.prompt or [])
     if raw is None:
         return None
-    prompt_hasher = hashlib.sha256(raw)
+    prompt_hasher = sha256_of(raw)
     if entry.digest is None:
         reasons.append(f"call {name}: stored prompt has no digest, which is required")
         entry.prompt = None
@@ -132,7 +139,7 @@ def _extend_children(
     entry = entries[name]
     generation = entry.fields.get("generation_token_ids") or []
     cumulative = prompt_hasher.copy()
-    cumulative.update(token_bytes(generation) or b"")
+    feed(cumulative, token_bytes(generation) or b"")
     parent_length = len(entry.prompt or []) + len(generation)
     rebuilt = []
     for child_name in child_names:
@@ -144,7 +151,7 @@ def _extend_children(
             )
             continue
         child_hasher = cumulative.copy()
-        child_hasher.update(token_bytes(child.tail or []) or b"")
+        feed(child_hasher, token_bytes(child.tail or []) or b"")
         if digest_text(child_hasher) != child.digest:
             reasons.append(
                 f"call {child_name}: rebuilt prompt fails its digest check (parent {name} altered?)"

@@ -127,7 +127,7 @@ class TokenCaptureStore:
         rollout_id = validate_rollout_id(record.rollout_id)
         name = call_key(record.model_call_id)
         key = layout.entry_key(rollout_id, name)
-        encoded = compact.encode(record, name, self._parent_candidates(rollout_id))
+        encoded = self._encode(rollout_id, record, name)
         if self._fence(rollout_id):
             existing = self._settled(key)
             if existing is not None and compact.stored_identity(existing) == encoded.identity:
@@ -143,6 +143,25 @@ class TokenCaptureStore:
             self._parents.remember(rollout_id, name, encoded.known)
             return
         self._refuse_conflict(rollout_id, record.model_call_id, existing)
+
+    def _encode(self, rollout_id: str, record: TokenEntry, name: str) -> compact.EncodedEntry:
+        """The entry as a delta against its longest stored parent (docs/store.md).
+
+        A parent held in memory that the prompt extends by at most that parent's generation
+        length needs no listing, only proof that its object is still there. A longer parent
+        would be a call another writer stored since, which adds its own generation and the
+        input after it, so the prompt usually grew by more and the put lists. Otherwise the
+        delta's new tokens are at most one generation long: storage stays linear.
+        """
+        draft = compact.Draft(record, name)
+        parent = draft.match(self._parents.known(rollout_id))
+        if (
+            parent is not None
+            and draft.prompt_length - parent.length <= parent.generation_length
+            and self._bytes.exists(layout.entry_key(rollout_id, parent.call_key))
+        ):
+            return draft.encode(parent)
+        return draft.encode(draft.match(self._parent_candidates(rollout_id)))
 
     def _parent_candidates(self, rollout_id: str) -> list[compact.Known]:
         """The stored calls of the rollout a put may extend: one listing, plus a read of

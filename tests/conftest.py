@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from capture_core.store import TokenCaptureStore
-from tests import backends
-from tests.servers import FAKE_AWS_ENV, moto_server
+from tests.support import backends, reliability_figures
+from tests.support.servers import FAKE_AWS_ENV, moto_server
 
 _PREFECT_HOME = tempfile.mkdtemp(prefix="tokcap-prefect-home-")
 for _name, _value in {
@@ -22,6 +22,16 @@ for _name, _value in {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
 }.items():
     os.environ[_name] = _value
+
+
+@pytest.fixture(autouse=True)
+def _integrity_marker(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Let `record_case` refuse an attack case recorded by a test without the integrity mark."""
+    reliability_figures.running_test_is_marked = (
+        request.node.get_closest_marker("integrity") is not None
+    )
+    yield
+    reliability_figures.running_test_is_marked = False
 
 
 @pytest.fixture(scope="session")
@@ -89,7 +99,10 @@ def locations(request: pytest.FixtureRequest, tmp_path) -> dict:
 @pytest.fixture()
 def run_inputs(tmp_path) -> dict[str, str]:
     """A local store with 4 captured rollouts (one masked), their rollout file, a dest path."""
-    from tests.pipeline_helpers import make_batch, write_rollouts  # imports Prefect: not at load
+    from tests.support.pipeline_helpers import (  # imports Prefect: not at load
+        make_batch,
+        write_rollouts,
+    )
 
     store = str(tmp_path / "store")
     records = make_batch(TokenCaptureStore(store), 4, masked={1})

@@ -1,0 +1,69 @@
+"""`deployments/prefect.yaml` needs no checkout: module entrypoints, no pull steps, no paths.
+
+Deploying it and running it on a worker, from an installed wheel, is tests/packaging/test_wheel.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import yaml
+from prefect import Flow
+from prefect.utilities.importtools import import_object
+
+from capture_core.retirement import MIN_SWEEP_AGE_SECONDS, sweep_age_seconds
+from flows.cli import main
+from tests.support.pipeline_helpers import REPO
+
+SOURCE = Path(REPO, "deployments", "prefect.yaml")
+EXPECTED = {
+    "inbox-file": "finalize-inbox-file",
+    "inbox": "finalize-inbox",
+    "finalize-run": "finalize-run",
+    "finalize-run-strict": "finalize-run",
+    "dispatch-clear": "dispatch-clear",
+    "sweep-retired": "sweep-retired",
+    "retire-uploaded": "retire-uploaded",
+    "retrigger-failed": "retrigger-failed",
+}
+
+
+def test_every_deployment_names_an_installed_flow_and_its_real_parameters() -> None:
+    spec = yaml.safe_load(SOURCE.read_text())
+    assert {d["name"] for d in spec["deployments"]} == set(EXPECTED)
+    for deployment in spec["deployments"]:
+        entrypoint = deployment["entrypoint"]
+        assert ".py" not in entrypoint and "/" not in entrypoint, "a module path, not a file"
+        flow = import_object(entrypoint)
+        assert isinstance(flow, Flow) and flow.name == EXPECTED[deployment["name"]]
+        accepted = inspect.signature(flow.fn).parameters
+        assert set(deployment["parameters"]) <= set(accepted), deployment["name"]
+
+
+def test_the_sweep_runs_daily_with_a_safe_age_on_the_store() -> None:
+    spec = yaml.safe_load(SOURCE.read_text())
+    (sweep,) = [d for d in spec["deployments"] if d["name"] == "sweep-retired"]
+    assert sweep["parameters"] == {"store": "{{ $TOKCAP_STORE }}", "older_than": "2d"}
+    assert sweep_age_seconds(sweep["parameters"]["older_than"]) >= MIN_SWEEP_AGE_SECONDS
+    (schedule,) = sweep["schedules"]
+    assert schedule["active"] and schedule["timezone"] == "UTC"
+    minute, hour, *every = schedule["cron"].split()
+    assert every == ["*", "*", "*"] and minute.isdigit() and hour.isdigit(), "once a day"
+
+
+def test_the_deployments_refer_to_no_checkout() -> None:
+    text = SOURCE.read_text()
+    spec = yaml.safe_load(text)
+    assert spec["pull"] == [], "an empty pull keeps prefect from recording the deploying folder"
+    assert spec["build"] is None and spec["push"] is None
+    assert "TOKCAP_HOME" not in text and "set_working_directory" not in text
+    assert "{{ $TOKCAP_INBOX }}" in text and "{{ $TOKCAP_STORE }}" in text
+
+
+def test_tokcap_deployments_locates_the_shipped_file(capsys) -> None:
+    assert main(["deployments"]) == 0
+    located = Path(capsys.readouterr().out.strip())
+    assert located.read_text() == SOURCE.read_text()
+    assert main(["deployments", "--show"]) == 0
+    assert capsys.readouterr().out == SOURCE.read_text()

@@ -1,0 +1,29 @@
+"""The capture source a run reads: the one dispatch-time clear, and the store's identity."""
+
+from __future__ import annotations
+
+import pytest
+
+from capture_core.capture_source import clear_captures, store_identity
+from capture_core.store import TokenCaptureStore
+from tests.store.test_torn_puts import turns
+
+
+def test_clear_deletes_exactly_the_given_rollouts(tmp_path) -> None:
+    store = TokenCaptureStore(str(tmp_path))
+    for rollout_id in ("a", "b"):
+        for entry in turns(rollout_id, 2):
+            store.put_now(entry)
+    assert clear_captures(store, ["a"]) == 1
+    assert not store.read_entries("a") and len(store.read_entries("b")) == 2
+
+
+def test_clear_refuses_a_source_that_cannot_delete() -> None:
+    with pytest.raises(ValueError, match="pkg.mod:Source has no delete"):
+        clear_captures(object(), ["a"], "pkg.mod:Source")
+
+
+def test_spellings_of_one_location_are_one_store(tmp_path) -> None:
+    root = str(tmp_path / "store")
+    assert store_identity(root + "/") == store_identity(f"file://{root}") == store_identity(root)
+    assert store_identity(root) != store_identity(str(tmp_path / "other"))

@@ -1,0 +1,121 @@
+"""handoff without a Prefect server: create-only parts, part verification, retirement."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from capture_core.errors import HandoffConflictError
+from capture_core.handoff import (
+    FinalizedBatch,
+    HandoffReceipt,
+    PartMismatchError,
+    RolloutOutcome,
+    handoff_batch,
+    retirable,
+    retire_receipt,
+    upload_part,
+    verify_part,
+)
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
+from tests.store.test_torn_puts import turns
+
+
+@pytest.fixture
+def dest(tmp_path):
+    return open_byte_store(str(tmp_path / "dest"))
+
+
+def frozen(store: TokenCaptureStore, rollout_id: str, line: int) -> RolloutOutcome:
+    for entry in turns(rollout_id, 2):
+        store.put_now(entry)
+    snap = store.freeze_now(rollout_id)
+    return RolloutOutcome(
+        line=line,
+        rollout_id=rollout_id,
+        can_retire=True,
+        snapshot_id=snap.snapshot_id,
+        version=snap.version,
+    )
+
+
+def part_record(outcome: RolloutOutcome) -> dict:
+    """A finalized record of `outcome`: its id, one token-carrying item, and its mask."""
+    item = {"prompt_token_ids": [1], "generation_token_ids": [2], "generation_log_probs": [-0.1]}
+    record: dict = {"_ng_rollout_id": outcome.rollout_id, "response": {"output": [item]}}
+    if outcome.masked:
+        record["mask_sample"] = True
+    return record
+
+
+def handed_off(dest, outcomes: list[RolloutOutcome], part: bytes | None = None) -> HandoffReceipt:
+    """Hand `outcomes` off; the part holds their records unless `part` is given."""
+    if part is None:
+        part = b"".join(orjson.dumps(part_record(o)) + b"\n" for o in outcomes if o.emitted)
+    finalized = FinalizedBatch(
+        index=0, receipt_key="batch-00000-k", part_key="run/records/p.jsonl",
+        part=part, outcomes=outcomes,
+    )  # fmt: skip
+    return handoff_batch("run", finalized, dest)
+
+
+def test_an_identical_part_is_accepted_again(dest) -> None:
+    assert upload_part(dest, "run/records/p", b"a\n") == upload_part(dest, "run/records/p", b"a\n")
+
+
+def test_a_different_existing_part_is_never_overwritten(dest) -> None:
+    upload_part(dest, "run/records/p", b"a\n")
+    with pytest.raises(HandoffConflictError, match="never overwritten"):
+        upload_part(dest, "run/records/p", b"b\n")
+    assert dest.get("run/records/p") == b"a\n"
+
+
+def test_the_receipt_counts_only_emitted_records(dest) -> None:
+    outcomes = [RolloutOutcome(line=1), RolloutOutcome(line=2, error="bad")]
+    receipt = handed_off(dest, outcomes, b"{}\n")
+    assert receipt.records == 1 and receipt.bytes == 3
+
+
+def test_an_edited_part_fails_verification_naming_it(dest) -> None:
+    receipt = handed_off(dest, [RolloutOutcome(line=1)])
+    dest.replace(receipt.part_key, b"[]\n")
+    with pytest.raises(PartMismatchError, match="run/records/p.jsonl"):
+        verify_part(dest, receipt)
+
+
+def test_only_retirable_rollouts_at_a_known_snapshot_are_retired(dest) -> None:
+    unknown = RolloutOutcome(line=1, rollout_id="a", can_retire=True)
+    masked = RolloutOutcome(line=2, rollout_id="b", masked=True, snapshot_id="s", version=1)
+    ready = RolloutOutcome(line=3, rollout_id="c", can_retire=True, snapshot_id="s", version=1)
+    receipt = handed_off(dest, [unknown, masked, ready])
+    assert retirable(receipt, verify_part(dest, receipt)) == ([ready], {})
+
+
+def test_retire_drops_the_frozen_capture(tmp_path, dest) -> None:
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    receipt = handed_off(dest, [frozen(store, "r1", 1)])
+    outcome = asyncio.run(retire_receipt(receipt, store, dest))
+    assert outcome.retired == ["r1"] and not store.read_entries("r1")
+
+
+def test_retire_keeps_a_capture_that_changed_since_it_was_frozen(tmp_path, dest) -> None:
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    receipt = handed_off(dest, [frozen(store, "r1", 1)])
+    store.delete("r1")
+    for entry in turns("r1", 3):
+        store.put_now(entry)
+    outcome = asyncio.run(retire_receipt(receipt, store, dest))
+    assert outcome.retired == [] and "kept" in outcome.kept["r1"]
+    assert len(store.read_entries("r1")) == 3
+
+
+def test_retire_drops_nothing_when_the_part_is_missing(tmp_path, dest) -> None:
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    receipt = handed_off(dest, [frozen(store, "r1", 1)])
+    dest.delete([receipt.part_key])
+    with pytest.raises(PartMismatchError):
+        asyncio.run(retire_receipt(receipt, store, dest))
+    assert store.read_entries("r1")

@@ -1,0 +1,101 @@
+"""Attacks on a run whose retirement failed: it stays incomplete until its captures retire.
+
+A store that refuses every drop leaves a run with all batches handed off and no capture
+retired. Status, the report and the inbox read the same ledger summary, so each must call
+that run incomplete, and the next inbox pass (or `tokcap retire`) must finish it.
+Flows run against the session's real Prefect server; S3 is a real moto server.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from capture_core.inbox import run_completed, run_id_for_file
+from capture_core.run_layout import read_ledger
+from capture_core.run_report import markdown_report, summarize
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
+from flows.cli import main
+from flows.finalize import RunFailedError, finalize_run, retire_uploaded
+from flows.inbox import InboxFailedError, finalize_inbox
+from tests.support.pipeline_helpers import FAILING_DROP_SOURCE, make_batch, write_rollouts
+from tests.support.reliability_figures import record_case
+
+pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
+
+
+def failing_drops(locations: dict) -> dict:
+    """`source_kwargs` that open the locations' store as a `FailingDropStore`."""
+    return {"root": locations["store"], "storage_options": locations["options"]}
+
+
+def status_exit(locations: dict, run_id: str, capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    """`tokcap status` in this process (it starts no server): exit code and output."""
+    options = locations["options"] or {}
+    extra = [f"--storage-option=endpoint_url={options['endpoint_url']}"] if options else []
+    capsys.readouterr()
+    code = main(["status", "--dest", locations["dest"], "--run-id", run_id, *extra])
+    return code, capsys.readouterr().out
+
+
+def captured(locations: dict, count: int) -> list[bool]:
+    store = TokenCaptureStore(locations["store"], locations["options"])
+    return [bool(store.read_entries(f"7-{i}")) for i in range(count)]
+
+
+def test_a_failed_retirement_keeps_the_run_incomplete_until_retire(locations, capsys) -> None:
+    options = locations["options"]
+    records = make_batch(TokenCaptureStore(locations["store"], options), 4)
+    write_rollouts(locations["rollouts"], records, options)
+    with pytest.raises(RunFailedError, match="retirements failed"):
+        finalize_run(
+            locations["rollouts"],
+            FAILING_DROP_SOURCE,
+            locations["dest"],
+            "unretired",
+            batch_size=2,
+            storage_options=options,
+            source_kwargs=failing_drops(locations),
+        )
+    dest = open_byte_store(locations["dest"], options)
+    ledger = read_ledger(dest, "unretired")
+    summary = summarize("unretired", ledger)
+    assert summary.handed_off == 4 and summary.retire_failed == 4 and not summary.ok
+    assert "4 retirements failed" in markdown_report(summary, ledger, [], {})
+    assert not run_completed(dest, "unretired"), "the inbox must not call it done"
+    code, out = status_exit(locations, "unretired", capsys)
+    assert code == 1 and re.search(r"^retirement failed\s+4$", out, re.M), out
+    retire_uploaded(locations["dest"], "unretired", locations["store"], options)
+    assert captured(locations, 4) == [False] * 4
+    code, out = status_exit(locations, "unretired", capsys)
+    assert code == 0, out
+    assert run_completed(dest, "unretired")
+    record_case("a run whose retirement failed reads as complete")
+
+
+def test_the_next_inbox_pass_finishes_a_failed_retirement(locations) -> None:
+    options = locations["options"]
+    inbox = locations["inbox"]
+    url = write_rollouts(
+        f"{inbox}/a.jsonl", make_batch(TokenCaptureStore(locations["store"], options), 4), options
+    )
+    with pytest.raises(InboxFailedError, match="retirements failed"):
+        finalize_inbox(
+            inbox,
+            FAILING_DROP_SOURCE,
+            locations["dest"],
+            batch_size=2,
+            storage_options=options,
+            source_kwargs=failing_drops(locations),
+        )
+    assert captured(locations, 4) == [True] * 4
+    report = finalize_inbox(
+        inbox, locations["store"], locations["dest"], batch_size=2, storage_options=options
+    )
+    assert report.finalized == [url] and report.already_done == []
+    assert captured(locations, 4) == [False] * 4
+    dest = open_byte_store(locations["dest"], options)
+    assert run_completed(dest, run_id_for_file(url))
+    record_case("an inbox pass skips a file whose retirement failed")

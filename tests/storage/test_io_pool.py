@@ -1,0 +1,69 @@
+"""The shared I/O thread pool: stores opened per batch reuse its threads; a fork gets its own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+from capture_core.nemo_gym_store import NemoGymFileStore
+from capture_core.store import TokenCaptureStore
+from tests.support.token_calls import token_call
+
+
+def io_threads() -> set[threading.Thread]:
+    """The live I/O threads, as objects: a thread's ident can be reused by a later thread."""
+    return {t for t in threading.enumerate() if t.name.startswith("tokcap-io")}
+
+
+async def put_and_freeze(store: TokenCaptureStore | NemoGymFileStore, rollout_id: str) -> int:
+    await store.put(token_call("c1", [1, 2], [3], rollout_id=rollout_id))
+    return len((await store.freeze(rollout_id)).entries)
+
+
+def test_stores_opened_one_after_another_share_a_few_io_threads(tmp_path: Path) -> None:
+    """A pool per store would start at least one thread for each of the 20 stores.
+
+    The pool may start a second thread when the next call is submitted before the worker
+    that finished the last one has marked itself idle, so two are allowed.
+    """
+    before, seen = io_threads(), set()
+    for n in range(20):
+        if n % 2:
+            (tmp_path / f"gym{n}").mkdir()
+            store: TokenCaptureStore | NemoGymFileStore = NemoGymFileStore(tmp_path / f"gym{n}")
+        else:
+            store = TokenCaptureStore(str(tmp_path / f"s{n}"))
+        assert asyncio.run(put_and_freeze(store, "r1")) == 1
+        seen |= io_threads()  # taken before close, while a private pool's threads would live
+        store.close_now()
+    assert len(seen - before) <= 2, f"{len(seen - before)} I/O threads for 20 stores"
+
+
+def wait_for_child(pid: int, seconds: float) -> int | None:
+    """The child's exit code, or `None` if it is still running at the deadline (then killed)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return None
+
+
+def test_a_forked_child_runs_store_io_on_a_pool_of_its_own(tmp_path: Path) -> None:
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    asyncio.run(put_and_freeze(store, "parent"))  # the parent's pool has idle threads now
+    pid = os.fork()
+    if pid == 0:  # the child: its copy of the parent's pool has no threads behind it
+        code = 1
+        try:
+            code = 0 if asyncio.run(put_and_freeze(store, "child")) == 1 else 1
+        finally:
+            os._exit(code)
+    assert wait_for_child(pid, 60.0) == 0, "the child's async put never ran"
+    assert len(store.freeze_now("child").entries) == 1
