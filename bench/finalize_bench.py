@@ -32,9 +32,10 @@ import orjson
 from bench import filesystem
 from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.delivery import finalize_rollout_token_capture
-from capture_core.handoff import store_concurrency
-from capture_core.nemo_gym_store import NemoGymFileStore
-from capture_core.store import TokenCaptureStore, encode_entry
+from capture_core.run.handoff import store_concurrency
+from capture_core.store import TokenCaptureStore
+from capture_core.store.capture_entries import encode_entry
+from capture_core.store.nemo_gym_store import NemoGymFileStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
 

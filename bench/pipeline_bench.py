@@ -23,8 +23,8 @@ import orjson
 
 from bench import filesystem
 from bench.ratios import alternate, median
-from capture_core.handoff import finalize_batch, handoff_batch, retire_receipt
-from capture_core.rollout_io import plan_rollout_file, read_batch
+from capture_core.run.handoff import finalize_batch, handoff_batch, retire_receipt
+from capture_core.run.rollout_io import plan_rollout_file, read_batch
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout

@@ -30,10 +30,15 @@ import orjson
 from bench.finalize_bench import PRESETS
 from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.delivery import finalize_rollout_token_capture
-from capture_core.handoff import HandoffReceipt, RolloutOutcome, retire_receipt, store_concurrency
-from capture_core.nemo_gym_store import NemoGymFileStore
+from capture_core.run.handoff import (
+    HandoffReceipt,
+    RolloutOutcome,
+    retire_receipt,
+    store_concurrency,
+)
 from capture_core.storage import ByteStore, open_byte_store
 from capture_core.store import TokenCaptureStore
+from capture_core.store.nemo_gym_store import NemoGymFileStore
 from capture_core.testing.synthetic import rollout_record, synthetic_rollout
 
 # The reference's figures when they were first measured (seconds), for the record.

@@ -38,10 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 from bench import filesystem
 from bench.finalize_bench import PRESETS, stored_entry_blobs
 from bench.ratios import alternate, median
-from capture_core import compact
-from capture_core.capture_layout import call_key
 from capture_core.records import TokenEntry
-from capture_core.store import TokenCaptureStore
+from capture_core.store import TokenCaptureStore, compact
+from capture_core.store.capture_layout import call_key
 from capture_core.testing.synthetic import synthetic_rollout
 
 SHAPE = PRESETS["many"].shape

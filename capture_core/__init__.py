@@ -1,6 +1,7 @@
 """capture_core: the token-capture domain library (records, store, builder, finalize).
 
-It is usable without Prefect: a trainer can finalize through it directly.
+The top level holds the seed API and its vocabulary; the layers are `run`, `builder`,
+`store` and `storage` (docs/architecture.md). A trainer can finalize through it directly.
 It imports no Prefect, and loads s3fs/botocore only when an S3 URL is opened.
 """
 
@@ -10,23 +11,27 @@ from capture_core.errors import (
     CaptureRetiredError,
     CaptureStoreError,
     StoreUnavailableError,
+    TokcapError,
     UnreadableCaptureError,
 )
 from capture_core.protocols import TokenCaptureSnapshot, TokenSink, TokenSource
 from capture_core.records import TOKEN_ENTRY_RECORD_SCHEMA_VERSION, TokenEntry
-from capture_core.store import TokenCaptureStore
+from capture_core.store import CaptureStore, TokenCaptureStore, open_capture_store
 
 __all__ = [
     "TOKEN_ENTRY_RECORD_SCHEMA_VERSION",
     "CaptureConflictError",
     "CaptureFencedError",
     "CaptureRetiredError",
+    "CaptureStore",
     "CaptureStoreError",
     "StoreUnavailableError",
+    "TokcapError",
     "TokenCaptureSnapshot",
     "TokenCaptureStore",
     "TokenEntry",
     "TokenSink",
     "TokenSource",
     "UnreadableCaptureError",
+    "open_capture_store",
 ]

@@ -7,12 +7,12 @@ Unknown keys in the block are refused, so a misspelt setting cannot silently dis
 An enabled, rebuilding configuration needs a location or a sink; a local location is absolute.
 `dir` falls back to the top-level `model_call_capture_dir`.
 Locations are local paths or fsspec URLs (`s3://bucket/prefix`).
-This module does not import Prefect or any storage backend.
+It imports `storage` only to read location strings, which loads fsspec (never s3fs), and
+the store only when `build_configured_sink` opens one.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from capture_core.protocols import TokenSink, load_capture_class
 from capture_core.records import describe_validation_error
 from capture_core.storage import url_scheme
 
@@ -108,8 +109,6 @@ class TokenIdCaptureConfig(BaseModel):
 
     def build_sink(self) -> Any:
         """The configured `sink` class; `None` when capture is off or the store at `dir` is used."""
-        from capture_core.protocols import TokenSink
-
         block = self.token_id_capture
         if not block.enabled or not block.sink:
             return None
@@ -145,58 +144,15 @@ def token_id_capture_enabled_for_agent(
     )
 
 
-def load_capture_class(spec: str, kwargs: Mapping[str, Any] | None, protocol: type) -> Any:
-    """Build `module.path:ClassName(**kwargs)` and check that it satisfies `protocol`.
-
-    Each failure (bad spec, import, missing class, construction, wrong protocol) raises a
-    `ValueError` that names the class and what to fix.
-    """
-    module_name, sep, class_name = spec.partition(":")
-    if not sep or not module_name or not class_name:
-        raise ValueError(f"capture class {spec!r} must look like 'module.path:ClassName'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(
-            f"cannot import module {module_name!r} for capture class {spec!r}: {exc}; "
-            "install the package that provides it"
-        ) from exc
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise ValueError(f"module {module_name!r} has no class {class_name!r} (from {spec!r})")
-    try:
-        instance = cls(**dict(kwargs or {}))
-    except Exception as exc:
-        raise ValueError(
-            f"cannot construct {spec} with keyword arguments {sorted(kwargs or {})}: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    if not isinstance(instance, protocol):
-        raise ValueError(
-            f"{spec} does not satisfy {protocol.__name__}: it needs the methods "
-            f"{sorted(_protocol_methods(protocol))}"
-        )
-    return instance
-
-
-def _protocol_methods(protocol: type) -> set[str]:
-    return {
-        name
-        for name in vars(protocol)
-        if not name.startswith("_") and callable(vars(protocol)[name])
-    }
-
-
 def build_configured_sink(config: TokenIdCaptureConfig) -> Any:
     """The configured store: the `sink` class with `sink_kwargs`, or a store at `dir`."""
-    from capture_core.protocols import TokenSink
-    from capture_core.store import TokenCaptureStore
+    from capture_core.store import open_capture_store
 
     block, location = config.token_id_capture, config.resolved_dir()
     if block.sink:
         return load_capture_class(block.sink, block.sink_kwargs, TokenSink)
     if location is not None:
-        return TokenCaptureStore(location)
+        return open_capture_store(location)
     raise ValueError("token_id_capture has no `sink` and no `dir`; nothing to build")
 
 

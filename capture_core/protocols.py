@@ -4,11 +4,14 @@ A sink is what a model server writes captured calls into.
 A source is what finalization freezes and, after durable handoff, retires.
 `TokenCaptureStore` and `NemoGymFileStore` are both; a training framework may bring its own.
 Each method's docstring says whether a repeat is safe and what must fail.
+`load_capture_class` builds a configured sink or source class and checks its protocol.
 This module imports only `records`.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -70,3 +73,45 @@ class TokenSource(Protocol):
 
     async def close(self) -> None:
         """Release resources. Safe to repeat."""
+
+
+def load_capture_class(spec: str, kwargs: Mapping[str, Any] | None, protocol: type) -> Any:
+    """Build `module.path:ClassName(**kwargs)` and check that it satisfies `protocol`.
+
+    Each failure (bad spec, import, missing class, construction, wrong protocol) raises a
+    `ValueError` that names the class and what to fix.
+    """
+    module_name, sep, class_name = spec.partition(":")
+    if not sep or not module_name or not class_name:
+        raise ValueError(f"capture class {spec!r} must look like 'module.path:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"cannot import module {module_name!r} for capture class {spec!r}: {exc}; "
+            "install the package that provides it"
+        ) from exc
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ValueError(f"module {module_name!r} has no class {class_name!r} (from {spec!r})")
+    try:
+        instance = cls(**dict(kwargs or {}))
+    except Exception as exc:
+        raise ValueError(
+            f"cannot construct {spec} with keyword arguments {sorted(kwargs or {})}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(instance, protocol):
+        raise ValueError(
+            f"{spec} does not satisfy {protocol.__name__}: it needs the methods "
+            f"{sorted(_protocol_methods(protocol))}"
+        )
+    return instance
+
+
+def _protocol_methods(protocol: type) -> set[str]:
+    return {
+        name
+        for name in vars(protocol)
+        if not name.startswith("_") and callable(vars(protocol)[name])
+    }

@@ -9,7 +9,7 @@ from __future__ import annotations
 from prefect import get_run_logger
 from prefect.events import emit_event
 
-from capture_core.run_report import RunSummary
+from capture_core.run.run_report import RunSummary
 
 MASK_ALERT = "tokcap.run.mask-fraction.exceeded"
 

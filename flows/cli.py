@@ -45,7 +45,13 @@ from flows.cli_output import (
     report_failure,
 )
 from flows.cli_sweep import add_sweep, cmd_sweep
-from flows.runners import ServerUnavailableError, parse_task_runner, prefect_environment
+from flows.runners import (
+    FlowFailed,
+    ServerUnavailableError,
+    parse_task_runner,
+    prefect_environment,
+    run_flow,
+)
 
 CREDENTIAL_ENV = {
     "key": "AWS_ACCESS_KEY_ID",
@@ -59,14 +65,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
-
-
-class FlowFailed(Exception):
-    """A flow run ended Failed or Crashed; `error` is why, `flow_run_id` where its logs are."""
-
-    def __init__(self, error: BaseException, flow_run_id: Any) -> None:
-        super().__init__(str(error))
-        self.error, self.flow_run_id = error, flow_run_id
 
 
 def parse_options(pairs: Sequence[str], flag: str = "--storage-option") -> dict[str, Any]:
@@ -225,17 +223,6 @@ def check_args(args: argparse.Namespace) -> None:
     if args.command == "demo":
         check_workdir(args)
     check_event_args(args)
-
-
-def run_flow(flow: Any, **parameters: Any) -> Any:
-    """Run a flow and return its result; `FlowFailed` when the run did not complete."""
-    state = flow(**parameters, return_state=True)
-    if state.is_completed():
-        return state.result()
-    error = state.result(raise_on_failure=False)
-    if not isinstance(error, BaseException):
-        error = RuntimeError(state.message or f"flow run ended {state.name}")
-    raise FlowFailed(error, state.state_details.flow_run_id)
 
 
 def _flow_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -11,11 +11,12 @@ import argparse
 import os
 from typing import Any
 
-from capture_core.capture_source import check_separate_locations, is_class_spec
 from capture_core.config import public_storage_options
-from capture_core.run_layout import RunManifest, read_ledger, read_manifest, validate_run_id
-from capture_core.run_report import RunSummary, locate, summarize
-from capture_core.storage import OverlappingLocationsError, open_byte_store, url_scheme
+from capture_core.errors import OverlappingLocationsError
+from capture_core.run.capture_source import check_separate_locations, is_class_spec
+from capture_core.run.run_layout import RunManifest, read_ledger, read_manifest, validate_run_id
+from capture_core.run.run_report import RunSummary, locate, summarize
+from capture_core.storage import open_byte_store, url_scheme
 
 
 class UsageError(ValueError):

@@ -60,7 +60,7 @@ def print_notes(notes: list[str]) -> None:
 
 def may_show_progress(args: argparse.Namespace, error: BaseException) -> bool:
     """A failed finalize shows its run's ledger, unless the run id belongs to another run."""
-    from capture_core.run_layout import RunIdInUseError
+    from capture_core.errors import RunIdInUseError
 
     if args.command != "finalize" or getattr(error, "summary", None) is not None:
         return False

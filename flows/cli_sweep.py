@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from capture_core.retirement import DEFAULT_SWEEP_AGE, sweep_age_seconds
+from capture_core.store.retirement import DEFAULT_SWEEP_AGE, sweep_age_seconds
 
 
 def sweep_age(text: str) -> str:

@@ -68,10 +68,9 @@ def capture_batch(store_root: str) -> None:
 def run_demo(workdir: str, api_url: str | None = None) -> int:
     """Run the demo in `workdir` against `api_url` (`None`: the CLI's temporary server)."""
     from flows.clear import dispatch_clear
-    from flows.cli import run_flow
     from flows.cli_output import print_summary
     from flows.finalize import finalize_run
-    from flows.runners import script, ui_hint
+    from flows.runners import run_flow, script, ui_hint
 
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)

@@ -4,7 +4,7 @@
 batch off durably (its receipt is the upload task's persisted result) and only then retires.
 Re-running a run id is safe: batches with a receipt are reported as already handed off and
 never finalized again. Flows hold no storage logic of their own: tasks do every side effect,
-and `capture_core.run_progress` keeps the run's tally, mask gate and ledger diffs.
+and `capture_core.run.run_progress` keeps the run's tally, mask gate and ledger diffs.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
 from capture_core.builder import BUILDERS
-from capture_core.capture_source import check_separate_locations
 from capture_core.config import public_storage_options
-from capture_core.handoff import FinalizedBatch, HandoffReceipt, RetireOutcome, receipt_key
-from capture_core.inbox import Claim, ClaimLostError
-from capture_core.rollout_io import BatchPlan
-from capture_core.run_layout import validate_run_id
-from capture_core.run_progress import (
+from capture_core.errors import ClaimLostError
+from capture_core.run.capture_source import check_separate_locations
+from capture_core.run.crash_points import crash_point
+from capture_core.run.handoff import FinalizedBatch, HandoffReceipt, RetireOutcome, receipt_key
+from capture_core.run.inbox import Claim
+from capture_core.run.rollout_io import BatchPlan
+from capture_core.run.run_layout import validate_run_id
+from capture_core.run.run_progress import (
     Lookahead,
     MaskGate,
     RetriggerReport,
@@ -34,12 +36,11 @@ from capture_core.run_progress import (
     ledger_changes,
     retire_counts,
 )
-from capture_core.run_report import RunSummary
-from capture_core.testing.faults import crash_point
+from capture_core.run.run_report import RunSummary
 from flows.alerts import alert_on_masks
 from tasks.batches import (
     describe_batch,
-    finalize_rollout_batch,
+    finalize_batch,
     plan_rollouts,
     retire_batch,
     upload_batch,
@@ -87,7 +88,7 @@ class RunSteps:
 
     def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch | HandoffReceipt]:
         args = (self.run_id, self.rollouts, batch, self.store, self.options, self.source_kwargs)
-        return finalize_rollout_batch.submit(*args, self.builder, self.dest)
+        return finalize_batch.submit(*args, self.builder, self.dest)
 
     def run_batch(
         self,

@@ -26,12 +26,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 from pydantic import BaseModel, Field
 
-from capture_core.capture_source import check_separate_locations
 from capture_core.config import public_storage_options
-from capture_core.inbox import (
+from capture_core.errors import ClaimLostError
+from capture_core.run.capture_source import check_separate_locations
+from capture_core.run.inbox import (
     Claim,
     ClaimDecision,
-    ClaimLostError,
     claim_is_live,
     claim_numbers,
     keep_claim,

@@ -1,4 +1,4 @@
-"""How the CLI runs flows: the Prefect API it talks to, its console, and the task runners.
+"""How the CLI runs flows: `run_flow`, the Prefect API it talks to, its console, task runners.
 
 Without `PREFECT_API_URL` the CLI starts Prefect's temporary server itself, before any flow,
 with a generous readiness wait (`PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`, default
@@ -29,6 +29,25 @@ ENGINE_MODULES = ("flow_engine", "task_engine")
 
 class ServerUnavailableError(RuntimeError):
     """No Prefect API could be reached or started; the message says what to do."""
+
+
+class FlowFailed(Exception):
+    """A flow run ended Failed or Crashed; `error` is why, `flow_run_id` where its logs are."""
+
+    def __init__(self, error: BaseException, flow_run_id: Any) -> None:
+        super().__init__(str(error))
+        self.error, self.flow_run_id = error, flow_run_id
+
+
+def run_flow(flow: Any, **parameters: Any) -> Any:
+    """Run a flow and return its result; `FlowFailed` when the run did not complete."""
+    state = flow(**parameters, return_state=True)
+    if state.is_completed():
+        return state.result()
+    error = state.result(raise_on_failure=False)
+    if not isinstance(error, BaseException):
+        error = RuntimeError(state.message or f"flow run ended {state.name}")
+    raise FlowFailed(error, state.state_details.flow_run_id)
 
 
 def prefect_environment() -> None:

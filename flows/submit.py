@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from capture_core.inbox import run_id_for_file
+from capture_core.run.inbox import run_id_for_file
 from capture_core.storage import filesystem_for, open_byte_store
 
 SUBMITTED = "tokcap.inbox.file.submitted"

@@ -16,7 +16,7 @@ from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel
 
 from capture_core.config import public_storage_options
-from capture_core.retirement import DEFAULT_SWEEP_AGE, sweep_age_seconds
+from capture_core.store.retirement import DEFAULT_SWEEP_AGE, sweep_age_seconds
 from tasks.sweep import sweep_retired
 
 ARTIFACT_KEY = "tokcap-sweep"

@@ -1,6 +1,6 @@
 """Tasks over one batch of rollouts: plan, finalize, upload (the handoff), retire.
 
-Each task is one retryable side effect; the logic lives in `capture_core.handoff`.
+Each task is one retryable side effect; the logic lives in `capture_core.run.handoff`.
 Transient storage failures are retried with backoff; bad input is not.
 The upload task's persisted result is the handoff receipt, keyed by the batch it certifies.
 """
@@ -14,14 +14,15 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from capture_core.capture_source import open_source, store_identity
 from capture_core.errors import RetirementFailedError, TransientStoreError
-from capture_core.handoff import (
+from capture_core.run import handoff
+from capture_core.run.capture_source import open_source, store_identity
+from capture_core.run.crash_points import crash_point
+from capture_core.run.handoff import (
     FinalizedBatch,
     HandoffReceipt,
     RetireOutcome,
     RolloutOutcome,
-    finalize_batch,
     handoff_batch,
     input_error,
     kept_as_evidence,
@@ -29,10 +30,9 @@ from capture_core.handoff import (
     receipt_key,
     retire_receipt,
 )
-from capture_core.inbox import Claim
-from capture_core.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
+from capture_core.run.inbox import Claim
+from capture_core.run.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
 from capture_core.storage import open_byte_store
-from capture_core.testing.faults import crash_point
 from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async
 from tasks.receipts import UnrecordedReceiptError, read_receipt, set_aside_unrecorded
 from tasks.store_limit import store_requests
@@ -92,7 +92,7 @@ def retire_run_name(parameters: Mapping[str, Any]) -> str:
     cache_policy=NO_CACHE,
     **TRANSIENT_RETRIES,
 )
-def finalize_rollout_batch(
+def finalize_batch(
     run_id: str,
     rollouts: str,
     batch: BatchPlan,
@@ -112,7 +112,7 @@ def finalize_rollout_batch(
     lines = read_batch(rollouts, batch, storage_options)
     source = open_source(store, storage_options, source_kwargs)
     with store_requests():
-        finalized = run_async(finalize_batch(run_id, batch, lines, source, builder))
+        finalized = run_async(handoff.finalize_batch(run_id, batch, lines, source, builder))
     meanwhile = None if dest is None else _receipt_meanwhile(dest, run_id, batch, storage_options)
     if meanwhile is not None:
         return meanwhile

@@ -8,10 +8,9 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from capture_core.capture_source import clear_captures as clear_captures_of
-from capture_core.capture_source import open_source
 from capture_core.consumer import rollout_ids_of
-from capture_core.rollout_io import read_records
+from capture_core.run import capture_source
+from capture_core.run.rollout_io import read_records
 from tasks.common import TRANSIENT_RETRIES
 
 
@@ -23,8 +22,8 @@ def clear_captures(
     source_kwargs: Mapping[str, Any] | None = None,
 ) -> int:
     """Delete each rollout's capture, tombstone included; safe to repeat. Returns the count."""
-    source = open_source(store, storage_options, source_kwargs)
-    cleared = clear_captures_of(source, rollout_ids, store)
+    source = capture_source.open_source(store, storage_options, source_kwargs)
+    cleared = capture_source.clear_captures(source, rollout_ids, store)
     get_run_logger().info("cleared captures of %d rollouts in %s", cleared, store)
     return cleared
 

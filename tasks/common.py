@@ -8,7 +8,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
 from capture_core.errors import is_transient
-from capture_core.inbox import Claim, check_claim
+from capture_core.run.inbox import Claim, check_claim
 from capture_core.storage import open_byte_store
 
 T = TypeVar("T")

@@ -30,14 +30,9 @@ from prefect.results import ResultRecord
 from pydantic import Field
 
 from capture_core.config import public_storage_options
-from capture_core.errors import TransientStoreError
-from capture_core.handoff import (
-    RECEIPT_KEY,
-    FinalizedBatch,
-    HandoffReceipt,
-    UnreadableReceiptError,
-)
-from capture_core.run_layout import RECEIPTS, RunLayout, part_key, run_location
+from capture_core.errors import TransientStoreError, UnreadableReceiptError
+from capture_core.run.handoff import RECEIPT_KEY, FinalizedBatch, HandoffReceipt
+from capture_core.run.run_layout import RECEIPTS, RunLayout, part_key, run_location
 from capture_core.storage import open_byte_store
 from tasks.common import TRANSIENT_RETRIES
 

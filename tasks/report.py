@@ -10,10 +10,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from capture_core.inbox import Claim
-from capture_core.run_layout import LedgerLine, RunLayout
-from capture_core.run_progress import RunTally
-from capture_core.run_report import (
+from capture_core.run.inbox import Claim
+from capture_core.run.run_layout import LedgerLine, RunLayout
+from capture_core.run.run_progress import RunTally
+from capture_core.run.run_report import (
     RunSummary,
     locate,
     markdown_report,

@@ -8,13 +8,12 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from capture_core.capture_source import is_class_spec, open_source
-from capture_core.inbox import Claim
-from capture_core.nemo_gym_store import NemoGymFileStore
-from capture_core.rollout_io import RolloutFilePlan
-from capture_core.run_layout import MANIFEST, LedgerLine, RunLayout, RunManifest, run_location
+from capture_core.run.capture_source import is_class_spec, open_source
+from capture_core.run.inbox import Claim
+from capture_core.run.rollout_io import RolloutFilePlan
+from capture_core.run.run_layout import MANIFEST, LedgerLine, RunLayout, RunManifest, run_location
 from capture_core.storage import open_byte_store
-from capture_core.store import TokenCaptureStore
+from capture_core.store import CaptureStore
 from tasks.common import TRANSIENT_RETRIES, ensure_claim
 
 
@@ -27,10 +26,8 @@ def check_locations(
 ) -> None:
     """Fail before any work when the capture store or the destination cannot be used."""
     source = open_source(store, storage_options, source_kwargs)
-    if isinstance(source, TokenCaptureStore):
-        source.byte_store.probe(must_exist=True)
-    elif isinstance(source, NemoGymFileStore):
-        source.probe()
+    if isinstance(source, CaptureStore):
+        source.probe(must_exist=True)
     elif not is_class_spec(store):
         raise ValueError(f"store {store!r} is neither a location nor a source class")
     open_byte_store(dest, storage_options).probe(must_exist=False)

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from capture_core.capture_source import open_source
+from capture_core.run.capture_source import open_source
 from tasks.common import TRANSIENT_RETRIES
 
 

@@ -2,8 +2,9 @@
 
 `ByteStore` (base) is the contract; `LocalStore` (local) implements it on a POSIX disk and
 `FsspecStore` (remote) on S3 and `memory://`. `open_byte_store` maps a location to its
-backend, and `locations` reads location strings for every other module. Other modules
-import from this package only; docs/store.md describes the contract.
+backend, and `locations` reads location strings for every other module. `io_pool` is the
+process's one thread pool for blocking store I/O awaited from async code. Other modules
+import from this package (and `io_pool`) only; docs/store.md describes the contract.
 """
 
 from capture_core.storage.base import ByteStore, check_key, check_new_object, is_reserved
@@ -12,7 +13,6 @@ from capture_core.storage.local import TMP_DIR, LocalStore, fsync_dir
 from capture_core.storage.locations import (
     LOCAL_SCHEMES,
     S3_PROTOCOLS,
-    OverlappingLocationsError,
     is_s3,
     local_path,
     locations_overlap,
@@ -39,7 +39,6 @@ __all__ = [
     "ByteStore",
     "FsspecStore",
     "LocalStore",
-    "OverlappingLocationsError",
     "check_key",
     "check_new_object",
     "filesystem_for",

@@ -6,7 +6,7 @@ A create writes a temporary file, fsyncs it, publishes it with `os.link` and fsy
 fewer, and a crash may leave it torn, which its readers detect.
 Temporary files live in `<root>/.tmp/`, never beside published objects; every path removes them.
 A folder or object that cannot be read is an error, never an omission; symlinks are refused.
-Beyond the interface and the errors, this module imports only the standard library.
+This module imports only the standard library, `base` and `errors`.
 """
 
 from __future__ import annotations

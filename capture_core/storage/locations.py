@@ -11,6 +11,8 @@ import os
 import posixpath
 from collections.abc import Mapping
 
+from capture_core.errors import OverlappingLocationsError
+
 LOCAL_SCHEMES = ("file://", "local://")
 S3_PROTOCOLS = ("s3", "s3a")
 
@@ -34,10 +36,6 @@ def local_path(location: str | os.PathLike[str]) -> str | None:
             text = text[len(scheme) :]
             break
     return text if "://" not in text and "::" not in text else None
-
-
-class OverlappingLocationsError(ValueError):
-    """Two locations that must be separate are the same place, or one lies inside the other."""
 
 
 def place(location: str | os.PathLike[str]) -> tuple[str, str]:

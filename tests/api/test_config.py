@@ -11,12 +11,11 @@ from capture_core.config import (
     TokenIdCaptureConfig,
     TokenIdCaptureSettings,
     build_configured_sink,
-    load_capture_class,
     token_id_capture_config,
     token_id_capture_enabled_for_agent,
 )
 from capture_core.consumer import token_id_capture_dirs_from_config
-from capture_core.protocols import TokenSink, TokenSource
+from capture_core.protocols import TokenSink, TokenSource, load_capture_class
 from capture_core.store import TokenCaptureStore
 
 
@@ -136,7 +135,7 @@ def test_capture_per_agent_follows_all_agents_or_the_agent_flag() -> None:
 
 
 def test_a_configured_nemo_gym_dir_builds_its_file_store(tmp_path) -> None:
-    from capture_core.nemo_gym_store import NemoGymFileStore
+    from capture_core.store.nemo_gym_store import NemoGymFileStore
     from tests.support.gym_file_writer import GymWriter, entry_payload
 
     GymWriter(str(tmp_path)).put(entry_payload("1-1", 0))

@@ -8,22 +8,24 @@ import copy
 import orjson
 import pytest
 
-from capture_core import consumer, delivery
+from capture_core import delivery
+from capture_core.builder import snapshot
+from capture_core.builder.build_result import MASK_SAMPLE_KEY, TOKEN_CAPTURE_KEY
+from capture_core.builder.snapshot import assemble
 from capture_core.consumer import (
     clear_token_captures_for_rollouts,
     trajectories_for_rollout,
     trajectories_from_source,
 )
 from capture_core.delivery import (
-    MASK_SAMPLE_KEY,
-    TOKEN_CAPTURE_KEY,
     capture_build_can_retire,
     finalize_rollout_token_capture,
     retire_rollout_token_capture,
     rollout_carries_token_ids,
 )
 from capture_core.records import TokenEntry
-from capture_core.store import TokenCaptureStore, call_key
+from capture_core.store import TokenCaptureStore
+from capture_core.store.capture_layout import call_key
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 
 
@@ -102,8 +104,8 @@ def test_per_request_is_refused_for_single_response_delivery(store) -> None:
 def test_builder_runs_once_per_rollout(store, monkeypatch) -> None:
     capture(store, "3-4")
     calls = []
-    real = consumer.run_builder
-    monkeypatch.setattr(consumer, "run_builder", lambda *a: calls.append(a) or real(*a))
+    real = snapshot.run_builder
+    monkeypatch.setattr(snapshot, "run_builder", lambda *a: calls.append(a) or real(*a))
     finalize(rollout_record(3, 4), store)
     assert len(calls) == 1
 
@@ -259,7 +261,7 @@ def test_direct_assemble_of_invalid_entries_is_a_failed_build() -> None:
         model="",
         routed_experts=None,
     )
-    built = consumer._assemble("r", [broken], "prefix_merging", "")
+    built = assemble("r", [broken], "prefix_merging", "").to_dict()
     assert built["mask_sample"] and "generation_log_probs" in built["error"]
     assert delivery.mask_reason(built) == built["error"]
 

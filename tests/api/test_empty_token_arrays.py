@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
+from capture_core.builder.build_result import TOKEN_CAPTURE_KEY
 from capture_core.delivery import (
-    TOKEN_CAPTURE_KEY,
     capture_build_can_retire,
     finalize_rollout_token_capture,
     retire_rollout_token_capture,

@@ -8,12 +8,9 @@ from typing import Any
 
 import orjson
 
+from capture_core.builder.build_result import TOKEN_CAPTURE_KEY
 from capture_core.consumer import trajectories_for_rollout, trajectories_from_source
-from capture_core.delivery import (
-    TOKEN_CAPTURE_KEY,
-    finalize_rollout_token_capture,
-    rollout_carries_token_ids,
-)
+from capture_core.delivery import finalize_rollout_token_capture, rollout_carries_token_ids
 from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore

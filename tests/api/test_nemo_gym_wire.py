@@ -14,9 +14,9 @@ import orjson
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from capture_core.nemo_gym_store import NemoGymFileStore
 from capture_core.records import TokenEntry, token_entry_from_response
 from capture_core.store import TokenCaptureStore
+from capture_core.store.nemo_gym_store import NemoGymFileStore
 
 # NeMo Gym's schema-1 `TokenEntry` fields, in its order: (type, default); `...` is required.
 GYM_FIELDS: dict[str, tuple[Any, Any]] = {

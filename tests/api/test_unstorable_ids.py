@@ -11,10 +11,11 @@ import asyncio
 
 import pytest
 
+from capture_core.builder.build_result import TOKEN_CAPTURE_KEY
 from capture_core.consumer import clear_token_captures_for_rollouts, trajectories_for_rollout
-from capture_core.delivery import TOKEN_CAPTURE_KEY, finalize_rollout_token_capture
+from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.ids import maybe_rollout_id_from_run_body
-from capture_core.nemo_gym_store import NemoGymFileStore
+from capture_core.store.nemo_gym_store import NemoGymFileStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.support.reliability_figures import record_case
 

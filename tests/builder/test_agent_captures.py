@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.agent_captures import agent_rollout, agent_rollouts, delivered_tokens, scored_tokens
 from capture_core.builder import prefix_merging, project_main_chain_response
-from capture_core.terminal import TerminalInputs, attribute_terminal
+from capture_core.builder.terminal import TerminalInputs, attribute_terminal
 
 LINEAGE = {"parent_call_id", "parent_resolution", "cum_len", "digest"}
 

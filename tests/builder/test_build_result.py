@@ -11,7 +11,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from capture_core.build_result import (
+from capture_core.builder.build_result import (
     BuildMetrics,
     BuildResult,
     ChainCounts,
@@ -60,7 +60,7 @@ def test_the_cases_cover_every_kind_and_outcome() -> None:
     assert kinds["masked_unresolved_retry"].mask_reason().startswith("unresolved retries [")
     assert kinds["incomplete"].metrics.capture_incomplete and kinds["incomplete"].error is None
     assert kinds["error_empty"].metrics.counts is None and kinds["error_empty"].snapshot
-    assert kinds["terminal_delivered"].metrics.terminal["chain"] == "delivered"
+    assert kinds["terminal_delivered"].metrics.terminal.chain == "delivered"
     assert kinds["terminal_broken"].error.startswith("terminal chain broken")
     assert kinds["redundant"].redundant_capture and kinds["redundant"].can_retire
     assert kinds["unusable_no_key"].rollout_id is None and kinds["unusable_no_key"].builder is None

@@ -13,14 +13,11 @@ import asyncio
 
 import pytest
 
+from capture_core.builder.build_result import TOKEN_CAPTURE_KEY
 from capture_core.consumer import trajectories_for_rollout, trajectories_from_source
-from capture_core.delivery import (
-    TOKEN_CAPTURE_KEY,
-    capture_build_can_retire,
-    finalize_rollout_token_capture,
-)
-from capture_core.nemo_gym_store import NemoGymFileStore
+from capture_core.delivery import capture_build_can_retire, finalize_rollout_token_capture
 from capture_core.store import TokenCaptureStore
+from capture_core.store.nemo_gym_store import NemoGymFileStore
 from capture_core.testing.synthetic import rollout_record
 from tests.support.build_result_cases import call as _call
 from tests.support.reliability_figures import record_case

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capture_core.build_result import BuildResult
 from capture_core.builder import assert_prefix_contiguity
-from capture_core.consumer import _assemble, assemble
+from capture_core.builder.build_result import BuildResult
+from capture_core.builder.snapshot import assemble
 from capture_core.delivery import mask_reason
 from capture_core.records import TokenEntry
 
@@ -68,7 +68,7 @@ def captures(draw: st.DrawFn) -> tuple[list[TokenEntry], list[TokenEntry], bool]
 @given(captures())
 def test_unmasked_records_are_contiguous_and_carry_exactly_the_main_chain(shape) -> None:
     entries, main, must_mask = shape
-    built = _assemble("r", entries, "prefix_merging", "")
+    built = assemble("r", entries, "prefix_merging", "").to_dict()
     if must_mask:
         assert built["mask_sample"], "an unsafe shape must mask"
     if built["mask_sample"]:
@@ -92,7 +92,7 @@ def test_the_typed_build_and_its_seed_dict_agree(shape) -> None:
     entries, _main, _must_mask = shape
     typed = assemble("r", entries, "prefix_merging", "")
     built = typed.to_dict()
-    assert built == _assemble("r", entries, "prefix_merging", ""), "one build, one dict"
+    assert built == assemble("r", entries, "prefix_merging", "").to_dict(), "one build, one dict"
     assert BuildResult.from_dict(built) == typed
     assert mask_reason(built) == typed.mask_reason()
     assert (typed.mask_reason() is None) is (not typed.mask_sample)

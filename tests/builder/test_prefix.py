@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capture_core.prefix import joined_key, prefix_key
+from capture_core.builder.prefix import joined_key, prefix_key
 
 tokens = st.lists(st.integers(0, 2**40), max_size=40)
 

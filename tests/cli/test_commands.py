@@ -8,7 +8,7 @@ import re
 import orjson
 import pytest
 
-from capture_core.rollout_io import plan_rollout_file
+from capture_core.run.rollout_io import plan_rollout_file
 from capture_core.storage import open_byte_store
 from tests.support.pipeline_helpers import finalize_args, finalize_args_for, receipt_args, run_cli
 

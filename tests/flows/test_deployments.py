@@ -12,7 +12,7 @@ import yaml
 from prefect import Flow
 from prefect.utilities.importtools import import_object
 
-from capture_core.retirement import MIN_SWEEP_AGE_SECONDS, sweep_age_seconds
+from capture_core.store.retirement import MIN_SWEEP_AGE_SECONDS, sweep_age_seconds
 from flows.cli import main
 from tests.support.pipeline_helpers import REPO
 

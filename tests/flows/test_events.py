@@ -25,7 +25,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 from prefect.deployments import run_deployment
 
-from capture_core.inbox import run_completed, run_id_for_file
+from capture_core.run.inbox import run_completed, run_id_for_file
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.alerts import MASK_ALERT

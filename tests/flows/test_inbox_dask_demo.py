@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from capture_core.handoff import receipt_key
-from capture_core.inbox import run_id_for_file
-from capture_core.rollout_io import plan_rollout_file
-from capture_core.run_layout import read_ledger
+from capture_core.run.handoff import receipt_key
+from capture_core.run.inbox import run_id_for_file
+from capture_core.run.rollout_io import plan_rollout_file
+from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.finalize import finalize_run

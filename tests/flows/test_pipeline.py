@@ -8,8 +8,8 @@ import uuid
 import orjson
 import pytest
 
-from capture_core.rollout_io import plan_rollout_file
-from capture_core.run_layout import read_ledger
+from capture_core.run.rollout_io import plan_rollout_file
+from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.clear import dispatch_clear

@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from capture_core.errors import is_transient
-from capture_core.handoff import receipt_key
-from capture_core.rollout_io import plan_rollout_file, read_batch
-from capture_core.run_layout import read_ledger
+from capture_core.run.handoff import receipt_key
+from capture_core.run.rollout_io import plan_rollout_file, read_batch
+from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded

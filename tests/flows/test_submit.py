@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from capture_core.inbox import run_id_for_file
+from capture_core.run.inbox import run_id_for_file
 from capture_core.storage import open_byte_store
 from flows.submit import SUBMITTED, SubmitRefusedError, place_file, submit_files
 from tests.support.pipeline_helpers import run_cli, write_rollouts

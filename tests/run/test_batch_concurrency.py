@@ -9,7 +9,12 @@ import pytest
 
 from bench.retire_bench import handed_off
 from capture_core.delivery import finalize_rollout_token_capture
-from capture_core.handoff import HandoffReceipt, RolloutOutcome, retire_receipt, store_concurrency
+from capture_core.run.handoff import (
+    HandoffReceipt,
+    RolloutOutcome,
+    retire_receipt,
+    store_concurrency,
+)
 from capture_core.store import TokenCaptureStore
 from tests.store.test_torn_puts import turns
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture_core.capture_source import clear_captures, store_identity
+from capture_core.run.capture_source import clear_captures, store_identity
 from capture_core.store import TokenCaptureStore
 from tests.store.test_torn_puts import turns
 

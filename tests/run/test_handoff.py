@@ -7,11 +7,10 @@ import asyncio
 import orjson
 import pytest
 
-from capture_core.errors import HandoffConflictError
-from capture_core.handoff import (
+from capture_core.errors import HandoffConflictError, PartMismatchError
+from capture_core.run.handoff import (
     FinalizedBatch,
     HandoffReceipt,
-    PartMismatchError,
     RolloutOutcome,
     handoff_batch,
     retirable,

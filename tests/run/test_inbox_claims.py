@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from capture_core.inbox import (
+from capture_core.run.inbox import (
     attempts,
     keep_claim,
     read_claim,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from capture_core.inbox import run_id_for_file
-from capture_core.run_layout import RunLayout
+from capture_core.run.inbox import run_id_for_file
+from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.inbox import InboxFailedError, finalize_inbox

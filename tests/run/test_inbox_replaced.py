@@ -13,9 +13,9 @@ import os
 import orjson
 import pytest
 
-from capture_core.inbox import attempts, replaced_file, run_id_for_file
-from capture_core.rollout_io import file_fingerprint, plan_rollout_file
-from capture_core.run_layout import RunLayout, read_manifest
+from capture_core.run.inbox import attempts, replaced_file, run_id_for_file
+from capture_core.run.rollout_io import file_fingerprint, plan_rollout_file
+from capture_core.run.run_layout import RunLayout, read_manifest
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.inbox import InboxFailedError, finalize_inbox

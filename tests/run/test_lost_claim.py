@@ -20,17 +20,17 @@ from typing import BinaryIO
 import orjson
 import pytest
 
-from capture_core.inbox import (
+from capture_core.errors import ClaimLostError
+from capture_core.run.inbox import (
     Claim,
-    ClaimLostError,
     claim_is_live,
     keep_claim,
     read_claim,
     run_id_for_file,
     take_claim,
 )
-from capture_core.run_layout import RunLayout, read_ledger
-from capture_core.run_report import RunSummary, summarize
+from capture_core.run.run_layout import RunLayout, read_ledger
+from capture_core.run.run_report import RunSummary, summarize
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.finalize import finalize_run

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture_core.run_layout import read_ledger
+from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.finalize import RunFailedError, finalize_run

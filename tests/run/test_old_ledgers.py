@@ -11,8 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from capture_core.handoff import KEPT_CHANGED
-from capture_core.run_layout import RunLayout
+from capture_core.run.handoff import KEPT_CHANGED
+from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
 from tests.support.reliability_figures import record_case
 

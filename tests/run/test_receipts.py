@@ -13,12 +13,12 @@ import subprocess
 
 import pytest
 
-from capture_core.handoff import receipt_key
-from capture_core.rollout_io import plan_rollout_file
-from capture_core.run_layout import RunLayout
+from capture_core.run.crash_points import CRASH_ENV
+from capture_core.run.handoff import receipt_key
+from capture_core.run.rollout_io import plan_rollout_file
+from capture_core.run.run_layout import RunLayout
 from capture_core.storage import filesystem_for, open_byte_store
 from capture_core.store import TokenCaptureStore
-from capture_core.testing.faults import CRASH_ENV
 from tasks.receipts import read_receipt
 from tests.support.pipeline_helpers import (
     dest_records,

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from capture_core.handoff import RECEIPT_KEY, UnreadableReceiptError
-from capture_core.run_layout import RunLayout
+from capture_core.errors import UnreadableReceiptError
+from capture_core.run.handoff import RECEIPT_KEY
+from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
 from tests.flows.test_pipeline_attacks import finalized
 from tests.support.pipeline_helpers import dest_records, finalize_locations

@@ -16,7 +16,7 @@ import pytest
 from prefect.results import ResultRecord
 
 from capture_core.delivery import rollout_carries_token_ids
-from capture_core.handoff import (
+from capture_core.run.handoff import (
     RECEIPT_KEY,
     HandoffReceipt,
     finalize_batch,
@@ -25,7 +25,7 @@ from capture_core.handoff import (
     retire_receipt,
     skimmed_record,
 )
-from capture_core.rollout_io import BatchPlan, ParsedLine
+from capture_core.run.rollout_io import BatchPlan, ParsedLine
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout

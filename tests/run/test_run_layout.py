@@ -5,7 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from capture_core.run_layout import LedgerLine, RunIdInUseError, RunLayout, RunManifest
+from capture_core.errors import RunIdInUseError
+from capture_core.run.run_layout import LedgerLine, RunLayout, RunManifest
 from capture_core.storage import open_byte_store
 
 

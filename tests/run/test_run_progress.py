@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from capture_core.handoff import HandoffReceipt, RetireOutcome, RolloutOutcome
-from capture_core.run_layout import LedgerLine
-from capture_core.run_progress import (
+from capture_core.run.handoff import HandoffReceipt, RetireOutcome, RolloutOutcome
+from capture_core.run.run_layout import LedgerLine
+from capture_core.run.run_progress import (
     Lookahead,
     MaskGate,
     RunTally,

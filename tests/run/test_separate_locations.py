@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-from capture_core.storage import OverlappingLocationsError, locations_overlap
+from capture_core.errors import OverlappingLocationsError
+from capture_core.storage import locations_overlap
 from capture_core.store import TokenCaptureStore
 from flows.finalize import finalize_run, retire_uploaded, retrigger_failed
 from flows.inbox import finalize_inbox

@@ -8,8 +8,8 @@ import threading
 import time
 from pathlib import Path
 
-from capture_core.nemo_gym_store import NemoGymFileStore
 from capture_core.store import TokenCaptureStore
+from capture_core.store.nemo_gym_store import NemoGymFileStore
 from tests.support.token_calls import token_call
 
 

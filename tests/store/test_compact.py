@@ -12,10 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capture_core import compact
 from capture_core.errors import UnreadableCaptureError
 from capture_core.records import TokenEntry
-from capture_core.store import TokenCaptureStore, call_key, encode_entry
+from capture_core.store import TokenCaptureStore, compact
+from capture_core.store.capture_entries import encode_entry
+from capture_core.store.capture_layout import call_key
 from capture_core.testing.synthetic import RolloutShape, interleaved, synthetic_rollout
 from tests.support import backends
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from capture_core.capture_source import clear_captures
-from capture_core.nemo_gym_store import NemoGymFileStore
+from capture_core.run.capture_source import clear_captures
+from capture_core.store.nemo_gym_store import NemoGymFileStore
 from tests.store.test_torn_puts import turns
 from tests.support.reliability_figures import record_case
 

@@ -24,9 +24,9 @@ from capture_core.delivery import (
     finalize_rollout_token_capture,
     retire_rollout_token_capture,
 )
-from capture_core.errors import CaptureFencedError, CaptureRetiredError
-from capture_core.nemo_gym_store import MixedLayoutError, NemoGymFileStore
+from capture_core.errors import CaptureFencedError, CaptureRetiredError, MixedLayoutError
 from capture_core.store import TokenCaptureStore
+from capture_core.store.nemo_gym_store import NemoGymFileStore
 from capture_core.testing.conformance import CHECKS, run_conformance
 from capture_core.testing.contracts import CaptureStoreContract
 from capture_core.testing.synthetic import rollout_record

@@ -24,12 +24,13 @@ from typing import Any
 import orjson
 import pytest
 
-from capture_core import compact
 from capture_core.consumer import trajectories_from_source
 from capture_core.errors import CaptureFencedError, CaptureRetiredError, UnreadableCaptureError
 from capture_core.records import TokenEntry
 from capture_core.storage import ByteStore, LocalStore
-from capture_core.store import TokenCaptureStore, call_key, encode_entry
+from capture_core.store import TokenCaptureStore, compact
+from capture_core.store.capture_entries import encode_entry
+from capture_core.store.capture_layout import call_key
 from tests.support.backends import PROCESS_SHARED_BACKENDS, store_location
 from tests.support.reliability_figures import record_case
 

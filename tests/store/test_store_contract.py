@@ -15,7 +15,6 @@ import threading
 import orjson
 import pytest
 
-from capture_core import compact
 from capture_core.errors import (
     CaptureConflictError,
     CaptureFencedError,
@@ -24,7 +23,8 @@ from capture_core.errors import (
     UnreadableCaptureError,
 )
 from capture_core.records import TokenEntry
-from capture_core.store import TokenCaptureStore, call_key
+from capture_core.store import TokenCaptureStore, compact
+from capture_core.store.capture_layout import call_key
 from capture_core.testing.conformance import CHECKS, ConformanceError, run_conformance
 from capture_core.testing.contracts import CaptureStoreContract
 from tests.support.backends import OnBackend

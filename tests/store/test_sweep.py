@@ -12,12 +12,11 @@ import time
 
 import pytest
 
-from capture_core import retirement
-from capture_core.capture_layout import entry_key, retired_key
 from capture_core.errors import CaptureRetiredError
 from capture_core.storage import LocalStore
-from capture_core.store import TokenCaptureStore
-from capture_core.stored_json import encode_json
+from capture_core.store import TokenCaptureStore, retirement
+from capture_core.store.capture_layout import entry_key, retired_key
+from capture_core.store.stored_json import encode_json
 from flows.clear import dispatch_clear
 from flows.sweep import sweep_retired_captures
 from tests.store.test_nemo_gym_file_store import write_rollout

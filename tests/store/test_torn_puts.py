@@ -13,12 +13,12 @@ import sys
 
 import pytest
 
-from capture_core import compact
-from capture_core import store as store_module
 from capture_core.consumer import trajectories_from_source
 from capture_core.errors import CaptureConflictError
 from capture_core.records import TokenEntry
-from capture_core.store import TokenCaptureStore, call_key
+from capture_core.store import TokenCaptureStore, compact
+from capture_core.store import tokcap_store as store_module
+from capture_core.store.capture_layout import call_key
 from tests.support.reliability_figures import record_case
 
 pytestmark = pytest.mark.integrity

@@ -1,6 +1,6 @@
 """Representative builds through the seed functions, and the dicts they returned when recorded.
 
-Each case runs a seed function (`_assemble`, `trajectories_from_source`,
+Each case runs a seed function (`assemble`, `trajectories_from_source`,
 `finalize_rollout_token_capture`) on a fixed in-memory snapshot and yields the build dict and,
 for finalize, the record it rewrote. `tests/support/build_result_golden.json` holds what these cases
 returned before the build result became a typed model; `tests/builder/test_build_result.py` checks
@@ -18,11 +18,12 @@ from typing import Any
 
 import orjson
 
-from capture_core.consumer import _assemble, trajectories_from_source
+from capture_core.builder.snapshot import assemble
+from capture_core.builder.terminal import TerminalInputs
+from capture_core.consumer import trajectories_from_source
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.records import TokenEntry
-from capture_core.terminal import TerminalInputs
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.support.token_calls import token_call
 
@@ -123,7 +124,7 @@ CASES: dict[str, Callable[[], dict]] = {
     "ok": lambda: from_source(FixedSource(snapshot(rollout()))),
     "masked_two_roots": lambda: from_source(FixedSource(snapshot(rollout(auxiliary_call=True)))),
     "masked_unresolved_retry": lambda: {
-        "built": _assemble("3-4", rollout(retried_turn=2), "prefix_merging", "")
+        "built": assemble("3-4", rollout(retried_turn=2), "prefix_merging", "").to_dict()
     },
     "resolved_retry": lambda: from_source(FixedSource(snapshot(rollout(retried_turn=1)))),
     "error_empty": lambda: from_source(FixedSource(snapshot([]))),
@@ -132,15 +133,19 @@ CASES: dict[str, Callable[[], dict]] = {
     "unreadable": lambda: from_source(FixedSource(Unreadable())),
     "freeze_failed": lambda: from_source(FixedSource(failure=OSError("disk gone"))),
     "per_request": lambda: from_source(FixedSource(snapshot(rollout())), "per_request"),
-    "invalid_entry": lambda: {"built": _assemble("3-4", [unchecked()], "prefix_merging", "")},
+    "invalid_entry": lambda: {
+        "built": assemble("3-4", [unchecked()], "prefix_merging", "").to_dict()
+    },
     "terminal_delivered": lambda: finalize(
         terminal_record("call-00002"), FixedSource(snapshot(rollout(auxiliary_call=True)))
     ),
     "terminal_not_captured": lambda: {
-        "built": _assemble("3-4", rollout(), "prefix_merging", "m", TerminalInputs("nope"))
+        "built": assemble("3-4", rollout(), "prefix_merging", "m", TerminalInputs("nope")).to_dict()
     },
     "terminal_broken": lambda: {
-        "built": _assemble("3-4", twin_calls(), "prefix_merging", "", TerminalInputs("call-00001"))
+        "built": assemble(
+            "3-4", twin_calls(), "prefix_merging", "", TerminalInputs("call-00001")
+        ).to_dict()
     },
     "finalize_ok": lambda: finalize(rollout_record(3, 4), FixedSource(snapshot(rollout()))),
     "finalize_masked": lambda: finalize(

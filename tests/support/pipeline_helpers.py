@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 
 from capture_core.records import TokenEntry
-from capture_core.rollout_io import split_lines
-from capture_core.run_report import RunSummary
+from capture_core.run.rollout_io import split_lines
+from capture_core.run.run_report import RunSummary
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout

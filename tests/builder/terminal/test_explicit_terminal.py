@@ -12,15 +12,15 @@ import asyncio
 
 import pytest
 
+from capture_core.builder.build_result import TOKEN_CAPTURE_KEY
+from capture_core.builder.terminal import TERMINAL_CALL_KEY, TerminalInputs, attribute_terminal
 from capture_core.delivery import (
-    TOKEN_CAPTURE_KEY,
     capture_build_can_retire,
     finalize_rollout_token_capture,
     mask_reason,
     retire_rollout_token_capture,
 )
 from capture_core.store import TokenCaptureStore
-from capture_core.terminal import TERMINAL_CALL_KEY, TerminalInputs, attribute_terminal
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.support.reliability_figures import record_case
 

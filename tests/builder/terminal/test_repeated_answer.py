@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from capture_core.builder import prefix_merging
-from capture_core.terminal import abstention_reasons
+from capture_core.builder.terminal import abstention_reasons
 from tests.builder.terminal.test_witnesses import attribute, call, message, tool_call, tool_result
 from tests.support.reliability_figures import record_case
 

@@ -16,11 +16,12 @@ from bench.agent_captures import (
     scored_tokens,
     write_capture,
 )
-from capture_core.consumer import _assemble, trajectories_from_source
+from capture_core.builder.snapshot import assemble
+from capture_core.builder.terminal import TerminalInputs
+from capture_core.consumer import trajectories_from_source
 from capture_core.delivery import finalize_rollout_token_capture, mask_reason
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore
-from capture_core.terminal import TerminalInputs
 from tests.builder.terminal.test_content_witness import same_answer_twins
 from tests.builder.terminal.test_witnesses import message, tool_call, tool_result
 from tests.support.reliability_figures import record_case
@@ -231,9 +232,9 @@ def test_same_answer_attempts_that_were_both_continued_are_not_guessed() -> None
     """
     output = [message("plan"), tool_result("ok"), tool_call("submit", answer=42)]
     entries = same_answer_twins(extend=("t1", "t2"))
-    result = _assemble(
+    result = assemble(
         "r", entries, "prefix_merging", "", TerminalInputs(response={"output": output})
-    )
+    ).to_dict()
     verdict = result["metrics"]["terminal_attribution"]
     delivered = not result["mask_sample"] and result["rebuilt_response"] is not None
     record_case(
@@ -242,5 +243,7 @@ def test_same_answer_attempts_that_were_both_continued_are_not_guessed() -> None
     assert verdict["call_id"] is None and "content:content_ambiguous" in verdict["reason"]
     assert result["mask_sample"] is True
     one = same_answer_twins(extend=("t2",))
-    single = _assemble("r", one, "prefix_merging", "", TerminalInputs(response={"output": output}))
+    single = assemble(
+        "r", one, "prefix_merging", "", TerminalInputs(response={"output": output})
+    ).to_dict()
     assert single["mask_sample"] is True, "one continued attempt is no evidence either"

@@ -7,18 +7,19 @@ import copy
 from typing import Any
 
 from capture_core.builder import prefix_merging
-from capture_core.consumer import _assemble, trajectories_from_source
-from capture_core.delivery import finalize_rollout_token_capture, mask_reason
-from capture_core.records import TokenEntry
-from capture_core.run_report import reason_category
-from capture_core.store import TokenCaptureStore
-from capture_core.terminal import (
+from capture_core.builder.snapshot import assemble
+from capture_core.builder.terminal import (
     NOT_ATTRIBUTED,
     STRICT_CONTRADICTED,
     TerminalInputs,
     blocking_reason,
     check_strict_chain,
 )
+from capture_core.consumer import trajectories_from_source
+from capture_core.delivery import finalize_rollout_token_capture, mask_reason
+from capture_core.records import TokenEntry
+from capture_core.run.run_report import reason_category
+from capture_core.store import TokenCaptureStore
 from tests.builder.terminal.test_witnesses import message, tool_result
 from tests.support.token_calls import deep_rollout, shallow_stack, token_call
 
@@ -71,7 +72,7 @@ def test_a_final_call_retry_is_resolved_by_the_terminal() -> None:
     assert prefix_merging(entries).notes.unresolved_retries == ["z1", "z2"]
     built = prefix_merging(entries, terminal_call_id="z2")
     assert path(built) == ["p", "z2"] and built.notes.excluded_calls == ["z1"]
-    result = _assemble("3-4", entries, "prefix_merging", "", TerminalInputs("z2"))
+    result = assemble("3-4", entries, "prefix_merging", "", TerminalInputs("z2")).to_dict()
     assert result["mask_sample"] is False and result["unresolved_retries"] == []
     generated = [i for i in result["rebuilt_response"]["output"] if "generation_token_ids" in i]
     assert generated[-1]["generation_token_ids"] == [5]
@@ -93,7 +94,7 @@ def test_a_path_through_a_quarantined_call_is_broken_and_masks() -> None:
     ]
     built = prefix_merging(entries, terminal_call_id="c")
     assert built.notes.terminal_chain == "broken" and built.chains == []
-    result = _assemble("3-4", entries, "prefix_merging", "", TerminalInputs("c"))
+    result = assemble("3-4", entries, "prefix_merging", "", TerminalInputs("c")).to_dict()
     assert result["mask_sample"] is True and result["rebuilt_response"] is None
     assert result["error"].startswith("terminal chain broken: call 'c'")
     assert reason_category(mask_reason(result)) == "terminal chain broken", "grouped in reports"
@@ -102,7 +103,7 @@ def test_a_path_through_a_quarantined_call_is_broken_and_masks() -> None:
 
 def test_an_attributed_terminal_without_generated_tokens_is_not_captured_and_masks() -> None:
     entries = [call("a", [1], [2]), call("empty", [1, 2, 3], [])]
-    result = _assemble("3-4", entries, "prefix_merging", "", TerminalInputs("empty"))
+    result = assemble("3-4", entries, "prefix_merging", "", TerminalInputs("empty")).to_dict()
     assert result["mask_sample"] is True
     assert result["metrics"]["terminal_attribution"] == {
         "method": "explicit",
@@ -114,9 +115,11 @@ def test_an_attributed_terminal_without_generated_tokens_is_not_captured_and_mas
 
 def test_a_declared_id_that_cannot_be_attributed_masks_a_clean_chain() -> None:
     entries = [call("a", [1], [2]), call("b", [1, 2, 3], [4])]
-    strict = _assemble("3-4", entries, "prefix_merging", "")
+    strict = assemble("3-4", entries, "prefix_merging", "").to_dict()
     assert strict["mask_sample"] is False
-    result = _assemble("3-4", entries, "prefix_merging", "", TerminalInputs(None, "resp_nope"))
+    result = assemble(
+        "3-4", entries, "prefix_merging", "", TerminalInputs(None, "resp_nope")
+    ).to_dict()
     assert result["mask_sample"] is True
     assert "declared_terminal_not_captured" in mask_reason(result)
     assert reason_category(mask_reason(result)) == "terminal not attributable"
@@ -125,12 +128,12 @@ def test_a_declared_id_that_cannot_be_attributed_masks_a_clean_chain() -> None:
 def test_disagreeing_witnesses_mask_a_clean_chain() -> None:
     entries = [call("a", [1], [2]), call("b", [1, 2, 3], [4])]
     inputs = TerminalInputs("a", None, {"id": "resp_b", "output": []})
-    result = _assemble("3-4", entries, "prefix_merging", "", inputs)
+    result = assemble("3-4", entries, "prefix_merging", "", inputs).to_dict()
     assert result["mask_sample"] is True and "witness_disagreement" in mask_reason(result)
 
 
 def test_without_attribution_the_strict_policy_still_masks_an_auxiliary_root() -> None:
-    result = _assemble("3-4", agent(), "prefix_merging", "", TerminalInputs())
+    result = assemble("3-4", agent(), "prefix_merging", "", TerminalInputs()).to_dict()
     assert result["mask_sample"] is True
     assert result["metrics"]["terminal_attribution"] == {
         "method": "",
@@ -194,7 +197,9 @@ def test_a_terminal_deep_in_fifteen_hundred_turns_builds_without_recursion() -> 
     entries = deep_rollout()
     with shallow_stack():
         built = prefix_merging(entries, terminal_call_id="call-01200")
-        attributed = _assemble("r", entries, "prefix_merging", "", TerminalInputs("call-01200"))
+        attributed = assemble(
+            "r", entries, "prefix_merging", "", TerminalInputs("call-01200")
+        ).to_dict()
     assert len(built.chains[0].links) == 1201 and len(built.notes.excluded_calls) == 299
     assert attributed["mask_sample"] is False
 
@@ -236,7 +241,7 @@ def test_a_transcript_ending_in_the_submit_output_delivers_its_chain_without_the
     ]
     transcript = [message("text of root"), tool_result("ok"), submit, tool_result("done")]
     inputs = TerminalInputs(response={"id": "", "output": transcript})
-    result = _assemble("3-4", entries, "prefix_merging", "", inputs)
+    result = assemble("3-4", entries, "prefix_merging", "", inputs).to_dict()
     verdict = result["metrics"]["terminal_attribution"]
     assert (verdict["method"], verdict["call_id"], verdict["chain"]) == (
         "content",
@@ -277,7 +282,9 @@ def test_a_malformed_scored_response_silences_only_its_own_witnesses() -> None:
         call("summary", [1, 2, 3, 4, 5], [6]),
     ]
     malformed = {"output": [{"type": "message", "role": "assistant", "tool_calls": 5}]}
-    result = _assemble("3-4", entries, "prefix_merging", "", TerminalInputs("b", None, malformed))
+    result = assemble(
+        "3-4", entries, "prefix_merging", "", TerminalInputs("b", None, malformed)
+    ).to_dict()
     verdict = result["metrics"]["terminal_attribution"]
     assert verdict["method"] == "explicit" and verdict["call_id"] == "b"
     assert "content:attribution_error[TypeError]" in verdict["reason"]

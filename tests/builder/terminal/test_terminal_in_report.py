@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from bench.agent_captures import agent_rollout, write_capture
-from capture_core.handoff import HandoffReceipt, finalize_batch
-from capture_core.rollout_io import BatchPlan, ParsedLine
-from capture_core.run_progress import ledger_lines
-from capture_core.run_report import markdown_report, summarize, summary_table
+from capture_core.run.handoff import HandoffReceipt, finalize_batch
+from capture_core.run.rollout_io import BatchPlan, ParsedLine
+from capture_core.run.run_progress import ledger_lines
+from capture_core.run.run_report import markdown_report, summarize, summary_table
 from capture_core.store import TokenCaptureStore
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from capture_core.records import TokenEntry, token_entry_from_response
-from capture_core.terminal import (
+from capture_core.builder.terminal import (
     TerminalInputs,
     abstention_reasons,
     attribute_terminal,
     blocking_reason,
     transcript_readings,
 )
+from capture_core.records import TokenEntry, token_entry_from_response
 from tests.support.token_calls import token_call
 
 

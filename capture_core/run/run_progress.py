@@ -13,9 +13,9 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel, Field
 
-from capture_core.handoff import HandoffReceipt, RetireOutcome, RolloutOutcome, kept_as_evidence
-from capture_core.run_layout import LedgerLine
-from capture_core.run_report import reason_category
+from capture_core.run.handoff import HandoffReceipt, RetireOutcome, RolloutOutcome, kept_as_evidence
+from capture_core.run.run_layout import LedgerLine
+from capture_core.run.run_report import reason_category
 
 Item = TypeVar("Item")
 Started = TypeVar("Started")

@@ -13,28 +13,31 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
-from capture_core.run_layout import LEDGER, RECORDS, LedgerLine, run_location
+from capture_core.run.run_layout import LEDGER, RECORDS, LedgerLine, run_location
 
 
 class RunSummary(BaseModel):
     """What one finalization run did, for the CLI, the UI and `tokcap status`."""
 
     run_id: str
+    records_prefix: str = ""
+    ledger: str = ""
+    """Where the run's records and its ledger are (set by `locate`)."""
     rollouts: int = 0
     finalized: int = 0
     masked: int = 0
-    mask_reasons: dict[str, int] = Field(default_factory=dict)
     handed_off: int = 0
     already_handed_off: int = 0
     retired: int = 0
     retire_failed: int = 0
     failed: int = 0
+    """Rollouts finalized but not handed off: their batch failed."""
     malformed_lines: int = 0
     duplicate_lines: int = 0
+    """Lines refused as input although they name a rollout: a rollout id repeated in the file."""
+    mask_reasons: dict[str, int] = Field(default_factory=dict)
     errors: list[str] = Field(default_factory=list)
     malformed_line_errors: list[str] = Field(default_factory=list)
-    records_prefix: str = ""
-    ledger: str = ""
     terminal_methods: dict[str, int] = Field(default_factory=dict)
     terminal_abstentions: dict[str, int] = Field(default_factory=dict)
 

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from capture_core.compact import (
+from capture_core.records import TOKEN_ENTRY_RECORD_SCHEMA_VERSION
+from capture_core.store.compact import (
     STORED_SCHEMA_VERSION,
     check_seal,
     digest_text,
@@ -21,7 +22,6 @@ from capture_core.compact import (
     token_bytes,
     unpack,
 )
-from capture_core.records import TOKEN_ENTRY_RECORD_SCHEMA_VERSION
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from capture_core.records import TOKEN_ENTRY_RECORD_SCHEMA_VERSION, TokenEntry, entry_fields
-from capture_core.stored_json import encode_json
+from capture_core.store.stored_json import encode_json
 
 # Stored schema changelog:
 #   1: a whole `TokenEntry` per object (no digest).

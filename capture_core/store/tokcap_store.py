@@ -1,10 +1,10 @@
-"""`TokenCaptureStore`: the capture protocol on any filesystem, without a lock service.
+"""`TokenCaptureStore`: tokcap's capture protocol on any byte store, without a lock service.
 
 One object per event, every write create-only, so racing writers and freezers stay correct.
 The key layout is in `capture_layout`, the entry format in `compact` (stored schema 3), the
 freeze claim and retirement decision in `retirement`, reading events back in
 `capture_entries`; the byte stores beneath are in `capture_core.storage`.
-It is a `TokenSink` and a `TokenSource`; NeMo Gym can load it as a custom sink.
+It is a `CaptureStore` (so a `TokenSink` and a `TokenSource`); NeMo Gym can load it as a sink.
 The guarantees are described in docs/store.md.
 """
 
@@ -16,10 +16,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from capture_core import capture_entries, compact, parent_index, retirement
-from capture_core import capture_layout as layout
-from capture_core.capture_entries import encode_entry
-from capture_core.capture_layout import EVENT_KINDS, FROZEN, RETIRED, call_key
 from capture_core.errors import (
     CaptureConflictError,
     CaptureFencedError,
@@ -27,46 +23,40 @@ from capture_core.errors import (
     CaptureStoreError,
 )
 from capture_core.ids import validate_rollout_id
-from capture_core.io_pool import run_blocking
 from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.records import TokenEntry, coerce_token_entry
-from capture_core.storage import ByteStore, local_path, open_byte_store
-from capture_core.stored_json import encode_json
-
-# Names other modules and users import from here; they live in the modules above.
-__all__ = [
-    "EVENT_KINDS",
-    "FROZEN",
-    "RETIRED",
-    "TokenCaptureStore",
-    "call_key",
-    "encode_entry",
-    "local_path",
-    "open_byte_store",
-]
-
+from capture_core.storage import ByteStore, open_byte_store
+from capture_core.store import capture_entries, compact, parent_index, retirement
+from capture_core.store import capture_layout as layout
+from capture_core.store.base import CaptureStore
+from capture_core.store.capture_layout import call_key
+from capture_core.store.nemo_gym_store import nemo_gym_store_for
+from capture_core.store.stored_json import encode_json
 
 SETTLE_SECONDS = 5.0
 
 
-class TokenCaptureStore:
+class TokenCaptureStore(CaptureStore):
     """Capture store at `root`: a local path (plain, `file://`, `local://`), `memory://` or S3.
 
     `storage_options` go to the fsspec filesystem (endpoint, credentials); they are never
     logged or shown in `repr`. `parent_index_bytes` bounds the memory a writer spends finding
     delta parents (docs/store.md, Delta parents). Async methods run blocking I/O on the
-    process's shared I/O thread pool (`capture_core.io_pool`).
+    process's shared I/O thread pool (`capture_core.storage.io_pool`).
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        """A local directory in NeMo Gym's file-store layout opens as `NemoGymFileStore`.
+    shared_across_hosts = True
+    keeps_loss_reasons = True
 
-        Subclasses are constructed as they are, whatever their signature.
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """For compatibility, a directory in NeMo Gym's layout opens as `NemoGymFileStore`.
+
+        Code that may meet such a directory calls `open_capture_store`, which says so;
+        earlier callers of the constructor keep the store they got. Subclasses are
+        constructed as they are, whatever their signature.
         """
         root = args[0] if args else kwargs.get("root")
         if cls is TokenCaptureStore and root is not None:
-            from capture_core.nemo_gym_layout import nemo_gym_store_for
-
             found = nemo_gym_store_for(root)
             if found is not None:
                 return found
@@ -104,15 +94,11 @@ class TokenCaptureStore:
         """The byte store beneath; for tools and tests that inspect the raw layout."""
         return self._bytes
 
+    def probe(self, must_exist: bool = True) -> None:
+        """Raise a clear error naming the root when its byte store cannot be used."""
+        self._bytes.probe(must_exist)
+
     # -- writes ---------------------------------------------------------------------------
-
-    async def put(self, entry: Any) -> None:
-        """Record one call durably. See `put_now`."""
-        await run_blocking(self.put_now, entry)
-
-    def append(self, entry: Any) -> None:
-        """Synchronous `put`, the name NeMo Gym's sink protocol uses."""
-        self.put_now(entry)
 
     def put_now(self, entry: Any) -> None:
         """Record one call durably; when this returns every client of the root sees it.
@@ -223,12 +209,6 @@ class TokenCaptureStore:
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
 
-    async def mark_incomplete(
-        self, rollout_id: str, model_call_id: str = "", reason: str = ""
-    ) -> None:
-        """Durably record a lost call; see `mark_incomplete_now`."""
-        await run_blocking(self.mark_incomplete_now, rollout_id, model_call_id, reason)
-
     def mark_incomplete_now(
         self, rollout_id: str, model_call_id: str = "", reason: str = ""
     ) -> None:
@@ -265,10 +245,6 @@ class TokenCaptureStore:
         marker = {"model_call_id": model_call_id, "reason": reason, "at": time.time()}
         self._bytes.create(layout.marker_key(rollout_id, uuid.uuid4().hex), encode_json(marker))
 
-    async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
-        """Durably record the intent to make a call; see `begin_call_now`."""
-        await run_blocking(self.begin_call_now, rollout_id, model_call_id)
-
     def begin_call_now(self, rollout_id: str, model_call_id: str) -> None:
         """Record the intent to make a call; an intent without an entry at freeze is a loss.
 
@@ -292,10 +268,6 @@ class TokenCaptureStore:
         return self._bytes.exists(layout.frozen_key(rollout_id))
 
     # -- freeze ---------------------------------------------------------------------------
-
-    async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
-        """Fence and read a rollout's capture; see `freeze_now`."""
-        return await run_blocking(self.freeze_now, rollout_id)
 
     def freeze_now(self, rollout_id: str) -> TokenCaptureSnapshot:
         """Fence a rollout against further writes and return its snapshot.
@@ -332,10 +304,6 @@ class TokenCaptureStore:
         return capture_entries.read_entries(self._bytes, rollout_id, events[layout.ENTRY])[0]
 
     # -- retire and delete ----------------------------------------------------------------
-
-    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
-        """Retire exactly the consumed snapshot; see `drop_now`."""
-        return await run_blocking(self.drop_now, rollout_id, snapshot_id, version)
 
     def drop_now(self, rollout_id: str, snapshot_id: str, version: int) -> bool:
         """Retire exactly the consumed snapshot, leaving a small tombstone.
@@ -401,10 +369,6 @@ class TokenCaptureStore:
         swept = retirement.sweep_tombstones(self._bytes, older_than_seconds, now)
         self._bytes.remove_stale_temporaries(max(older_than_seconds, 3600.0), now)
         return swept
-
-    async def close(self) -> None:
-        """Release the backend. Safe to repeat."""
-        self.close_now()
 
     def close_now(self) -> None:
         """Synchronous `close`. Safe to repeat."""

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from capture_core.builder.transcript import ends_in_silent_turn, own_items, transcript_readings
 from capture_core.records import TokenEntry, response_items
-from capture_core.transcript import ends_in_silent_turn, own_items, transcript_readings
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +79,46 @@ class TerminalAttribution:
     must_mask: bool = False
 
     def metrics(self, chain: str = CHAIN_NONE) -> dict[str, Any]:
-        """The `terminal_attribution` block of a build's metrics."""
+        """The `terminal_attribution` block of a build's metrics, as the record carries it."""
+        return TerminalMetric.of(self, chain).as_dict()
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalMetric:
+    """A build's `terminal_attribution` block, typed: the verdict and what became of its chain."""
+
+    method: str = ""
+    call_id: str | None = None
+    reason: str = ""
+    chain: str = CHAIN_NONE
+
+    @classmethod
+    def of(cls, attribution: TerminalAttribution, chain: str = CHAIN_NONE) -> TerminalMetric:
+        return cls(attribution.method, attribution.call_id, attribution.reason, chain)
+
+    @classmethod
+    def from_dict(cls, block: Mapping[str, Any]) -> TerminalMetric:
+        """Read the block back; absent or mistyped fields take their defaults."""
+        call_id = block.get("call_id")
+        return cls(
+            method=str(block.get("method") or ""),
+            call_id=call_id if isinstance(call_id, str) else None,
+            reason=str(block.get("reason") or ""),
+            chain=str(block.get("chain") or CHAIN_NONE),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
         return {
             "method": self.method,
             "call_id": self.call_id,
             "reason": self.reason,
-            "chain": chain,
+            "chain": self.chain,
         }
+
+    @property
+    def abstentions(self) -> list[str]:
+        """The abstention codes in the reason, for reports (`abstention_reasons`)."""
+        return abstention_reasons(self.reason)
 
 
 @dataclass(frozen=True)
@@ -346,14 +379,16 @@ def _trail(abstained: Iterable[_Testimony]) -> str:
     return "; ".join(f"{t.witness}:{t.reason}" for t in abstained)
 
 
-def blocking_reason(metric: Mapping[str, Any] | None) -> str | None:
+def blocking_reason(metric: TerminalMetric | Mapping[str, Any] | None) -> str | None:
     """Why an unattributed verdict masks (a failed declaration, disagreeing witnesses), or `None`.
 
     It reads the `terminal_attribution` metric, so ledgers and reports agree with the mask.
     """
-    if not metric or metric.get("method"):
+    if isinstance(metric, Mapping):
+        metric = TerminalMetric.from_dict(metric) if metric else None
+    if metric is None or metric.method:
         return None
-    reason = str(metric.get("reason") or "")
+    reason = metric.reason
     parts = [part.strip() for part in reason.split(";")]
     if any(p.startswith((DISAGREEMENT, *DECLARING, STRICT_CONTRADICTED)) for p in parts):
         return f"terminal not attributable: {reason}"

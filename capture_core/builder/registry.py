@@ -5,44 +5,25 @@ longest prefix of its prompt (`forest.CallForest`); `per_request` makes one chai
 Both are independent of capture order, and nothing here recurses, so rollouts of thousands
 of turns build in one pass.
 A terminal call anchors the build: the main chain is the path from its root to it.
-The builder types live in `chain` and the projection into a response in `projection`; this
-module re-exports them, so `capture_core.builder` stays the one import for NeMo Gym's API.
+The builder types live in `chain` and the projection into a response in `projection`; the
+package `capture_core.builder` exports them with the builders, as NeMo Gym's API names them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from capture_core.chain import BuildNotes, BuildOutput, Chain, ChainLink
-from capture_core.forest import CallForest, call_order, link_chain, main_first
-from capture_core.projection import (
-    TOKEN_ONLY_ITEM,
-    assert_prefix_contiguity,
-    project_chain_to_output_items,
-    project_main_chain_response,
-)
-from capture_core.records import TokenEntry
-from capture_core.terminal import (
+from capture_core.builder.chain import BuildNotes, BuildOutput, Chain, ChainLink
+from capture_core.builder.forest import CallForest, call_order, link_chain, main_first
+from capture_core.builder.terminal import (
     CHAIN_BROKEN,
     CHAIN_DELIVERED,
     CHAIN_NOT_CAPTURED,
     collapse_identical,
 )
+from capture_core.records import TokenEntry
 
-__all__ = [
-    "BUILDERS",
-    "TOKEN_ONLY_ITEM",
-    "BuildNotes",
-    "BuildOutput",
-    "Chain",
-    "ChainLink",
-    "assert_prefix_contiguity",
-    "per_request",
-    "prefix_merging",
-    "project_chain_to_output_items",
-    "project_main_chain_response",
-    "run_builder",
-]
+__all__ = ["BUILDERS", "per_request", "prefix_merging", "run_builder"]
 
 BUILDERS = ("prefix_merging", "per_request")
 

@@ -24,9 +24,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from capture_core.rollout_io import file_fingerprint, file_sha256
-from capture_core.run_layout import RunLayout, UnreadableManifestError
-from capture_core.run_report import summarize
+from capture_core.errors import ClaimLostError, UnreadableManifestError
+from capture_core.run.rollout_io import file_fingerprint, file_sha256
+from capture_core.run.run_layout import RunLayout
+from capture_core.run.run_report import summarize
 from capture_core.storage import ByteStore, open_byte_store
 
 logger = logging.getLogger(__name__)
@@ -178,10 +179,6 @@ def take_claim(
         release_claim(dest, claim, ok=True)
         return ClaimDecision(status="done", attempts=claim.number + 1)
     return ClaimDecision(status="claimed", attempts=claim.number + 1, claim=claim)
-
-
-class ClaimLostError(RuntimeError):
-    """A pass no longer holds its claim on a run; it stops before writing anything more there."""
 
 
 def check_claim(dest: ByteStore, claim: Claim, now: float | None = None) -> None:

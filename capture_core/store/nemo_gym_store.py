@@ -6,7 +6,7 @@ Every operation holds `flock` on `<id>.tokens.lock`, so a live NeMo Gym writer s
 It never creates objects of tokcap's own layout in such a directory.
 `nemo_gym_store_for` recognises the layout; a directory holding both layouts is refused.
 `flock` is node-local: this interoperates only on the host that owns the directory.
-This module imports no Prefect and no storage backend.
+It imports `storage` only for `fsync_dir`; it opens no byte store.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 
 import orjson
 
-from capture_core import nemo_gym_layout as layout
 from capture_core.errors import (
     CaptureConflictError,
     CaptureFencedError,
@@ -31,18 +30,12 @@ from capture_core.errors import (
     UnreadableCaptureError,
 )
 from capture_core.ids import validate_rollout_id
-from capture_core.io_pool import run_blocking
-from capture_core.nemo_gym_layout import (
-    MixedLayoutError,
-    nemo_gym_store_for,
-    read_jsonl_entries,
-    reconcile_tail,
-)
 from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.records import TokenEntry, coerce_token_entry
 from capture_core.storage import fsync_dir
-
-__all__ = ["MixedLayoutError", "NemoGymFileStore", "nemo_gym_store_for"]
+from capture_core.store import nemo_gym_layout as layout
+from capture_core.store.base import CaptureStore
+from capture_core.store.nemo_gym_layout import nemo_gym_root, read_jsonl_entries, reconcile_tail
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +64,16 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
-class NemoGymFileStore:
+class NemoGymFileStore(CaptureStore):
     """NeMo Gym's file store at a local directory: a `TokenSink` and a `TokenSource`.
 
     Writes (`put`, `begin_call`, `mark_incomplete`) produce NeMo Gym's own files, so NeMo
     Gym reads them too. Failures raise tokcap's capture errors with the same meaning as
     `TokenCaptureStore`. Async methods run the blocking file work on a thread.
     """
+
+    shared_across_hosts = False
+    keeps_loss_reasons = False
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.path.abspath(os.fspath(root))
@@ -219,13 +215,6 @@ class NemoGymFileStore:
             state["version"] = int(state.get("version", 0)) + 1
             self._write_state(rollout_id, state, durable=False)
 
-    def append(self, entry: Any) -> None:
-        """Synchronous `put`, the name NeMo Gym's sink uses."""
-        self.put_now(entry)
-
-    async def put(self, entry: Any) -> None:
-        await run_blocking(self.put_now, entry)
-
     def begin_call_now(self, rollout_id: str, model_call_id: str) -> None:
         """Record the intent to make a call; after freeze or retirement it raises."""
         with self._locked(rollout_id):
@@ -233,9 +222,6 @@ class NemoGymFileStore:
             what = f"call {model_call_id!r} must not start"
             self._refuse(rollout_id, state, frozen_too=True, what=what)
             _append_line(self.path_for(rollout_id, layout.INTENTS), model_call_id.encode() + b"\n")
-
-    async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
-        await run_blocking(self.begin_call_now, rollout_id, model_call_id)
 
     def mark_incomplete_now(
         self, rollout_id: str, model_call_id: str = "", reason: str = ""
@@ -257,11 +243,6 @@ class NemoGymFileStore:
             fsync_dir(self.root)
         if reason:
             logger.warning("rollout %s: call %r lost: %s", rollout_id, model_call_id, reason)
-
-    async def mark_incomplete(
-        self, rollout_id: str, model_call_id: str = "", reason: str = ""
-    ) -> None:
-        await run_blocking(self.mark_incomplete_now, rollout_id, model_call_id, reason)
 
     # -- freeze ---------------------------------------------------------------------------
 
@@ -294,9 +275,6 @@ class NemoGymFileStore:
                 version=int(state["version"]),
                 incomplete_reasons=tuple(reasons),
             )
-
-    async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
-        return await run_blocking(self.freeze_now, rollout_id)
 
     def _incomplete_reasons(
         self, rollout_id: str, state: dict[str, Any], entries: list[TokenEntry]
@@ -338,9 +316,6 @@ class NemoGymFileStore:
             fsync_dir(self.root)
             return True
 
-    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
-        return await run_blocking(self.drop_now, rollout_id, snapshot_id, version)
-
     def delete(self, rollout_id: str) -> None:
         """Remove a rollout's capture and state so the id can be reused; the lock file stays."""
         with self._locked(rollout_id):
@@ -380,5 +355,11 @@ class NemoGymFileStore:
     def close_now(self) -> None:
         """Nothing to release: every operation opens and closes its own files."""
 
-    async def close(self) -> None:
-        self.close_now()
+
+def nemo_gym_store_for(location: str | os.PathLike[str]) -> NemoGymFileStore | None:
+    """A `NemoGymFileStore` when `location` is a local directory in NeMo Gym's layout, else `None`.
+
+    Raises `MixedLayoutError` for a directory holding both layouts (see `nemo_gym_root`).
+    """
+    root = nemo_gym_root(location)
+    return None if root is None else NemoGymFileStore(root)

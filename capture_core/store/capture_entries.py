@@ -9,13 +9,13 @@ from __future__ import annotations
 import orjson
 from pydantic import ValidationError
 
-from capture_core import compact
-from capture_core.capture_layout import ENTRY, INTENT, MARKER, call_key, event_key
 from capture_core.errors import CaptureStoreError, UnreadableCaptureError
-from capture_core.prompt_rebuild import StoredEntry, parse_stored, rebuild_prompts
 from capture_core.records import TokenEntry, describe_validation_error, entry_fields
 from capture_core.storage import ByteStore
-from capture_core.stored_json import encode_json
+from capture_core.store import compact
+from capture_core.store.capture_layout import ENTRY, INTENT, MARKER, call_key, event_key
+from capture_core.store.prompt_rebuild import StoredEntry, parse_stored, rebuild_prompts
+from capture_core.store.stored_json import encode_json
 
 
 def encode_entry(entry: TokenEntry) -> bytes:

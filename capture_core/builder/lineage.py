@@ -14,8 +14,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from capture_core.builder.terminal import collapse_identical, same_sequence
 from capture_core.records import TokenEntry
-from capture_core.terminal import collapse_identical, same_sequence
 
 AMBIGUOUS = object()
 """The decision for a call whose parent the tokens cannot settle: quarantine it."""

@@ -16,7 +16,6 @@ from typing import Any
 
 import orjson
 
-from capture_core.capture_layout import FROZEN, MARKER, RETIRED, frozen_key, retired_key
 from capture_core.errors import (
     CaptureRetiredError,
     CaptureStoreError,
@@ -25,7 +24,8 @@ from capture_core.errors import (
 )
 from capture_core.ids import ROLLOUT_ID_PATTERN
 from capture_core.storage import ByteStore
-from capture_core.stored_json import encode_json
+from capture_core.store.capture_layout import FROZEN, MARKER, RETIRED, frozen_key, retired_key
+from capture_core.store.stored_json import encode_json
 
 # The sweep is a `TokenCaptureStore` operation: it logs under the store's name, as it did.
 logger = logging.getLogger("capture_core.store")

@@ -1,4 +1,4 @@
-"""Named crash points for crash-safety tests.
+"""Named crash points: where the run layer lets crash-safety tests kill the process.
 
 `crash_point(name)` kills the process with SIGKILL when `TOKCAP_CRASH_AT` names that point,
 so tests can prove that a re-run after a crash at any step produces the same output.

@@ -17,10 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from capture_core.chain import BuildOutput
-from capture_core.terminal import NOT_ATTRIBUTED, blocking_reason
+from capture_core.builder.chain import BuildOutput
+from capture_core.builder.terminal import NOT_ATTRIBUTED, TerminalMetric, blocking_reason
 
 MASK_SAMPLE_KEY = "mask_sample"
+TOKEN_CAPTURE_KEY = "_ng_token_capture"
+"""The record key a finalized record carries its build metrics (and any error) under."""
 SNAPSHOT_KEY = "_capture_snapshot"
 REDUNDANT_CAPTURE_KEY = "_redundant_capture"
 TERMINAL_METRIC = "terminal_attribution"
@@ -92,7 +94,7 @@ class BuildMetrics:
 
     n_calls: int
     counts: ChainCounts | None = None
-    terminal: Mapping[str, Any] | None = None
+    terminal: TerminalMetric | None = None
     capture_incomplete: bool = False
     error: str | None = None
 
@@ -102,7 +104,7 @@ class BuildMetrics:
             counts = self.counts
             metrics.update({name: getattr(counts, name) for name in _COUNT_NAMES})
         if self.terminal is not None:
-            metrics[TERMINAL_METRIC] = dict(self.terminal)
+            metrics[TERMINAL_METRIC] = self.terminal.as_dict()
         if self.capture_incomplete:
             metrics[INCOMPLETE_METRIC] = True
         if self.error is not None:
@@ -118,7 +120,7 @@ class BuildMetrics:
         return cls(
             n_calls=metrics.get("n_calls", 0),
             counts=counts,
-            terminal=terminal if isinstance(terminal, Mapping) else None,
+            terminal=TerminalMetric.from_dict(terminal) if isinstance(terminal, Mapping) else None,
             capture_incomplete=bool(metrics.get(INCOMPLETE_METRIC)),
             error=metrics.get("error"),
         )
@@ -151,7 +153,7 @@ class BuildResult:
         masked: bool,
         built: BuildOutput,
         n_calls: int,
-        terminal: Mapping[str, Any],
+        terminal: TerminalMetric,
     ) -> BuildResult:
         """A projected main chain; `masked` when the strict policy keeps it from training."""
         metrics = BuildMetrics(n_calls, ChainCounts.of(n_calls, built), terminal)
@@ -168,10 +170,10 @@ class BuildResult:
         error: str,
         *,
         n_calls: int = 0,
-        terminal: Mapping[str, Any] | None = None,
+        terminal: TerminalMetric | None = None,
     ) -> BuildResult:
         """A build that produced nothing to deliver: masked, with its error."""
-        metrics = BuildMetrics(n_calls, terminal=terminal or NOT_ATTRIBUTED.metrics())
+        metrics = BuildMetrics(n_calls, terminal=terminal or TerminalMetric.of(NOT_ATTRIBUTED))
         return cls(None, True, rollout_id, builder, error=error, metrics=metrics)
 
     @classmethod

@@ -1,6 +1,6 @@
 """Batches of rollouts: finalize, durable handoff to a destination, and retirement by receipt.
 
-A batch is finalized through `delivery.finalize_rollout`, the one finalize path.
+A batch is finalized through `finalize.finalize_rollout`, the one finalize path.
 Lines refused as input (unparsable, or a rollout id repeated in the file) are never finalized.
 A storage failure while freezing fails the batch (retry it); it never becomes a masked record.
 The part file is written create-only, durably, and verified by reading it back.
@@ -20,21 +20,20 @@ import re
 import orjson
 from pydantic import BaseModel, Field
 
-from capture_core import run_layout
-from capture_core.build_result import MASK_SAMPLE_KEY, BuildResult
-from capture_core.delivery import finalize_rollout, rollout_carries_token_ids
+from capture_core.builder.build_result import MASK_SAMPLE_KEY, BuildResult
 from capture_core.errors import (
-    CaptureStoreError,
     HandoffConflictError,
+    PartMismatchError,
     TransientStoreError,
     is_transient,
 )
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenCaptureSnapshot, TokenSource
-from capture_core.rollout_io import BatchPlan, ParsedLine
+from capture_core.run import run_layout
+from capture_core.run.crash_points import crash_point
+from capture_core.run.finalize import finalize_rollout, rollout_carries_token_ids
+from capture_core.run.rollout_io import BatchPlan, ParsedLine
 from capture_core.storage import ByteStore
-from capture_core.terminal import abstention_reasons
-from capture_core.testing.faults import crash_point
 
 logger = logging.getLogger(__name__)
 
@@ -104,10 +103,6 @@ class RetireOutcome(BaseModel):
 RECEIPT_KEY = re.compile(r"batch-[0-9]{5,}-[0-9a-f]{16}")
 
 
-class UnreadableReceiptError(CaptureStoreError):
-    """A receipt object exists but cannot be read; it is never taken for a missing receipt."""
-
-
 def receipt_key(batch: BatchPlan) -> str:
     """A key that says what the receipt certifies: this batch index of this exact input."""
     return f"batch-{batch.index:05d}-{batch.sha256[:16]}"
@@ -144,23 +139,23 @@ class _TransientGuard:
 
 
 def _outcome(line: int, result: dict, built: BuildResult | None) -> RolloutOutcome:
+    """What finalizing one line did, read from its typed build (`result` is the record)."""
     snapshot = built.snapshot if built else None
-    masked = bool(result.get("mask_sample"))
-    reason = built.mask_reason() if built else None
-    capture = result.get("_ng_token_capture") or {}
-    terminal = capture.get("terminal_attribution")
-    terminal = terminal if isinstance(terminal, dict) else {}
+    masked = (built is not None and built.mask_sample) or bool(result.get(MASK_SAMPLE_KEY))
+    metrics = built.metrics if built else None
+    counts = metrics.counts if metrics else None
+    terminal = metrics.terminal if metrics else None
     return RolloutOutcome(
         line=line,
         rollout_id=(built.rollout_id if built else None) or plain_rollout_id(result),
         masked=masked,
-        mask_reason=(reason or capture.get("error") or "masked") if masked else None,
+        mask_reason=((built.mask_reason() if built else None) or "masked") if masked else None,
         can_retire=built is not None and built.can_retire and not masked,
         snapshot_id=snapshot.snapshot_id if snapshot else None,
         version=snapshot.version if snapshot else None,
-        delivered_fraction=capture.get("delivered_fraction"),
-        terminal_method=terminal.get("method") if terminal else None,
-        terminal_abstentions=abstention_reasons(str(terminal.get("reason") or "")),
+        delivered_fraction=counts.delivered_fraction if counts else None,
+        terminal_method=terminal.method if terminal else None,
+        terminal_abstentions=terminal.abstentions if terminal else [],
     )
 
 
@@ -267,10 +262,6 @@ def handoff_batch(run_id: str, finalized: FinalizedBatch, dest: ByteStore) -> Ha
         records=sum(1 for o in finalized.outcomes if o.emitted),
         rollouts=finalized.outcomes,
     )
-
-
-class PartMismatchError(CaptureStoreError):
-    """A handed-off part no longer matches its receipt; no capture of its batch is retired."""
 
 
 def verify_part(dest: ByteStore, receipt: HandoffReceipt) -> bytes:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from capture_core import compact
-from capture_core.prompt_rebuild import parse_stored
+from capture_core.store import compact
+from capture_core.store.prompt_rebuild import parse_stored
 
 # Parent lookup memory of one store, by default (a setting of `TokenCaptureStore`).
 DEFAULT_MAX_BYTES = 32 * 2**20

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from capture_core.chain import BuildOutput, Chain
+from capture_core.builder.chain import BuildOutput, Chain
 from capture_core.records import TOKEN_FIELDS, TokenEntry
 
 TOKEN_ONLY_ITEM = {"type": "message"}

@@ -18,8 +18,9 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field, model_validator
 
+from capture_core.errors import RunIdInUseError, UnreadableManifestError
 from capture_core.ids import validate_rollout_id
-from capture_core.rollout_io import split_lines
+from capture_core.run.rollout_io import split_lines
 from capture_core.storage import ByteStore
 
 MANIFEST = "run.json"
@@ -66,14 +67,6 @@ class RunManifest(BaseModel):
     batches: int
     max_mask_fraction: float | None = None
     mask_fraction_min_samples: int = 50
-
-
-class RunIdInUseError(ValueError):
-    """The run id already holds another input or other settings; nothing of this run ran."""
-
-
-class UnreadableManifestError(ValueError):
-    """A run's manifest exists but is not one (torn or edited): its input cannot be told."""
 
 
 class LedgerLine(BaseModel):

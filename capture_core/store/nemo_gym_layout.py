@@ -4,7 +4,7 @@ Each rollout has `<id>.tokens.jsonl`, `.intents`, `.incomplete`, `.state.json` a
 The JSONL is indexed by the state's `entry_digests` up to `indexed_size`; the tail is reconciled.
 A directory is NeMo Gym's when it holds such files; one that also holds tokcap's layout is refused.
 Recognition scans the directory once per process and then rechecks only what can change it.
-This module imports no Prefect and no storage backend.
+It imports `storage` only for location parsing; it opens no byte store and no backend.
 """
 
 from __future__ import annotations
@@ -19,11 +19,15 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from capture_core.errors import CaptureConflictError, CaptureStoreError, UnreadableCaptureError
+from capture_core.errors import (
+    CaptureConflictError,
+    MixedLayoutError,
+    UnreadableCaptureError,
+)
 from capture_core.ids import ROLLOUT_ID_PATTERN
 from capture_core.records import TokenEntry, describe_validation_error
 from capture_core.storage import TMP_DIR, local_path
-from capture_core.store import EVENT_KINDS, FROZEN, RETIRED
+from capture_core.store.capture_layout import EVENT_KINDS, FROZEN, RETIRED
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +40,6 @@ SUFFIXES = (JSONL, INTENTS, INCOMPLETE, STATE, LOCK)
 STATE_TEMP_PREFIX = ".tokens-state-"
 TOKCAP_MARKERS = (*EVENT_KINDS, FROZEN, RETIRED)
 RACY_SECONDS = 2.0
-
-
-class MixedLayoutError(CaptureStoreError, ValueError):
-    """A capture directory holds both NeMo Gym's file-store files and tokcap's own layout."""
 
 
 def empty_state() -> dict[str, Any]:
@@ -286,8 +286,8 @@ def _classify(root: str) -> bool:
     return gym is not None
 
 
-def nemo_gym_store_for(location: str | os.PathLike[str]) -> Any:
-    """A `NemoGymFileStore` when `location` is a local directory in NeMo Gym's layout, else `None`.
+def nemo_gym_root(location: str | os.PathLike[str]) -> str | None:
+    """The directory's absolute path when `location` is a local directory in NeMo Gym's layout.
 
     Raises `MixedLayoutError` for a directory holding both layouts. An empty or missing
     directory is not NeMo Gym's. Once recognised, a directory is rescanned only when it
@@ -312,11 +312,7 @@ def nemo_gym_store_for(location: str | os.PathLike[str]) -> Any:
     else:
         is_gym = _classify(root)
     _seen[root] = (info.st_mtime_ns, info.st_nlink, is_gym)
-    if not is_gym:
-        return None
-    from capture_core.nemo_gym_store import NemoGymFileStore
-
-    return NemoGymFileStore(root)
+    return root if is_gym else None
 
 
 def _racy(info: os.stat_result) -> bool:

@@ -15,15 +15,15 @@ import bisect
 from collections import defaultdict
 from collections.abc import Sequence
 
-from capture_core.chain import Chain, ChainLink
-from capture_core.lineage import (
+from capture_core.builder.chain import Chain, ChainLink
+from capture_core.builder.lineage import (
     AMBIGUOUS,
     CONTRADICTED,
     MISSING_PARENT,
     decide_parent,
     inconsistent_records,
 )
-from capture_core.prefix import PrefixKey, joined_key, prefix_key
+from capture_core.builder.prefix import PrefixKey, joined_key, prefix_key
 from capture_core.records import TokenEntry
 
 

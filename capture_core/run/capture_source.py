@@ -1,6 +1,6 @@
-"""Which capture store a run reads: open it from its location or class, and name it.
+"""Which capture store a run reads: open it from its location or class, name it, clear it.
 
-A store is a path or URL (a `TokenCaptureStore`) or a `module.path:ClassName` source class.
+A store is a path or URL (`store.open_capture_store`) or a `module.path:ClassName` class.
 Its identity digest keys results recorded against one store, such as a retirement.
 This module does not import Prefect.
 """
@@ -14,11 +14,10 @@ from typing import Any
 
 import orjson
 
-from capture_core.config import load_capture_class
-from capture_core.protocols import TokenSource
+from capture_core.protocols import TokenSource, load_capture_class
+from capture_core.run.crash_points import crash_point
 from capture_core.storage import local_path, refuse_overlapping
-from capture_core.store import TokenCaptureStore
-from capture_core.testing.faults import crash_point
+from capture_core.store import open_capture_store
 
 
 def open_source(
@@ -26,10 +25,10 @@ def open_source(
     storage_options: Mapping[str, Any] | None = None,
     source_kwargs: Mapping[str, Any] | None = None,
 ) -> TokenSource:
-    """A `TokenCaptureStore` at a path or URL, or a `module.path:ClassName` source class."""
+    """The capture store at a path or URL, or a `module.path:ClassName` source class."""
     if is_class_spec(store):
         return load_capture_class(store, source_kwargs, TokenSource)
-    return TokenCaptureStore(store, storage_options)
+    return open_capture_store(store, storage_options)
 
 
 def check_separate_locations(named: Mapping[str, str | None]) -> None:

@@ -1,0 +1,182 @@
+"""Finalize one finished rollout record from its capture: the one finalize path.
+
+The finalizer freezes the rollout's captured calls and rebuilds `response.output` from them.
+It never retires; the caller retires only after durable handoff, by snapshot id and version.
+Existing token ids are the policy's sampled data: such a rollout is left unchanged, when
+they pass a captured call's validation; malformed ones are rebuilt from the capture, or mask.
+Failed or masked builds keep their capture as evidence.
+The record's terminal fields and scored `response` attribute the call that earned the reward.
+`delivery.finalize_rollout_token_capture` (NeMo Gym's name) returns this build as a dict.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from capture_core.builder.build_result import (
+    MASK_SAMPLE_KEY,
+    TOKEN_CAPTURE_KEY,
+    BuildResult,
+    SnapshotIdentity,
+)
+from capture_core.builder.snapshot import build_from_snapshot
+from capture_core.builder.terminal import TerminalInputs
+from capture_core.ids import maybe_rollout_id_from_run_body
+from capture_core.protocols import TokenSource
+from capture_core.records import TOKEN_FIELDS, check_response_token_arrays, response_items
+
+logger = logging.getLogger(__name__)
+
+
+def _mask_unusable(result: dict, error: str, message: str) -> BuildResult:
+    """Mask a rollout that needed token ids and could not get them; the record keeps why.
+
+    An unmasked rollout would appear healthy until it reaches the trainer.
+    """
+    built = BuildResult.unusable(error)
+    result[MASK_SAMPLE_KEY] = True
+    result[TOKEN_CAPTURE_KEY] = built.record_metrics()
+    logger.warning(message)
+    return built
+
+
+def _carries_generated_ids(item: Any) -> bool:
+    """A non-empty array of ids (a list, tuple or array); empty or absent carries nothing."""
+    ids = item.get("generation_token_ids") if isinstance(item, Mapping) else None
+    if ids is None or isinstance(ids, str | bytes) or not hasattr(ids, "__len__"):
+        return False
+    return len(ids) > 0
+
+
+def rollout_carries_token_ids(result: dict) -> bool:
+    """Whether this rollout already holds what training needs.
+
+    True when any Responses output item or Chat `choices[].message` carries a non-empty
+    `generation_token_ids`: what the policy sampled takes precedence over a reconstruction,
+    and partial coverage stays visible. An empty list carries nothing, so such a record is
+    finalized from its capture like any other.
+    """
+    response = result.get("response")
+    if not isinstance(response, Mapping):
+        return False
+    return any(_carries_generated_ids(item) for item in response_items(response))
+
+
+async def finalize_rollout(
+    result: dict, source: TokenSource | None, *, builder: str = "prefix_merging"
+) -> BuildResult | None:
+    """Finalize `result` in place from its capture through `source`; the build, typed.
+
+    It mutates `result`, replacing only `response.output` and adding the metrics and mask.
+    It freezes and never retires. It never raises: missing or ambiguous tokens mask the
+    rollout. `None` when there is no source (or a record that already carries token ids
+    cannot be frozen).
+    """
+    if source is None:
+        return None
+    try:
+        return await _finalize(result, source, builder)
+    except Exception as exc:
+        return _mask_unusable(
+            result,
+            f"{type(exc).__name__}: {exc}",
+            f"token capture finalize failed unexpectedly: {exc}",
+        )
+
+
+async def _finalize(result: dict, source: TokenSource, builder: str) -> BuildResult | None:
+    try:
+        rollout_id = maybe_rollout_id_from_run_body(result)
+    except ValueError as exc:
+        return _mask_unusable(result, f"malformed rollout id: {exc}", f"rollout masked: {exc}")
+    malformed = None
+    if rollout_carries_token_ids(result):
+        malformed = malformed_token_arrays(result)
+        if malformed is None:
+            return await _redundant_capture(rollout_id, source)
+        logger.warning("rollout %s: rebuilding it from its capture: %s", rollout_id, malformed)
+    if rollout_id is None:
+        error = _noting("no capture key", malformed)
+        return _mask_unusable(result, error, f"rollout masked: {error}")
+    try:
+        snapshot = await source.freeze(rollout_id)
+    except Exception as exc:
+        error = _noting(f"{type(exc).__name__}: {exc}", malformed)
+        message = f"rollout {rollout_id} masked: capture unreadable: {error}"
+        return _mask_unusable(result, error, message)
+    response = result.get("response")
+    model = str(response.get("model") or "") if isinstance(response, dict) else ""
+    built = build_from_snapshot(snapshot, builder, model, TerminalInputs.from_record(result))
+    if malformed is not None:
+        built = _replacing_malformed(result, built, malformed)
+    _apply(result, built)
+    return built
+
+
+def malformed_token_arrays(result: dict) -> str | None:
+    """Why the token arrays already on the record fail a captured call's validation, or `None`.
+
+    Such arrays are not what the policy sampled (a length mismatch, a null or negative id, a
+    non-finite log prob, a missing array), so they never make the record a redundant capture.
+    """
+    response = result.get("response")
+    if not isinstance(response, Mapping):
+        return None
+    try:
+        check_response_token_arrays(response)
+    except ValueError as exc:
+        return f"the token arrays on the record are malformed ({exc})"
+    return None
+
+
+def _noting(error: str, malformed: str | None) -> str:
+    return error if malformed is None else f"{error}; {malformed}"
+
+
+def _replacing_malformed(result: dict, built: BuildResult, malformed: str) -> BuildResult:
+    """A build that replaces malformed arrays: none of them stays beside the rebuilt output.
+
+    A Chat response keeps its `choices` (the rebuilt `output` is read first), without their
+    token arrays. A build with nothing to deliver names the malformed arrays in its error.
+    """
+    if built.rebuilt_response is None:
+        return replace(built, error=_noting(built.error, malformed)) if built.error else built
+    response = result.get("response")
+    choices = response.get("choices") if isinstance(response, dict) else None
+    for choice in choices if isinstance(choices, list) else []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        for field in TOKEN_FIELDS if isinstance(message, dict) else ():
+            message.pop(field, None)
+    return built
+
+
+async def _redundant_capture(rollout_id: str | None, source: TokenSource) -> BuildResult | None:
+    """Freeze the capture of a record that already carries tokens, so it can retire later."""
+    if rollout_id is None:
+        return None
+    try:
+        snapshot = await source.freeze(rollout_id)
+        identity = SnapshotIdentity(snapshot.snapshot_id, snapshot.version)
+    except Exception as exc:
+        logger.warning(
+            "rollout %s carries token ids; its capture could not be frozen: %s", rollout_id, exc
+        )
+        return None
+    return BuildResult.redundant(identity)
+
+
+def _apply(result: dict, built: BuildResult) -> None:
+    """Write a build into the record: only `response.output`, the metrics and the mask."""
+    rebuilt = built.rebuilt_response
+    if rebuilt is not None:
+        if isinstance(result.get("response"), dict):
+            result["response"]["output"] = rebuilt["output"]
+        else:
+            result["response"] = rebuilt
+    result[TOKEN_CAPTURE_KEY] = built.record_metrics()
+    if built.mask_sample:
+        result[MASK_SAMPLE_KEY] = True
+        logger.warning("rollout %s masked: %s", built.rollout_id, built.mask_reason())

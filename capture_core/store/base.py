@@ -1,0 +1,101 @@
+"""`CaptureStore`: the one base both capture stores implement, with their capability flags.
+
+A capture store is a `TokenSink` and a `TokenSource` with synchronous forms (`*_now`).
+Subclasses write the blocking operations; the async forms are written once here and run
+them on the process's I/O pool (`storage.io_pool`), so no caller asks which class it holds.
+This module imports only `records`, `protocols` and `storage.io_pool`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from capture_core.protocols import TokenCaptureSnapshot
+from capture_core.records import TokenEntry
+from capture_core.storage.io_pool import run_blocking
+
+
+class CaptureStore(ABC):
+    """A capture store: writes, freeze, retire, delete and sweep, each safe to repeat.
+
+    `shared_across_hosts`: writers on several hosts may use one store at once (tokcap's
+    create-only objects), rather than only the host that owns it (NeMo Gym's `flock`).
+    `keeps_loss_reasons`: `mark_incomplete` stores its reason, rather than only logging it.
+    """
+
+    shared_across_hosts: ClassVar[bool]
+    keeps_loss_reasons: ClassVar[bool]
+    root: str
+
+    @abstractmethod
+    def probe(self, must_exist: bool = True) -> None:
+        """Raise a clear error naming the store when it cannot be used (missing, not writable)."""
+
+    @abstractmethod
+    def put_now(self, entry: Any) -> None:
+        """Record one call durably; a byte-identical repeat is a no-op, another payload raises."""
+
+    @abstractmethod
+    def begin_call_now(self, rollout_id: str, model_call_id: str) -> None:
+        """Record the intent to make a call; after freeze it raises `CaptureFencedError`."""
+
+    @abstractmethod
+    def mark_incomplete_now(
+        self, rollout_id: str, model_call_id: str = "", reason: str = ""
+    ) -> None:
+        """Durably record a lost call; it changes the version even after a freeze."""
+
+    @abstractmethod
+    def freeze_now(self, rollout_id: str) -> TokenCaptureSnapshot:
+        """Fence a rollout against further writes and return its snapshot; idempotent."""
+
+    @abstractmethod
+    def drop_now(self, rollout_id: str, snapshot_id: str, version: int) -> bool:
+        """Retire exactly the consumed snapshot; `False`, deleting nothing, if it changed."""
+
+    @abstractmethod
+    def read_entries(self, rollout_id: str) -> list[TokenEntry]:
+        """A rollout's entries without freezing it (diagnostics; no consistency promise)."""
+
+    @abstractmethod
+    def delete(self, rollout_id: str) -> None:
+        """Remove a rollout's capture unconditionally so the id can be reused; safe to repeat."""
+
+    @abstractmethod
+    def sweep_retired(self, older_than_seconds: float) -> int:
+        """Remove tombstones retired longer ago than the cutoff; return how many."""
+
+    @abstractmethod
+    def close_now(self) -> None:
+        """Release the backend. Safe to repeat."""
+
+    def append(self, entry: Any) -> None:
+        """Synchronous `put`, the name NeMo Gym's sink protocol uses."""
+        self.put_now(entry)
+
+    async def put(self, entry: Any) -> None:
+        """Record one call durably; see `put_now`."""
+        await run_blocking(self.put_now, entry)
+
+    async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
+        """Durably record the intent to make a call; see `begin_call_now`."""
+        await run_blocking(self.begin_call_now, rollout_id, model_call_id)
+
+    async def mark_incomplete(
+        self, rollout_id: str, model_call_id: str = "", reason: str = ""
+    ) -> None:
+        """Durably record a lost call; see `mark_incomplete_now`."""
+        await run_blocking(self.mark_incomplete_now, rollout_id, model_call_id, reason)
+
+    async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
+        """Fence and read a rollout's capture; see `freeze_now`."""
+        return await run_blocking(self.freeze_now, rollout_id)
+
+    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
+        """Retire exactly the consumed snapshot; see `drop_now`."""
+        return await run_blocking(self.drop_now, rollout_id, snapshot_id, version)
+
+    async def close(self) -> None:
+        """Release the backend. Safe to repeat."""
+        self.close_now()
