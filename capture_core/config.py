@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -46,6 +46,8 @@ class TokenIdCaptureSettings(BaseModel):
     rebuild_response: bool = True
     max_mask_fraction: float | None = Field(default=None, ge=0.0, le=1.0)
     mask_fraction_min_samples: int = Field(default=50, ge=1)
+    delivery: Literal["main_chain", "all_traces"] = "main_chain"
+    """`main_chain` rebuilds `response.output`; `all_traces` adds `training_traces`."""
 
     _text_dir = field_validator("dir", mode="before")(_location_text)
 
@@ -92,6 +94,11 @@ class TokenIdCaptureConfig(BaseModel):
     @property
     def enabled(self) -> bool:
         return self.token_id_capture.enabled
+
+    @property
+    def delivery(self) -> str:
+        """The configured delivery, for `finalize_rollout_token_capture(..., delivery=)`."""
+        return self.token_id_capture.delivery
 
     def _location_text(self) -> str | None:
         return self.token_id_capture.dir or self.model_call_capture_dir or None

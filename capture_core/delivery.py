@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from capture_core.builder.build_result import BuildResult
+from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.protocols import TokenSource
 
 # A NeMo Gym seed name, so importable from here; it lives with the finalizer that uses it.
@@ -28,7 +29,11 @@ def capture_build_can_retire(built: dict | None) -> bool:
 
 
 async def finalize_rollout_token_capture(
-    result: dict, source: TokenSource | None, *, builder: str = "prefix_merging"
+    result: dict,
+    source: TokenSource | None,
+    *,
+    builder: str = "prefix_merging",
+    delivery: str = MAIN_CHAIN,
 ) -> dict | None:
     """Rebuild one finished rollout record's `response.output` from its recorded token ids.
 
@@ -37,9 +42,12 @@ async def finalize_rollout_token_capture(
     It freezes through `source` and never retires. It never raises: missing or ambiguous
     tokens mask the rollout. Returns the build, or `None` when there is no source (or a
     record that already carries token ids cannot be frozen). `builder` is an extension;
-    single-response delivery accepts only `prefix_merging`.
+    single-response delivery accepts only `prefix_merging`. `delivery="all_traces"` leaves
+    `response` as it is and adds the checked `training_traces` envelope, built with `builder`
+    (`prefix_merging` or `per_request`), also for a record that already carries token ids
+    (docs/traces.md); a masked record never carries one.
     """
-    built = await finalize_rollout(result, source, builder=builder)
+    built = await finalize_rollout(result, source, builder=builder, delivery=delivery)
     return None if built is None else built.to_dict()
 
 

@@ -129,7 +129,7 @@ def check_entry_consistency(entry: TokenEntry) -> None:
             f"call {entry.model_call_id!r}: generation_token_ids has {n_ids} ids but "
             f"generation_log_probs has {n_lps} values; capture one log prob per generated token"
         )
-    if not _all_finite(entry.generation_log_probs):
+    if not all_finite(entry.generation_log_probs):
         raise ValueError(
             f"call {entry.model_call_id!r}: generation_log_probs holds a NaN or infinite value; "
             "store finite log probs (clip -inf to a large negative number)"
@@ -143,7 +143,7 @@ def check_entry_consistency(entry: TokenEntry) -> None:
         )
 
 
-def _all_finite(values: list[float]) -> bool:
+def all_finite(values: list[float]) -> bool:
     """Whether no value is NaN or infinite. A NaN or infinity makes the sum non-finite, so a
     finite sum decides at C speed; only an overflowing sum needs the value-by-value check."""
     try:

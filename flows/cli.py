@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import orjson
 
 from capture_core.builder import BUILDERS
+from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from flows.cli_checks import (
     UsageError,
     absolute,
@@ -131,6 +132,13 @@ def _add_finalize(commands: Any) -> None:
         help=f"trajectory builder: {', '.join(BUILDERS)} (default {BUILDERS[0]})",
     )
     finalize.add_argument(
+        "--delivery",
+        choices=DELIVERIES,
+        default=MAIN_CHAIN,
+        help="main_chain rebuilds response.output (default); all_traces adds the "
+        "training_traces envelope, every sampled call owned once (docs/traces.md)",
+    )
+    finalize.add_argument(
         "--max-mask-fraction",
         type=fraction,
         default=None,
@@ -242,6 +250,7 @@ def cmd_finalize(args: argparse.Namespace) -> int:
         dest=args.dest,
         run_id=args.run_id,
         builder=args.builder,
+        delivery=args.delivery,
         batch_size=args.batch_size,
         max_mask_fraction=args.max_mask_fraction,
         mask_fraction_min_samples=args.mask_fraction_min_samples,
@@ -294,7 +303,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             ).decode()
         )
     else:
-        print(f"run {args.run_id} ({manifest.rollouts}, {manifest.batches} batches)")
+        print(
+            f"run {args.run_id} ({manifest.rollouts}, {manifest.batches} batches, "
+            f"delivery {manifest.delivery})"
+        )
         print_summary(summary)
     return 0 if summary.ok else 1
 

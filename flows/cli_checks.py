@@ -142,7 +142,11 @@ def known_run(
         raise UsageError(
             f"unknown run id {run_id} at {dest}: no manifest or ledger; check --dest and --run-id"
         )
-    return manifest, None if ledger is None else locate(summarize(run_id, ledger), dest)
+    if ledger is None:
+        return manifest, None
+    summary = locate(summarize(run_id, ledger), dest)
+    summary.delivery = manifest.delivery
+    return manifest, summary
 
 
 def run_summary(dest: str, run_id: str, options: dict[str, Any]) -> RunSummary | None:

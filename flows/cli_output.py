@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from capture_core.run.run_report import trace_counts
 from flows.runners import script
 
 MAX_FAILURE_LINES = 20
@@ -31,6 +32,7 @@ def print_retriggered(report: Any) -> None:
 
 def print_summary(summary: Any) -> None:
     rows = [
+        *trace_counts(summary),
         ("rollouts", summary.rollouts),
         ("handed off", summary.handed_off),
         ("already handed off (earlier run)", summary.already_handed_off),

@@ -20,6 +20,7 @@ from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
 from capture_core.builder import BUILDERS
+from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.config import public_storage_options
 from capture_core.errors import ClaimLostError
 from capture_core.run.capture_source import check_separate_locations
@@ -78,6 +79,7 @@ class RunSteps:
     rollouts: str = ""
     builder: str = "prefix_merging"
     claim: Claim | None = None
+    delivery: str = MAIN_CHAIN
     upload: Task[..., HandoffReceipt] = field(init=False)
     retire_task: Task[..., RetireOutcome] = field(init=False)
 
@@ -88,7 +90,7 @@ class RunSteps:
 
     def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch | HandoffReceipt]:
         args = (self.run_id, self.rollouts, batch, self.store, self.options, self.source_kwargs)
-        return finalize_batch.submit(*args, self.builder, self.dest)
+        return finalize_batch.submit(*args, self.builder, self.dest, delivery=self.delivery)
 
     def run_batch(
         self,
@@ -181,11 +183,13 @@ class RunSteps:
         return outcome
 
 
-def check_arguments(run_id: str, builder: str) -> None:
-    """Refuse a bad run id or builder before any task runs."""
+def check_arguments(run_id: str, builder: str, delivery: str = MAIN_CHAIN) -> None:
+    """Refuse a bad run id, builder or delivery before any task runs."""
     validate_run_id(run_id)
     if builder not in BUILDERS:
         raise ValueError(f"unknown builder {builder!r}; use one of {', '.join(BUILDERS)}")
+    if delivery not in DELIVERIES:
+        raise ValueError(f"unknown delivery {delivery!r}; use one of {', '.join(DELIVERIES)}")
 
 
 @flow(name="finalize-run", flow_run_name="finalize {run_id} from {rollouts}", log_prints=False)
@@ -202,6 +206,7 @@ def finalize_run(
     source_kwargs: dict[str, Any] | None = None,
     finalize_ahead: int = 2,
     claim: Claim | None = None,
+    delivery: str = MAIN_CHAIN,
     mask_alert_fraction: float | None = 0.1,
 ) -> RunSummary:
     """Finalize every rollout of `rollouts` into the run's records at `dest`, then retire.
@@ -211,20 +216,28 @@ def finalize_run(
     from the environment. `finalize_ahead` batches finalize on the task runner meanwhile.
     An inbox pass passes its `claim`: each write that decides the run's state (manifest,
     part and receipt, retirement, ledger and report) first checks that it still holds it,
-    and the run stops with `ClaimLostError` once it does not. A run that masked more than
-    `mask_alert_fraction` of its rollouts emits an alert event (`flows.alerts`).
+    and the run stops with `ClaimLostError` once it does not. `delivery="all_traces"` adds
+    each rollout's `training_traces` envelope and keeps its `response` (docs/traces.md).
+    A run that masked more than `mask_alert_fraction` of its rollouts emits an alert event
+    (`flows.alerts`).
     """
     options = public_storage_options(storage_options)
-    check_arguments(run_id, builder)
+    check_arguments(run_id, builder, delivery)
     check_separate_locations({"store": store, "dest": dest})
     check_locations(store, dest, options, source_kwargs)
     plan = plan_rollouts(rollouts, batch_size, options)
     settings = (store, builder, batch_size, max_mask_fraction, mask_fraction_min_samples)
-    claim_run_id(dest, run_id, plan, *settings, options, claim)
-    steps = RunSteps(run_id, dest, store, options, source_kwargs, rollouts, builder, claim)
+    claim_run_id(dest, run_id, plan, *settings, options, claim, delivery=delivery)
+    steps = RunSteps(
+        run_id, dest, store, options, source_kwargs, rollouts, builder, claim, delivery
+    )
     keys = [receipt_key(b) for b in plan.batches]
     earlier = find_receipts(dest, run_id, keys, options, hand_off_unrecorded=True)
-    tally = RunTally(earlier=len(earlier), errors=list(filter(None, [plan.duplicates_error()])))
+    tally = RunTally(
+        earlier=len(earlier),
+        errors=list(filter(None, [plan.duplicates_error()])),
+        delivery=delivery,
+    )
     gate = MaskGate(max_mask_fraction, mask_fraction_min_samples)
     todo = [b for b in plan.batches if receipt_key(b) not in earlier]
     finalizing = Lookahead(todo, steps.finalize, lambda b: b.index, finalize_ahead)
@@ -349,5 +362,6 @@ def _rerun_settings(
         "max_mask_fraction": manifest.max_mask_fraction,
         "mask_fraction_min_samples": manifest.mask_fraction_min_samples,
         "storage_options": options,
+        "delivery": manifest.delivery,
     }
     return load_ledger(dest, run_id, options), settings

@@ -26,6 +26,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 from pydantic import BaseModel, Field
 
+from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.config import public_storage_options
 from capture_core.errors import ClaimLostError
 from capture_core.run.capture_source import check_separate_locations
@@ -168,13 +169,15 @@ def finalize_inbox(
     source_kwargs: dict[str, Any] | None = None,
     claim_lease_seconds: float = 300.0,
     fan_out: str | None = None,
+    delivery: str = MAIN_CHAIN,
 ) -> InboxReport:
     """Finalize each inbox file whose run has not completed and no pass holds.
 
     Without `fan_out` this run finalizes the files one after the other. With `fan_out`, the
     name of a `finalize-inbox-file` deployment (`flow/deployment`), it starts one run of that
     deployment per file and returns: any worker of the pool takes each, and the file's claim
-    still lets exactly one of them hand it off.
+    still lets exactly one of them hand it off. `delivery` is each run's (`main_chain`, or
+    `all_traces` for training_traces envelopes).
     """
     settings = FileSettings.of(locals())
     options = settings.storage_options
@@ -201,6 +204,7 @@ class FileSettings(BaseModel):
     storage_options: dict[str, Any] | None = None
     source_kwargs: dict[str, Any] | None = None
     claim_lease_seconds: float = 300.0
+    delivery: str = MAIN_CHAIN
 
     @classmethod
     def of(cls, parameters: dict[str, Any]) -> FileSettings:
@@ -278,6 +282,7 @@ def take_file(item: InboxFile, settings: FileSettings, report: InboxReport) -> N
             "max_mask_fraction": settings.max_mask_fraction,
             "storage_options": options,
             "source_kwargs": settings.source_kwargs,
+            "delivery": settings.delivery,
         }
         _finalize_claimed(item, decision.claim, settings.store, settings.dest, run_settings, report)
 
@@ -302,6 +307,7 @@ def finalize_inbox_file(
     storage_options: dict[str, Any] | None = None,
     source_kwargs: dict[str, Any] | None = None,
     claim_lease_seconds: float = 300.0,
+    delivery: str = MAIN_CHAIN,
 ) -> InboxReport:
     """Finalize one file of the inbox under its claim, as an inbox pass would.
 

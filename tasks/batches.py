@@ -14,6 +14,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.errors import RetirementFailedError, TransientStoreError
 from capture_core.run import handoff
 from capture_core.run.capture_source import open_source, store_identity
@@ -101,6 +102,7 @@ def finalize_batch(
     source_kwargs: Mapping[str, Any] | None = None,
     builder: str = "prefix_merging",
     dest: str | None = None,
+    delivery: str = MAIN_CHAIN,
 ) -> FinalizedBatch | HandoffReceipt:
     """Freeze and rebuild every rollout of one batch; nothing is written or retired.
 
@@ -112,7 +114,9 @@ def finalize_batch(
     lines = read_batch(rollouts, batch, storage_options)
     source = open_source(store, storage_options, source_kwargs)
     with store_requests():
-        finalized = run_async(handoff.finalize_batch(run_id, batch, lines, source, builder))
+        finalized = run_async(
+            handoff.finalize_batch(run_id, batch, lines, source, builder, delivery=delivery)
+        )
     meanwhile = None if dest is None else _receipt_meanwhile(dest, run_id, batch, storage_options)
     if meanwhile is not None:
         return meanwhile

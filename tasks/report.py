@@ -43,6 +43,7 @@ def write_run_report(
     RunLayout(open_byte_store(dest, storage_options), run_id).write_ledger(ledger)
     summary = summarize(run_id, ledger)
     summary.already_handed_off = tally.earlier
+    summary.delivery = tally.delivery
     summary.errors = tally.all_errors()
     locate(summary, dest)
     publish_artifacts(summary, ledger, tally.seconds)

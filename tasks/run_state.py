@@ -8,6 +8,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.run.capture_source import is_class_spec, open_source
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import RolloutFilePlan
@@ -45,6 +46,7 @@ def claim_run_id(
     mask_fraction_min_samples: int,
     storage_options: Mapping[str, Any] | None = None,
     claim: Claim | None = None,
+    delivery: str = MAIN_CHAIN,
 ) -> bool:
     """Bind the run id to this input; refuse a run id already used for another input."""
     ensure_claim(dest, claim, storage_options)
@@ -59,6 +61,7 @@ def claim_run_id(
         batches=len(plan.batches),
         max_mask_fraction=max_mask_fraction,
         mask_fraction_min_samples=mask_fraction_min_samples,
+        delivery=delivery,
     )
     return RunLayout(open_byte_store(dest, storage_options), run_id).claim(manifest)
 

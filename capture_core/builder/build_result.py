@@ -7,7 +7,9 @@ exactly the dict NeMo Gym's seed functions return, with its key sets and key ord
 `record_metrics` what a finalized record carries under `_ng_token_capture`. A key is absent
 from the dict exactly when its attribute is `None` (or `False`, for the flags).
 `from_dict` reads such a dict back, so the dict-taking seed functions share this logic.
-This module imports only `chain` and `terminal`.
+With `all_traces` delivery a build carries the checked `training_traces` envelope instead
+of a rebuilt response, and its metrics count traces, owned calls and tokens trained.
+This module imports only `chain`, `terminal`, `trace_envelope` and `traces`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 from capture_core.builder.chain import BuildOutput
 from capture_core.builder.terminal import NOT_ATTRIBUTED, TerminalMetric, blocking_reason
+from capture_core.builder.trace_envelope import ALL_TRACES, ENVELOPE_KEY
+from capture_core.builder.traces import TraceBuild
 
 MASK_SAMPLE_KEY = "mask_sample"
 TOKEN_CAPTURE_KEY = "_ng_token_capture"
@@ -84,6 +88,53 @@ _COUNT_NAMES = tuple(f.name for f in dataclasses.fields(ChainCounts))
 
 
 @dataclass(frozen=True, slots=True)
+class TraceCounts:
+    """The counts of an `all_traces` build: what the envelope trains and what it left out."""
+
+    traces: int
+    """Rows of the envelope (each one training row)."""
+    owned_calls: int
+    """Calls owned by a span: each trains exactly once."""
+    tokens_trained: int
+    generated_tokens_captured: int
+    excluded_calls: Mapping[str, int]
+    """Calls left out, per reason (`traces.EXCLUSION_REASONS`)."""
+
+    @classmethod
+    def of(cls, built: TraceBuild) -> TraceCounts:
+        return cls(
+            traces=built.traces,
+            owned_calls=built.owned_calls,
+            tokens_trained=built.tokens_trained,
+            generated_tokens_captured=built.tokens_captured,
+            excluded_calls=built.excluded_counts(),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "delivery": ALL_TRACES,
+            "traces": self.traces,
+            "owned_calls": self.owned_calls,
+            "tokens_trained": self.tokens_trained,
+            "generated_tokens_captured": self.generated_tokens_captured,
+            "excluded_calls": dict(self.excluded_calls),
+        }
+
+    @classmethod
+    def from_dict(cls, metrics: Mapping[str, Any]) -> TraceCounts | None:
+        if metrics.get("delivery") != ALL_TRACES:
+            return None
+        excluded = metrics.get("excluded_calls")
+        return cls(
+            traces=int(metrics.get("traces") or 0),
+            owned_calls=int(metrics.get("owned_calls") or 0),
+            tokens_trained=int(metrics.get("tokens_trained") or 0),
+            generated_tokens_captured=int(metrics.get("generated_tokens_captured") or 0),
+            excluded_calls=dict(excluded) if isinstance(excluded, Mapping) else {},
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class BuildMetrics:
     """A build's metrics: always `n_calls`; counts only when chains were built.
 
@@ -97,12 +148,15 @@ class BuildMetrics:
     terminal: TerminalMetric | None = None
     capture_incomplete: bool = False
     error: str | None = None
+    traces: TraceCounts | None = None
 
     def as_dict(self) -> dict[str, Any]:
         metrics: dict[str, Any] = {"n_calls": self.n_calls}
         if self.counts is not None:
             counts = self.counts
             metrics.update({name: getattr(counts, name) for name in _COUNT_NAMES})
+        if self.traces is not None:
+            metrics.update(self.traces.as_dict())
         if self.terminal is not None:
             metrics[TERMINAL_METRIC] = self.terminal.as_dict()
         if self.capture_incomplete:
@@ -123,6 +177,7 @@ class BuildMetrics:
             terminal=TerminalMetric.from_dict(terminal) if isinstance(terminal, Mapping) else None,
             capture_incomplete=bool(metrics.get(INCOMPLETE_METRIC)),
             error=metrics.get("error"),
+            traces=TraceCounts.from_dict(metrics),
         )
 
 
@@ -143,6 +198,7 @@ class BuildResult:
     redundant_capture: bool = False
     metrics: BuildMetrics | None = None
     snapshot: SnapshotIdentity | None = None
+    training_traces: dict[str, Any] | None = None
 
     @classmethod
     def trajectory(
@@ -177,6 +233,27 @@ class BuildResult:
         return cls(None, True, rollout_id, builder, error=error, metrics=metrics)
 
     @classmethod
+    def traced(cls, built: TraceBuild) -> BuildResult:
+        """An `all_traces` build: its checked envelope, or masked with the reason it has none."""
+        metrics = BuildMetrics(
+            built.n_calls,
+            terminal=TerminalMetric.of(built.attribution),
+            traces=TraceCounts.of(built),
+        )
+        if built.envelope is None:
+            return cls(
+                None, True, built.rollout_id, built.builder, error=built.error, metrics=metrics
+            )
+        return cls(
+            None,
+            False,
+            built.rollout_id,
+            built.builder,
+            metrics=metrics,
+            training_traces=built.envelope,
+        )
+
+    @classmethod
     def unusable(cls, error: str) -> BuildResult:
         """A record masked before any build (no rollout id, a capture that cannot be read)."""
         return cls(None, True, error=error, metrics=BuildMetrics(0, error=error))
@@ -187,7 +264,7 @@ class BuildResult:
         return cls(None, False, redundant_capture=True, snapshot=snapshot)
 
     def of_snapshot(self, snapshot: SnapshotIdentity, incomplete: bool) -> BuildResult:
-        """This build as made from `snapshot`; an incomplete snapshot masks it."""
+        """This build as made from `snapshot`; an incomplete snapshot masks it (no envelope)."""
         if not incomplete:
             return dataclasses.replace(self, snapshot=snapshot)
         metrics = self.metrics or BuildMetrics(0)
@@ -196,6 +273,7 @@ class BuildResult:
             mask_sample=True,
             metrics=dataclasses.replace(metrics, capture_incomplete=True),
             snapshot=snapshot,
+            training_traces=None,
         )
 
     @property
@@ -203,7 +281,8 @@ class BuildResult:
         """Whether this build consumed a frozen snapshot and delivered (or needed) no tokens."""
         if self.mask_sample or self.snapshot is None:
             return False
-        return self.rebuilt_response is not None or self.redundant_capture
+        delivered = self.rebuilt_response is not None or self.training_traces is not None
+        return delivered or self.redundant_capture
 
     def mask_reason(self) -> str | None:
         """A short reason for a masked build, for logs, ledgers and reports; else `None`."""
@@ -249,6 +328,8 @@ class BuildResult:
             built["metrics"] = self.metrics.as_dict()
         if self.snapshot is not None:
             built[SNAPSHOT_KEY] = self.snapshot.as_dict()
+        if self.training_traces is not None:
+            built[ENVELOPE_KEY] = self.training_traces
         return built
 
     @classmethod
@@ -256,6 +337,7 @@ class BuildResult:
         """Read a seed function's dict back; unknown keys are ignored, absent ones are `None`."""
         metrics, snapshot = built.get("metrics"), built.get(SNAPSHOT_KEY)
         retries = built.get("unresolved_retries")
+        envelope = built.get(ENVELOPE_KEY)
         return cls(
             rebuilt_response=built.get("rebuilt_response"),
             mask_sample=bool(built.get(MASK_SAMPLE_KEY)),
@@ -270,4 +352,5 @@ class BuildResult:
                 if isinstance(snapshot, Mapping) and snapshot
                 else None
             ),
+            training_traces=envelope if isinstance(envelope, dict) else None,
         )

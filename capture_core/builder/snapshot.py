@@ -27,6 +27,8 @@ from capture_core.builder.terminal import (
     attribute_terminal,
     check_strict_chain,
 )
+from capture_core.builder.trace_envelope import MAIN_CHAIN
+from capture_core.builder.traces import build_training_traces
 from capture_core.records import coerce_token_entry
 
 logger = logging.getLogger(__name__)
@@ -192,8 +194,24 @@ def _undeliverable(attribution: TerminalAttribution, chain: str) -> str:
     )
 
 
+def assemble_traces(
+    rollout_id: str, entries: list, builder: str, terminal: TerminalInputs | None = None
+) -> BuildResult:
+    """The `all_traces` build of one rollout's entries; any failure is a failed (masked) build."""
+    try:
+        return BuildResult.traced(build_training_traces(rollout_id, entries, builder, terminal))
+    except Exception as exc:
+        logger.warning("rollout %s: traces build failed: %s", rollout_id, exc)
+        error = f"{type(exc).__name__}: {exc}"
+        return BuildResult.failed(rollout_id, builder, error, n_calls=len(entries))
+
+
 def build_from_snapshot(
-    snapshot: Any, builder: str, model: str, terminal: TerminalInputs | None = None
+    snapshot: Any,
+    builder: str,
+    model: str,
+    terminal: TerminalInputs | None = None,
+    delivery: str = MAIN_CHAIN,
 ) -> BuildResult:
     """The one build path: empty snapshots fail, incomplete ones mask, the snapshot is attached.
 
@@ -202,7 +220,8 @@ def build_from_snapshot(
     be read is a failed build, never an exception. An incomplete snapshot masks the build
     without inventing an `error`; its reasons are logged. With no entry left its reasons are
     the cause, so they become the failed build's error. `terminal` (from the finished record)
-    anchors the build to the scored call.
+    anchors the build to the scored call. `delivery="all_traces"` builds the envelope instead
+    of the main chain (an incomplete snapshot never carries one).
     """
     rollout_id = str(getattr(snapshot, "rollout_id", ""))
     try:
@@ -217,8 +236,10 @@ def build_from_snapshot(
     if not entries:
         error = f"capture incomplete: {reasons}" if incomplete else EMPTY_CAPTURE_ERROR
         built = BuildResult.failed(rollout_id, builder, error)
-    else:
+    elif delivery == MAIN_CHAIN:
         built = assemble(rollout_id, entries, builder, model, terminal)
+    else:
+        built = assemble_traces(rollout_id, entries, builder, terminal)
     if incomplete:
         logger.warning("rollout %s masked: capture incomplete: %s", rollout_id, reasons)
     return built.of_snapshot(identity, incomplete)

@@ -24,6 +24,7 @@ from capture_core.builder.build_result import (
 )
 from capture_core.builder.snapshot import build_from_snapshot
 from capture_core.builder.terminal import TerminalInputs
+from capture_core.builder.trace_envelope import DELIVERIES, ENVELOPE_KEY, MAIN_CHAIN
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenSource
 from capture_core.records import TOKEN_FIELDS, check_response_token_arrays, response_items
@@ -66,25 +67,63 @@ def rollout_carries_token_ids(result: dict) -> bool:
 
 
 async def finalize_rollout(
-    result: dict, source: TokenSource | None, *, builder: str = "prefix_merging"
+    result: dict,
+    source: TokenSource | None,
+    *,
+    builder: str = "prefix_merging",
+    delivery: str = MAIN_CHAIN,
 ) -> BuildResult | None:
     """Finalize `result` in place from its capture through `source`; the build, typed.
 
     It mutates `result`, replacing only `response.output` and adding the metrics and mask.
     It freezes and never retires. It never raises: missing or ambiguous tokens mask the
     rollout. `None` when there is no source (or a record that already carries token ids
-    cannot be frozen).
+    cannot be frozen). With `delivery="all_traces"` it keeps `response` and adds the checked
+    `training_traces` envelope instead (docs/traces.md); a masked record carries none.
     """
     if source is None:
         return None
+    if delivery != MAIN_CHAIN:
+        result.pop(ENVELOPE_KEY, None)  # one already on the record never survives
     try:
-        return await _finalize(result, source, builder)
+        if delivery == MAIN_CHAIN:
+            return await _finalize(result, source, builder)
+        return await _finalize_traces(result, source, builder, delivery)
     except Exception as exc:
         return _mask_unusable(
             result,
             f"{type(exc).__name__}: {exc}",
             f"token capture finalize failed unexpectedly: {exc}",
         )
+
+
+async def _finalize_traces(
+    result: dict, source: TokenSource, builder: str, delivery: str
+) -> BuildResult:
+    """The `all_traces` finalize: the checked envelope from the capture, or a mask and none.
+
+    A record that already carries token ids gets its envelope from the capture too: those
+    ids cover one chain at most.
+    """
+    if delivery not in DELIVERIES:
+        error = f"unknown delivery {delivery!r}; use one of {', '.join(DELIVERIES)}"
+        return _mask_unusable(result, error, f"rollout masked: {error}")
+    try:
+        rollout_id = maybe_rollout_id_from_run_body(result)
+    except ValueError as exc:
+        return _mask_unusable(result, f"malformed rollout id: {exc}", f"rollout masked: {exc}")
+    if rollout_id is None:
+        return _mask_unusable(result, "no capture key", "rollout masked: no capture key")
+    try:
+        snapshot = await source.freeze(rollout_id)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        message = f"rollout {rollout_id} masked: capture unreadable: {error}"
+        return _mask_unusable(result, error, message)
+    terminal = TerminalInputs.from_record(result)
+    built = build_from_snapshot(snapshot, builder, "", terminal, delivery)
+    _apply(result, built)
+    return built
 
 
 async def _finalize(result: dict, source: TokenSource, builder: str) -> BuildResult | None:
@@ -171,6 +210,8 @@ async def _redundant_capture(rollout_id: str | None, source: TokenSource) -> Bui
 def _apply(result: dict, built: BuildResult) -> None:
     """Write a build into the record: only `response.output`, the metrics and the mask."""
     rebuilt = built.rebuilt_response
+    if built.training_traces is not None:
+        result[ENVELOPE_KEY] = built.training_traces
     if rebuilt is not None:
         if isinstance(result.get("response"), dict):
             result["response"]["output"] = rebuilt["output"]

@@ -21,6 +21,12 @@ import orjson
 from pydantic import BaseModel, Field
 
 from capture_core.builder.build_result import MASK_SAMPLE_KEY, BuildResult
+from capture_core.builder.trace_envelope import (
+    ENVELOPE_KEY,
+    MAIN_CHAIN,
+    TraceEnvelopeError,
+    check_envelope,
+)
 from capture_core.errors import (
     HandoffConflictError,
     PartMismatchError,
@@ -52,6 +58,10 @@ class RolloutOutcome(BaseModel):
     error: str | None = None
     terminal_method: str | None = None
     terminal_abstentions: list[str] = Field(default_factory=list)
+    traces: int | None = None
+    """`all_traces` builds: training rows, owned calls and tokens trained of the envelope."""
+    owned_calls: int | None = None
+    tokens_trained: int | None = None
 
     @property
     def emitted(self) -> bool:
@@ -156,7 +166,21 @@ def _outcome(line: int, result: dict, built: BuildResult | None) -> RolloutOutco
         delivered_fraction=counts.delivered_fraction if counts else None,
         terminal_method=terminal.method if terminal else None,
         terminal_abstentions=terminal.abstentions if terminal else [],
+        **_trace_counts(built),
     )
+
+
+def _trace_counts(built: BuildResult | None) -> dict[str, int]:
+    """The ledger's trace counts of an `all_traces` build (none for other builds)."""
+    counts = built.metrics.traces if built is not None and built.metrics is not None else None
+    if counts is None:
+        return {}
+    trained = built is not None and built.training_traces is not None
+    return {
+        "traces": counts.traces if trained else 0,
+        "owned_calls": counts.owned_calls if trained else 0,
+        "tokens_trained": counts.tokens_trained if trained else 0,
+    }
 
 
 def plain_rollout_id(result: dict) -> str | None:
@@ -183,6 +207,7 @@ async def finalize_batch(
     source: TokenSource,
     builder: str = "prefix_merging",
     concurrency: int | None = None,
+    delivery: str = MAIN_CHAIN,
 ) -> FinalizedBatch:
     """Finalize every record of a batch and encode the part file in input order.
 
@@ -197,7 +222,7 @@ async def finalize_batch(
         if parsed.record is None or input_error(batch, parsed) is not None:
             return None
         async with limit:
-            return await finalize_rollout(parsed.record, guard, builder=builder)
+            return await finalize_rollout(parsed.record, guard, builder=builder, delivery=delivery)
 
     built_all = await asyncio.gather(*(map(finalize_one, lines, guards)))
     outcomes: list[RolloutOutcome] = []
@@ -336,6 +361,12 @@ def _part_refutes(rollout: RolloutOutcome, line: bytes) -> str | None:
         return f"holds rollout {found!r} at line {rollout.line}"
     if record.get(MASK_SAMPLE_KEY):
         return "records it masked (mask_sample: true)"
+    if rollout.traces is not None:  # an all_traces build: its envelope must check
+        try:
+            check_envelope(record.get(ENVELOPE_KEY), rollout.rollout_id)
+        except TraceEnvelopeError as exc:
+            return f"records no envelope that passes its checks ({exc})"
+        return None
     if not rollout_carries_token_ids(record):
         return "records it without token ids"
     return None

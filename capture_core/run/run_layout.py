@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field, model_validator
 
+from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.errors import RunIdInUseError, UnreadableManifestError
 from capture_core.ids import validate_rollout_id
 from capture_core.run.rollout_io import split_lines
@@ -67,6 +68,14 @@ class RunManifest(BaseModel):
     batches: int
     max_mask_fraction: float | None = None
     mask_fraction_min_samples: int = 50
+    delivery: str = MAIN_CHAIN
+    """Written only when it is not the default, so a default run's manifest is unchanged."""
+
+    def encoded(self) -> bytes:
+        body = self.model_dump()
+        if body["delivery"] == MAIN_CHAIN:
+            del body["delivery"]
+        return _encode(body)
 
 
 class LedgerLine(BaseModel):
@@ -89,6 +98,10 @@ class LedgerLine(BaseModel):
     delivered_fraction: float | None = None
     terminal_method: str | None = None
     terminal_abstentions: list[str] = Field(default_factory=list)
+    traces: int | None = None
+    """`all_traces` runs: the rollout's training rows, owned calls and tokens trained."""
+    owned_calls: int | None = None
+    tokens_trained: int | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -98,8 +111,16 @@ class LedgerLine(BaseModel):
         return data
 
 
+TRACE_COUNTS = ("traces", "owned_calls", "tokens_trained")
+
+
 def encode_ledger(lines: list[LedgerLine]) -> bytes:
-    return b"".join(orjson.dumps(line.model_dump()) + b"\n" for line in lines)
+    """One JSON line per rollout; trace counts only where a build counted them."""
+    return b"".join(
+        orjson.dumps(line.model_dump(exclude={n for n in TRACE_COUNTS if getattr(line, n) is None}))
+        + b"\n"
+        for line in lines
+    )
 
 
 class RunLayout:
@@ -199,7 +220,7 @@ class RunLayout:
         Raises `RunIdInUseError` naming each changed setting when the run id was used for
         another input, batch size or builder.
         """
-        if self.dest.create(self.manifest_key, _encode(manifest.model_dump())):
+        if self.dest.create(self.manifest_key, manifest.encoded()):
             return True
         changed = _changed_settings(self.read_manifest(), manifest)
         if changed:
@@ -273,7 +294,7 @@ def _changed_settings(existing: RunManifest | None, new: RunManifest) -> list[st
             f"input digest {existing.rollouts_sha256[:12]} ({existing.rollouts}) is now "
             f"{new.rollouts_sha256[:12]} ({new.rollouts})"
         )
-    for name in ("batch_size", "builder"):
+    for name in ("batch_size", "builder", "delivery"):
         old, now = getattr(existing, name), getattr(new, name)
         if old != now:
             changed.append(f"{name.replace('_', ' ')} {old} is now {now}")

@@ -13,6 +13,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel, Field
 
+from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.run.handoff import HandoffReceipt, RetireOutcome, RolloutOutcome, kept_as_evidence
 from capture_core.run.run_layout import LedgerLine
 from capture_core.run.run_report import reason_category
@@ -98,6 +99,9 @@ def _handed_off_lines(receipt: HandoffReceipt, retire: RetireOutcome) -> Iterabl
             delivered_fraction=rollout.delivered_fraction,
             terminal_method=rollout.terminal_method,
             terminal_abstentions=rollout.terminal_abstentions,
+            traces=rollout.traces,
+            owned_calls=rollout.owned_calls,
+            tokens_trained=rollout.tokens_trained,
         )
 
 
@@ -140,6 +144,7 @@ class RunTally(BaseModel):
     seconds: dict[int, float] = Field(default_factory=dict)
     errors: list[str] = Field(default_factory=list)
     abort: str | None = None
+    delivery: str = MAIN_CHAIN
 
     def batch_failed(self, index: int, outcomes: list[RolloutOutcome], message: str) -> None:
         """A batch that was not handed off: its rollouts go to the ledger with the reason."""

@@ -13,6 +13,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
+from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.run.run_layout import LEDGER, RECORDS, LedgerLine, run_location
 
 
@@ -40,6 +41,11 @@ class RunSummary(BaseModel):
     malformed_line_errors: list[str] = Field(default_factory=list)
     terminal_methods: dict[str, int] = Field(default_factory=dict)
     terminal_abstentions: dict[str, int] = Field(default_factory=dict)
+    delivery: str = MAIN_CHAIN
+    traces: int = 0
+    """`all_traces`: training rows handed off, calls they own and tokens they train."""
+    owned_calls: int = 0
+    tokens_trained: int = 0
 
     @property
     def ok(self) -> bool:
@@ -122,6 +128,9 @@ def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
         duplicate_lines=sum(1 for line in ledger if not line.finalized and line.rollout_id),
         terminal_methods=_by_count(methods),
         terminal_abstentions=dict(list(_by_count(abstentions).items())[:TOP_ABSTENTIONS]),
+        traces=sum(line.traces or 0 for line in ledger if line.handed_off),
+        owned_calls=sum(line.owned_calls or 0 for line in ledger if line.handed_off),
+        tokens_trained=sum(line.tokens_trained or 0 for line in ledger if line.handed_off),
     )
 
 
@@ -132,8 +141,21 @@ def locate(summary: RunSummary, dest: str) -> RunSummary:
     return summary
 
 
+def trace_counts(summary: RunSummary) -> list[tuple[str, object]]:
+    """The delivery and, for `all_traces`, what the handed-off envelopes train (else none)."""
+    if summary.delivery == MAIN_CHAIN:
+        return []
+    return [
+        ("delivery", summary.delivery),
+        ("training traces (rows)", summary.traces),
+        ("calls owned", summary.owned_calls),
+        ("tokens trained", summary.tokens_trained),
+    ]
+
+
 def summary_table(summary: RunSummary) -> list[dict[str, object]]:
     return [
+        *({"metric": name, "value": value} for name, value in trace_counts(summary)),
         {"metric": "rollouts", "value": summary.rollouts},
         {"metric": "handed off", "value": summary.handed_off},
         {"metric": "already handed off (earlier run)", "value": summary.already_handed_off},
@@ -186,7 +208,7 @@ def markdown_report(
     unretired = [(line, line.error or "") for line in ledger if retirement_failed(line)]
     lines += _rollout_table("Handed off, retirement failed (captures kept)", unretired)
     lines += ["", "## Terminal attribution", "", *_terminal_lines(summary)]
-    lines += _delivered(delivered)
+    lines += _traces(summary, ledger) if summary.delivery != MAIN_CHAIN else _delivered(delivered)
     lines += ["", "## Slowest batches", "", "| batch | seconds |", "|---|---|"]
     for index, seconds in sorted(batch_seconds.items(), key=lambda kv: -kv[1])[:5]:
         lines.append(f"| {index} | {seconds:.2f} |")
@@ -223,6 +245,24 @@ def _delivered(delivered: list[float]) -> list[str]:
         f"| {min(delivered):.4f} | {quantiles[0]:.4f} | {statistics.median(delivered):.4f}"
         f" | {quantiles[-1]:.4f} | {max(delivered):.4f} |",
     ]
+
+
+def _traces(summary: RunSummary, ledger: list[LedgerLine]) -> list[str]:
+    """The envelopes handed off: totals, then traces, owned calls and tokens per rollout."""
+    lines = ["", "## Training traces", "", "| | |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in trace_counts(summary)]
+    rows = [line for line in ledger if line.handed_off and line.traces is not None]
+    if not rows:
+        return [*lines, "", "No rollout was handed off with training traces."]
+    lines += ["", "| rollout | traces | calls owned | tokens trained |", "|---|---|---|---|"]
+    for line in rows[:MAX_LISTED]:
+        lines.append(
+            f"| {line.rollout_id or '-'} | {line.traces} | {line.owned_calls} | "
+            f"{line.tokens_trained} |"
+        )
+    if len(rows) > MAX_LISTED:
+        lines += ["", f"... and {len(rows) - MAX_LISTED} more; the run ledger lists every one."]
+    return lines
 
 
 def _terminal_lines(summary: RunSummary) -> list[str]:

@@ -1,0 +1,229 @@
+"""The `training_traces` envelope (version 1) and the rules a consumer checks before training.
+
+A delivered rollout's `record["training_traces"]` holds `schema_version`, `rollout_id`,
+`builder` and `traces`; each trace is one training row with `trace_id`, `model_call_ids`,
+`token_ids`, `generation_logprobs`, `loss_mask` and `sampled_spans` (docs/traces.md).
+`check_envelope` enforces every rule of the envelope on its own; given the captured calls it
+also checks that each span is exactly its call's prompt, generation and log probs, and that
+the owned calls are exactly the ones expected. The checks compare whole lists (C speed),
+never token by token in Python. Pure: no I/O.
+This module imports only `records`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from array import array
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from capture_core.records import TokenEntry, all_finite
+
+SCHEMA_VERSION = 1
+ENVELOPE_KEY = "training_traces"
+MAIN_CHAIN, ALL_TRACES = "main_chain", "all_traces"
+DELIVERIES = (MAIN_CHAIN, ALL_TRACES)
+"""`main_chain` (the default) rebuilds `response.output`; `all_traces` adds the envelope."""
+ENVELOPE_BUILDERS = ("prefix_merging", "per_request")
+ENVELOPE_FIELDS = ("schema_version", "rollout_id", "builder", "traces")
+TRACE_FIELDS = (
+    "trace_id",
+    "model_call_ids",
+    "token_ids",
+    "generation_logprobs",
+    "loss_mask",
+    "sampled_spans",
+)
+SPAN_FIELDS = ("model_call_id", "start", "end")
+_TRACE_KEYS, _SPAN_KEYS = frozenset(TRACE_FIELDS), frozenset(SPAN_FIELDS)
+
+
+class TraceEnvelopeError(ValueError):
+    """An envelope breaks a rule of `training_traces` version 1; it must not be trained on."""
+
+
+def _fail(where: str, why: str) -> TraceEnvelopeError:
+    return TraceEnvelopeError(
+        f"training_traces {where}: {why}; the envelope is refused and the rollout must not "
+        "be trained from it"
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _token_ids(values: Any, where: str) -> None:
+    """Vocabulary ids: non-negative integers (one C pass: an `array` refuses anything else)."""
+    try:
+        if not isinstance(values, list):
+            raise TypeError
+        array("Q", values)
+    except (TypeError, OverflowError):
+        raise _fail(where, "must be a list of non-negative integer ids") from None
+
+
+def _finite_numbers(values: Any, where: str, n: int) -> None:
+    """`n` finite numbers; the sum in `all_finite` refuses anything that is not a number."""
+    try:
+        if not isinstance(values, list) or len(values) != n:
+            raise TypeError
+        finite = all_finite(values)
+    except TypeError:
+        raise _fail(where, f"must be a list of {n} numbers") from None
+    if not finite:
+        raise _fail(where, "holds a value that is not a finite number")
+
+
+def _check_header(envelope: Any, rollout_id: str | None) -> list[Any]:
+    if not isinstance(envelope, Mapping):
+        raise _fail("envelope", f"must be a JSON object, got {type(envelope).__name__}")
+    missing = [name for name in ENVELOPE_FIELDS if name not in envelope]
+    if missing:
+        raise _fail("envelope", f"misses the fields {missing}")
+    version = envelope["schema_version"]
+    if not _is_int(version) or version != SCHEMA_VERSION:
+        raise _fail("schema_version", f"is {version!r}; this reader knows version 1 only")
+    found = envelope["rollout_id"]
+    if not isinstance(found, str) or not found or (rollout_id is not None and found != rollout_id):
+        raise _fail("rollout_id", f"is {found!r}, not the record's rollout {rollout_id!r}")
+    if envelope["builder"] not in ENVELOPE_BUILDERS:
+        raise _fail("builder", f"is {envelope['builder']!r}, not one of {ENVELOPE_BUILDERS}")
+    traces = envelope["traces"]
+    if not isinstance(traces, list) or not traces:
+        raise _fail("traces", "must be a non-empty list")
+    return traces
+
+
+def _check_spans(trace: Mapping[str, Any], where: str, n: int) -> list[tuple[str, int, int]]:
+    spans = trace["sampled_spans"]
+    if not isinstance(spans, list):
+        raise _fail(f"{where}.sampled_spans", "must be a list")
+    calls = trace["model_call_ids"]
+    parsed: list[tuple[str, int, int]] = []
+    for k, span in enumerate(spans):
+        here = f"{where}.sampled_spans[{k}]"
+        if not isinstance(span, Mapping) or not span.keys() >= _SPAN_KEYS:
+            raise _fail(here, f"must be an object with {list(SPAN_FIELDS)}")
+        call, start, end = span["model_call_id"], span["start"], span["end"]
+        if not (_is_int(start) and _is_int(end)) or not 0 < start < end <= n:
+            raise _fail(here, f"[{start!r}, {end!r}) is not a non-empty range after position 0")
+        if call not in calls:
+            raise _fail(here, f"names call {call!r}, which is not among the row's model_call_ids")
+        parsed.append((call, start, end))
+    parsed.sort(key=lambda span: span[1])
+    for (_, _, end), (call, start, _) in itertools.pairwise(parsed):
+        if start < end:
+            raise _fail(f"{where}.sampled_spans", f"span of {call!r} overlaps the one before it")
+    return parsed
+
+
+def _check_trace(trace: Any, where: str, rollout_id: str) -> list[tuple[str, int, int]]:
+    """The rules of one row; returns its spans ordered by position."""
+    if not isinstance(trace, Mapping) or not trace.keys() >= _TRACE_KEYS:
+        raise _fail(where, f"must be an object with {list(TRACE_FIELDS)}")
+    calls = trace["model_call_ids"]
+    if not isinstance(calls, list) or not calls or not set(map(type, calls)) <= {str}:
+        raise _fail(f"{where}.model_call_ids", "must be a non-empty list of call ids")
+    if trace["trace_id"] != f"{rollout_id}:{calls[-1]}":
+        raise _fail(
+            f"{where}.trace_id", f"is {trace['trace_id']!r}, not '<rollout_id>:<last call>'"
+        )
+    tokens = trace["token_ids"]
+    _token_ids(tokens, f"{where}.token_ids")
+    logprobs, mask, n = trace["generation_logprobs"], trace["loss_mask"], len(tokens)
+    _finite_numbers(logprobs, f"{where}.generation_logprobs", n)
+    if not isinstance(mask, list) or len(mask) != n:
+        raise _fail(f"{where}.loss_mask", f"must be a list of {n} values of 0 or 1")
+    if n and mask[0] != 0:
+        raise _fail(f"{where}.loss_mask", "trains the first position, which has no context")
+    spans = _check_spans(trace, where, n)
+    expected = bytearray(n)
+    gap_start = 0
+    for _, start, end in spans:
+        expected[start:end] = b"\x01" * (end - start)
+        if any(logprobs[gap_start:start]):
+            raise _fail(f"{where}.generation_logprobs", "is not 0.0 outside the sampled spans")
+        gap_start = end
+    if any(logprobs[gap_start:]):
+        raise _fail(f"{where}.generation_logprobs", "is not 0.0 outside the sampled spans")
+    try:
+        exact = bytes(mask) == expected
+    except (TypeError, ValueError):
+        exact = False
+    if not exact:
+        raise _fail(f"{where}.loss_mask", "is not 1 exactly at the positions the spans cover")
+    return spans
+
+
+def _check_against_capture(
+    trace: Mapping[str, Any], where: str, spans: list, calls: Mapping[str, TokenEntry]
+) -> None:
+    """Each span is exactly its call: the row before it is the call's prompt, the span its
+    generation and log probs."""
+    tokens, logprobs = trace["token_ids"], trace["generation_logprobs"]
+    for call_id, start, end in spans:
+        entry = calls.get(call_id)
+        here = f"{where} span of {call_id!r}"
+        if entry is None:
+            raise _fail(here, "names a call the capture does not hold")
+        if start != len(entry.prompt_token_ids) or tokens[:start] != entry.prompt_token_ids:
+            raise _fail(here, "is not preceded by exactly the prompt the call was served")
+        if tokens[start:end] != entry.generation_token_ids:
+            raise _fail(here, "is not exactly the tokens the call generated")
+        if logprobs[start:end] != entry.generation_log_probs:
+            raise _fail(here, "does not carry the call's sampling-time log probs")
+
+
+def check_envelope(
+    envelope: Any,
+    rollout_id: str | None = None,
+    *,
+    calls: Mapping[str, TokenEntry] | None = None,
+    owners: Collection[str] | None = None,
+) -> None:
+    """Raise `TraceEnvelopeError` unless `envelope` obeys every rule of version 1.
+
+    Always checked: the header, each row's lengths, a 0 first mask position, spans that do
+    not overlap and cover exactly the mask's 1s, log probs 0.0 outside spans and finite,
+    trace ids `<rollout_id>:<last call>` (unique), and no call owned by two spans. With
+    `calls` (the capture by call id) each span must be exactly its call; with `owners` the
+    owned calls must be exactly those.
+    """
+    traces = _check_header(envelope, rollout_id)
+    rollout = envelope["rollout_id"]
+    owned: dict[str, str] = {}
+    seen_ids: set[str] = set()
+    for t, trace in enumerate(traces):
+        where = f"traces[{t}]"
+        spans = _check_trace(trace, where, rollout)
+        if trace["trace_id"] in seen_ids:
+            raise _fail(f"{where}.trace_id", f"{trace['trace_id']!r} is used twice")
+        seen_ids.add(trace["trace_id"])
+        for call_id, _, _ in spans:
+            if call_id in owned:
+                raise _fail(where, f"call {call_id!r} is owned twice ({owned[call_id]} and here)")
+            owned[call_id] = where
+        if calls is not None:
+            _check_against_capture(trace, where, spans, calls)
+    if owners is not None and set(owned) != set(owners):
+        missing = sorted(set(owners) - set(owned))[:5]
+        extra = sorted(set(owned) - set(owners))[:5]
+        raise _fail("traces", f"own other calls than expected (unowned {missing}, extra {extra})")
+
+
+def trained_tokens(envelope: Mapping[str, Any]) -> int:
+    """How many positions of a (checked) envelope train: the 1s of every row's mask."""
+    return sum(sum(trace["loss_mask"]) for trace in envelope["traces"])
+
+
+def owned_calls(envelope: Mapping[str, Any]) -> list[str]:
+    """The call ids the spans of a (checked) envelope own, in trace order."""
+    return [
+        span["model_call_id"] for trace in envelope["traces"] for span in trace["sampled_spans"]
+    ]
+
+
+def envelope_of(record: Mapping[str, Any]) -> Any:
+    """The record's envelope, or `None` when it carries none."""
+    return record.get(ENVELOPE_KEY)

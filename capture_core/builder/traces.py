@@ -1,0 +1,486 @@
+"""Every sampled call trained exactly once: the `training_traces` envelope of one rollout.
+
+Calls are linked by prefix as in `prefix_merging` (`forest.CallForest`), from the tokens
+alone: a call whose prompt extends no call's prompt-plus-generation (a thinking model's
+stripped history, a compaction summary, a sub-agent) is a root of its own row. Each call is
+owned by exactly one span, in the first row (in a deterministic order) that holds it; a
+shared ancestor repeated in another row is context there.
+
+Left out, never owned (`TraceBuild.excluded`, with the reason):
+- calls that generated nothing, and calls with exactly another call's tokens (one trains);
+- abandoned tries: among calls with one prompt, a try that nothing extends and nothing
+  names, when another try of the group is extended, named, or is the scored call; and
+  every call built on an abandoned try. Tries that said the same thing as the transcript
+  are told apart only by a later turn of the transcript made on top of one: an extension
+  alone (a summary of the kept try, a judge of a rejected one) is no evidence there;
+- calls made after the scored response: with an attributed terminal call, the calls that
+  extend it and the calls whose prompt holds its whole generation (they saw the answer);
+- an unsettled group (no try extended or named) only when a scored call elsewhere is
+  attributed: then none of its tries led anywhere, and none is owned.
+What makes the tokens unsafe masks the rollout (`TraceBuild.error`, no envelope): two
+different captures of one call id, writer lineage the tokens contradict (an edited or
+misrecorded capture, a lost parent), a disputed terminal, an unsettled group without an
+attributed scored call, a call with an empty prompt, and an envelope that fails
+`trace_envelope.check_envelope` against the capture.
+This module imports only `forest`, `prefix`, `records`, `terminal`, `trace_envelope` and
+`transcript`; nothing here recurses.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from capture_core.builder.forest import CallForest, call_order
+from capture_core.builder.prefix import joined_key, prefix_key
+from capture_core.builder.terminal import (
+    NOT_ATTRIBUTED,
+    TerminalAttribution,
+    TerminalInputs,
+    attribute_terminal,
+)
+from capture_core.builder.trace_envelope import (
+    ENVELOPE_BUILDERS,
+    SCHEMA_VERSION,
+    TraceEnvelopeError,
+    check_envelope,
+)
+from capture_core.builder.transcript import own_items, transcript_readings
+from capture_core.records import TokenEntry, coerce_token_entry, response_items
+
+EMPTY_GENERATION = "empty_generation"
+IDENTICAL_DUPLICATE = "identical_duplicate"
+ABANDONED_TRY = "abandoned_try"
+ON_ABANDONED_TRY = "built_on_abandoned_try"
+AFTER_SCORED = "after_scored_response"
+UNSETTLED_TRY = "unsettled_try"
+EXCLUSION_REASONS = (
+    EMPTY_GENERATION,
+    IDENTICAL_DUPLICATE,
+    ABANDONED_TRY,
+    ON_ABANDONED_TRY,
+    AFTER_SCORED,
+    UNSETTLED_TRY,
+)
+# A generation this short may occur in another prompt by chance; it is no evidence of order.
+MIN_SEEN_GENERATION = 8
+
+
+@dataclass(frozen=True)
+class TraceBuild:
+    """One rollout's envelope, or the reason it has none; what was left out and why."""
+
+    rollout_id: str
+    builder: str
+    envelope: dict[str, Any] | None
+    error: str | None = None
+    attribution: TerminalAttribution = NOT_ATTRIBUTED
+    excluded: dict[str, str] = field(default_factory=dict)
+    tokens_captured: int = 0
+    tokens_trained: int = 0
+    n_calls: int = 0
+
+    @property
+    def traces(self) -> int:
+        return len(self.envelope["traces"]) if self.envelope else 0
+
+    @property
+    def owned_calls(self) -> int:
+        if not self.envelope:
+            return 0
+        return sum(len(t["sampled_spans"]) for t in self.envelope["traces"])
+
+    def excluded_counts(self) -> dict[str, int]:
+        """Left-out calls per reason, reasons sorted."""
+        return dict(sorted(Counter(self.excluded.values()).items()))
+
+
+class _Unsafe(Exception):
+    """The capture cannot be trained from safely; the message is the rollout's mask reason."""
+
+
+def build_training_traces(
+    rollout_id: str,
+    entries: Iterable[Any],
+    builder: str = "prefix_merging",
+    terminal: TerminalInputs | None = None,
+) -> TraceBuild:
+    """The envelope of one frozen snapshot's entries, checked; an unsafe capture has none.
+
+    `terminal` (from the finished record) names the scored call and its transcript, the
+    evidence that tells a used try from an abandoned one. Invalid entries raise
+    `ValueError`; an unknown builder too.
+    """
+    if builder not in ENVELOPE_BUILDERS:
+        raise ValueError(f"unknown builder {builder!r}; use one of {', '.join(ENVELOPE_BUILDERS)}")
+    records = [coerce_token_entry(entry) for entry in entries]
+    captured = sum(len(r.generation_token_ids) for r in records)
+    base = TraceBuild(rollout_id, builder, None, tokens_captured=captured, n_calls=len(records))
+    plan = _Plan(rollout_id, records, terminal)
+    try:
+        plan.settle()
+        envelope = plan.envelope(builder)
+        calls = {c.model_call_id: c for c in plan.calls}
+        check_envelope(envelope, rollout_id, calls=calls, owners=plan.kept_ids())
+    except _Unsafe as exc:
+        return _masked(base, plan, str(exc))
+    except TraceEnvelopeError as exc:
+        return _masked(base, plan, f"envelope refused before handoff: {exc}")
+    trained = sum(len(plan.calls[i].generation_token_ids) for i in plan.kept())
+    return TraceBuild(
+        rollout_id,
+        builder,
+        envelope,
+        attribution=plan.attribution,
+        excluded=plan.excluded_ids(),
+        tokens_captured=captured,
+        tokens_trained=trained,
+        n_calls=len(records),
+    )
+
+
+def _masked(base: TraceBuild, plan: _Plan, error: str) -> TraceBuild:
+    return TraceBuild(
+        base.rollout_id,
+        base.builder,
+        None,
+        error=error,
+        attribution=plan.attribution,
+        excluded=plan.excluded_ids(),
+        tokens_captured=base.tokens_captured,
+        n_calls=base.n_calls,
+    )
+
+
+class _Plan:
+    """Which calls of a rollout are owned, decided from the tokens and the finished record."""
+
+    def __init__(
+        self, rollout_id: str, records: list[TokenEntry], terminal: TerminalInputs | None
+    ) -> None:
+        self.rollout_id, self.records, self.terminal = rollout_id, records, terminal
+        self.attribution = NOT_ATTRIBUTED
+        self.early: dict[str, str] = {}
+        self.calls: list[TokenEntry] = []
+        self.excluded: dict[int, str] = {}
+        self.forest: CallForest | None = None
+
+    def excluded_ids(self) -> dict[str, str]:
+        named = {self.calls[i].model_call_id: why for i, why in self.excluded.items()}
+        return dict(sorted({**self.early, **named}.items()))
+
+    def kept(self) -> list[int]:
+        return [i for i in range(len(self.calls)) if i not in self.excluded]
+
+    def kept_ids(self) -> list[str]:
+        return [self.calls[i].model_call_id for i in self.kept()]
+
+    def settle(self) -> None:
+        """Decide every call's fate; raise `_Unsafe` when the capture must mask."""
+        distinct = _distinct_by_id(self.records)
+        with_tokens = [r for r in distinct if r.generation_token_ids]
+        self.early = {
+            r.model_call_id: EMPTY_GENERATION for r in distinct if not r.generation_token_ids
+        }
+        self.calls, twins = _collapse_identical(sorted(with_tokens, key=call_order))
+        self.early.update(dict.fromkeys(twins, IDENTICAL_DUPLICATE))
+        if not self.calls:
+            raise _Unsafe("the capture holds no call with generated tokens")
+        known = frozenset(r.model_call_id for r in distinct)
+        self.forest = forest = CallForest(self.calls, known, collapse=True)
+        if forest.contradicted:
+            bad = sorted(self.calls[i].model_call_id for i in forest.contradicted)
+            raise _Unsafe(
+                f"writer lineage contradicted by the tokens for calls {bad}: a recorded parent "
+                "is missing from the snapshot or denied by the tokens, or a cum_len or digest "
+                "does not describe the call (a lost call or an edited capture)"
+            )
+        terminal = self._scored_call(distinct, twins)
+        if terminal is not None:
+            self._exclude_after(terminal)
+        self._settle_groups(terminal)
+        kept = self.kept()
+        if not kept:
+            raise _Unsafe("no call is left to train once the excluded calls are left out")
+        if any(not self.calls[i].prompt_token_ids for i in kept):
+            raise _Unsafe(
+                "a call with an empty prompt cannot train: its first token has no context"
+            )
+
+    def _scored_call(self, distinct: list[TokenEntry], twins: dict[str, str]) -> int | None:
+        """The position of the attributed scored call; a disputed attribution is unsafe."""
+        self.attribution = attribute_terminal(distinct, self.terminal)
+        if self.attribution.must_mask:
+            raise _Unsafe(f"the record's scored call is disputed: {self.attribution.reason}")
+        call_id = self.attribution.call_id
+        if call_id is None:
+            return None
+        call_id = twins.get(call_id, call_id)
+        position = next((i for i, c in enumerate(self.calls) if c.model_call_id == call_id), None)
+        if position is None:
+            raise _Unsafe(f"the scored call {call_id!r} generated no tokens in the capture")
+        return position
+
+    def _subtree(self, root: int) -> list[int]:
+        """`root`'s descendants, without `root`, without recursion."""
+        assert self.forest is not None
+        found, todo = [], list(self.forest.children.get(root, ()))
+        while todo:
+            node = todo.pop()
+            found.append(node)
+            todo.extend(self.forest.children.get(node, ()))
+        return found
+
+    def _exclude_after(self, terminal: int) -> None:
+        """Leave out calls made after the scored response: they extend it or hold its answer."""
+        assert self.forest is not None
+        after = set(self._subtree(terminal))
+        generation = self.calls[terminal].generation_token_ids
+        if len(generation) >= MIN_SEEN_GENERATION:
+            needle = array("q", generation).tobytes()
+            on_path = set(self.forest.path_to(terminal))
+            scored_at = self.calls[terminal].created_at
+            for i, call in enumerate(self.calls):
+                if i in after or i in on_path or len(call.prompt_token_ids) < len(generation):
+                    continue
+                if 0 < call.created_at < scored_at:
+                    continue  # captured before the scored call: it cannot have seen the answer
+                if _holds(call.prompt_token_ids, needle):
+                    after.add(i)
+                    after.update(self._subtree(i))
+        for i in after:
+            self.excluded.setdefault(i, AFTER_SCORED)
+
+    def _abandon(self, i: int) -> None:
+        self.excluded[i] = ABANDONED_TRY
+        for j in self._subtree(i):
+            self.excluded.setdefault(j, ON_ABANDONED_TRY)
+
+    def _settle_groups(self, terminal: int | None) -> None:
+        """Tell used tries from abandoned ones in every group of calls with one prompt.
+
+        Deepest groups first, so whether a try was extended is final when it is read.
+        """
+        assert self.forest is not None
+        children = self.forest.children
+        groups = _same_prompt_groups(self.calls)
+        reading = _transcript_reading(self.terminal) if groups else ()
+        unsettled: list[list[str]] = []
+        for group in groups:
+            live = [i for i in group if i not in self.excluded]
+            if len(live) < 2:
+                continue
+            if terminal in live:
+                used = [terminal]
+            elif _tied(self.calls, live, reading):
+                used = [i for i in live if self._continues(i, reading)]
+            else:
+                used = [i for i in live if children.get(i) or _named(self.calls, i, live, reading)]
+            if used:
+                for i in live:
+                    if i not in used:
+                        self._abandon(i)
+            elif terminal is not None:
+                self.excluded.update(dict.fromkeys(live, UNSETTLED_TRY))
+            else:
+                unsettled.append(sorted(self.calls[i].model_call_id for i in live))
+        if unsettled:
+            raise _Unsafe(
+                f"unsettled retry groups {unsettled}: nothing extends or names one of their "
+                "tries and no scored call is attributed, so any of them may be abandoned"
+            )
+
+    def _continues(self, i: int, reading: tuple) -> bool:
+        """Whether a later turn of the scored transcript was made on top of call `i`."""
+        for j in self._subtree(i):
+            own = own_items(self.calls[j].output_items)
+            if own and _runs_in(own, reading):
+                return True
+        return False
+
+    def envelope(self, builder: str) -> dict[str, Any]:
+        """The envelope of the kept calls: rows in a deterministic order, each call owned once."""
+        rows = self._rows() if builder == "prefix_merging" else [[i] for i in self.kept()]
+        owned: set[int] = set()
+        traces = []
+        for path in rows:
+            owners = [i for i in path if i not in owned] if builder == "prefix_merging" else path
+            owned.update(owners)
+            traces.append(self._trace(path, owners, builder))
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "rollout_id": self.rollout_id,
+            "builder": builder,
+            "traces": traces,
+        }
+
+    def _rows(self) -> list[list[int]]:
+        """Every root-to-leaf path of the kept calls, depth first, children in call order."""
+        assert self.forest is not None
+        kept = set(self.kept())
+        # Children are linked in position order, which is call order: no sort needed.
+        kids = {i: [c for c in self.forest.children.get(i, ()) if c in kept] for i in kept}
+        rows: list[list[int]] = []
+        roots = sorted(i for i in kept if self.forest.parent[i] is None)
+        if any(
+            self.forest.parent[i] not in kept for i in kept if self.forest.parent[i] is not None
+        ):
+            raise _Unsafe("a kept call extends a call that was left out")
+        stack = [[root] for root in reversed(roots)]
+        while stack:
+            path = stack.pop()
+            below = kids[path[-1]]
+            if not below:
+                rows.append(path)
+            stack.extend([*path, kid] for kid in reversed(below))
+        return rows
+
+    def _trace(self, path: list[int], owners: list[int], builder: str) -> dict[str, Any]:
+        """One row: the path's tokens, with the owners' generations as its spans."""
+        calls = self.calls
+        # Each prompt on a path extends the call before it, so the row is the leaf's
+        # prompt plus generation (`check_envelope` verifies every span against its call).
+        leaf_call = calls[path[-1]]
+        tokens = [*leaf_call.prompt_token_ids, *leaf_call.generation_token_ids]
+        logprobs = [0.0] * len(tokens)
+        mask = [0] * len(tokens)
+        spans = []
+        for i in owners:  # in path order, so spans come in position order
+            start = len(calls[i].prompt_token_ids)
+            end = start + len(calls[i].generation_token_ids)
+            logprobs[start:end] = calls[i].generation_log_probs
+            mask[start:end] = [1] * (end - start)
+            spans.append({"model_call_id": calls[i].model_call_id, "start": start, "end": end})
+        return {
+            "trace_id": f"{self.rollout_id}:{leaf_call.model_call_id}",
+            "model_call_ids": [calls[i].model_call_id for i in path],
+            "token_ids": tokens,
+            "generation_logprobs": logprobs,
+            "loss_mask": mask,
+            "sampled_spans": spans,
+        }
+
+
+def _distinct_by_id(records: list[TokenEntry]) -> list[TokenEntry]:
+    """One record per call id; two different records under one id are unsafe."""
+    by_id: dict[str, TokenEntry] = {}
+    for record in records:
+        seen = by_id.setdefault(record.model_call_id, record)
+        if seen is not record and seen != record:
+            _raise_conflict(record.model_call_id)
+    return list(by_id.values())
+
+
+def _raise_conflict(call_id: str) -> None:
+    raise _Unsafe(
+        f"call {call_id!r} was captured twice with different content; which one the policy "
+        "sampled cannot be told"
+    )
+
+
+def _same_tokens(a: TokenEntry, b: TokenEntry) -> bool:
+    return a.prompt_token_ids == b.prompt_token_ids and (
+        a.generation_token_ids == b.generation_token_ids
+    )
+
+
+def _collapse_identical(calls: list[TokenEntry]) -> tuple[list[TokenEntry], dict[str, str]]:
+    """Calls with pairwise different tokens (the smallest id of each identical set), and each
+    left-out twin's representative. Twins train the same tokens: one of them is owned."""
+    by_key: dict[tuple, list[TokenEntry]] = defaultdict(list)
+    for call in calls:
+        key = (
+            len(call.prompt_token_ids),
+            joined_key(call.prompt_token_ids, call.generation_token_ids),
+        )
+        by_key[key].append(call)
+    twins: dict[str, str] = {}
+    for members in by_key.values():
+        if len(members) < 2:
+            continue
+        for group in _partition(members, _same_tokens):
+            keep = min(group, key=lambda c: c.model_call_id)
+            twins.update((c.model_call_id, keep.model_call_id) for c in group if c is not keep)
+    return [c for c in calls if c.model_call_id not in twins], twins
+
+
+def _partition(members: Sequence[Any], same: Any) -> list[list[Any]]:
+    """Members grouped by the equivalence `same`, in first-seen order."""
+    groups: list[list[Any]] = []
+    for member in members:
+        for group in groups:
+            if same(group[0], member):
+                group.append(member)
+                break
+        else:
+            groups.append([member])
+    return groups
+
+
+def _same_prompt_groups(calls: list[TokenEntry]) -> list[list[int]]:
+    """Positions of calls sharing one prompt (two or more), deepest prompts first."""
+    by_key: dict[tuple, list[int]] = defaultdict(list)
+    for i, call in enumerate(calls):
+        prompt = call.prompt_token_ids
+        by_key[prefix_key(prompt, len(prompt)) if prompt else (0,)].append(i)
+    groups: list[list[int]] = []
+    for members in by_key.values():
+        if len(members) > 1:
+            same = lambda i, j: calls[i].prompt_token_ids == calls[j].prompt_token_ids  # noqa: E731
+            groups.extend(g for g in _partition(members, same) if len(g) > 1)
+    groups.sort(key=lambda g: (-len(calls[g[0]].prompt_token_ids), g[0]))
+    return groups
+
+
+def _transcript_reading(terminal: TerminalInputs | None) -> tuple:
+    """The scored response's model-authored items, in order; empty when there is none."""
+    response = terminal.response if terminal is not None else None
+    if response is None:
+        return ()
+    try:
+        return transcript_readings(response_items(response))[0]
+    except Exception:  # an unreadable transcript names nothing
+        return ()
+
+
+def _named(calls: list[TokenEntry], i: int, group: list[int], reading: tuple) -> bool:
+    """Whether the scored transcript holds this try's own items, and no other try's."""
+    own = own_items(calls[i].output_items)
+    if not own or not _runs_in(own, reading):
+        return False
+    return all(own_items(calls[j].output_items) != own for j in group if j != i)
+
+
+def _tied(calls: list[TokenEntry], group: list[int], reading: tuple) -> bool:
+    """Whether two tries said the same thing and the scored transcript holds it.
+
+    Then either may be the one the transcript shows, and a later call extending one (a
+    summary of the kept try, or a judge of a rejected one) says nothing about which.
+    """
+    seen: set[tuple] = set()
+    for i in group:
+        own = own_items(calls[i].output_items)
+        if own and own in seen and _runs_in(own, reading):
+            return True
+        seen.add(own)
+    return False
+
+
+def _runs_in(part: tuple, whole: tuple) -> bool:
+    """Whether `part` occurs in `whole` as a contiguous run."""
+    n = len(part)
+    return any(whole[k : k + n] == part for k in range(len(whole) - n + 1))
+
+
+def _holds(tokens: list[int], needle: bytes) -> bool:
+    """Whether `tokens` holds the int64 token bytes `needle` at a token boundary."""
+    hay = array("q", tokens).tobytes()
+    at = hay.find(needle)
+    while at >= 0:
+        if at % 8 == 0:
+            return True
+        at = hay.find(needle, at + 1)
+    return False
