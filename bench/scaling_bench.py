@@ -1,15 +1,18 @@
-"""Scale-out: inbox rollouts/s with one process worker, with two, and with a Dask cluster.
+"""Scale-out: inbox rollouts/s with one process worker and with two, and whether runs overlap.
 
 A real `prefect server start` runs in a subprocess; its CPU time is read with psutil, so the
-server's cost per task run and per flow run is measured, not guessed. Each configuration
-finalizes its own copy of the same inbox (N files of R rollouts, local store and destination):
-- one worker: `prefect worker start --limit 1`, two inbox runs of the shipped deployment;
-- two workers: the same two runs on two workers, which split the files through claims;
-- dask: one process finalizing each file with `finalize_run` on a two-process Dask cluster.
+server's cost per task run and per flow run is measured, not guessed. The shipped
+`prefect.yaml` is deployed whole (a copy on the bench's pool). Each configuration finalizes
+its own copy of the same inbox (N files of R rollouts, local store and destination):
+- one worker / two workers: `prefect worker start --limit 1` each, one inbox run of the
+  shipped deployment, which fans out one `inbox-file` run per file through the pool;
+  "overlap" says whether two file runs were on workers at the same time (from a worker
+  taking each, its process start included, to its end);
+- dask (with `--dask`): one process finalizing each file on a two-process Dask cluster;
 - plain: the same steps as direct capture_core calls in one process, no Prefect at all.
 Server CPU is reported net of its idle rate (services, worker polls) measured just before.
 Prints figures and ratios against the one-worker run measured here, and the load average
-(the machine may be shared); asserts nothing.
+(the machine may be shared); asserts nothing. `bench.latency_bench` reuses its parts.
 Usage: .venv/bin/python -m bench.scaling_bench [--files N] [--rollouts R] [--batch-size B]
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import logging
 import os
 import shutil
@@ -38,7 +42,8 @@ from capture_core.testing.synthetic import RolloutShape, rollout_record, synthet
 
 SHAPE = RolloutShape(turns=4, prompt_tokens=128, generated_tokens=32, tool_tokens=16)
 POOL = "tokcap-scaling-bench"
-INBOX_ON_POOL = ["--name", "inbox", "--pool", POOL]
+INBOX = "finalize-inbox/inbox"
+FILE_DEPLOYMENT = "finalize-inbox-file/inbox-file"
 WORKER = [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--limit", "1"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -152,22 +157,50 @@ class Workers:
                 psutil.wait_procs(family, timeout=30)
 
 
-def run_inbox(deployment_id: object, work: str, runs: int, batch_size: int) -> float:
-    """Start `runs` inbox runs on `work`'s inbox; return seconds until every file completed."""
-    from prefect.client.orchestration import get_client
+def run_inbox(work: str, batch_size: int) -> tuple[float, bool]:
+    """One fanned-out inbox run on `work`'s inbox: seconds until every file completed, and
+    whether two of its file runs overlapped in time."""
+    from prefect.deployments import run_deployment
 
     dest = open_byte_store(os.path.join(work, "dest"))
     inbox = os.path.join(work, "inbox")
     urls = [os.path.join(inbox, name) for name in sorted(os.listdir(inbox))]
     params = {"inbox": inbox, "store": os.path.join(work, "store"), "dest": dest.url}
     started = time.perf_counter()
-    with get_client(sync_client=True) as client:
-        for _ in range(runs):
-            client.create_flow_run_from_deployment(
-                deployment_id, parameters={**params, "batch_size": batch_size}
-            )
+    run_deployment(INBOX, parameters={**params, "batch_size": batch_size}, timeout=0)
     wait_for(lambda: all(run_completed(dest, run_id_for_file(u)) for u in urls), 3600, "the inbox")
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    return seconds, overlapped([run_id_for_file(u) for u in urls])
+
+
+def file_runs(run_ids: list[str]) -> list[object]:
+    """The finished `inbox-file` flow runs of these run ids."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    name = FILE_DEPLOYMENT.split("/")[1]
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])), limit=200
+        )
+    return [r for r in runs if r.parameters.get("run_id") in run_ids and r.end_time]
+
+
+def taken_at(flow_run: object) -> object:
+    """When a worker took the run (its first Pending state), so its process start counts."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        states = client.read_flow_run_states(flow_run.id)
+    pending = [s.timestamp for s in states if s.name == "Pending"]
+    return min(pending) if pending else flow_run.start_time
+
+
+def overlapped(run_ids: list[str]) -> bool:
+    """Whether any two file runs of these run ids were on workers at the same time, from
+    a worker taking each (its process start included) to its end."""
+    spans = sorted((taken_at(r), r.end_time) for r in file_runs(run_ids))
+    return any(b[0] < a[1] for a, b in itertools.pairwise(spans))
 
 
 def run_dask(work: str, batch_size: int) -> float:
@@ -190,24 +223,6 @@ def run_dask(work: str, batch_size: int) -> float:
         return time.perf_counter() - started
 
 
-def empty_run_seconds(deployment_id: object, work: str) -> float:
-    """Seconds from creating an inbox run on an empty inbox to its Completed state."""
-    from prefect.client.orchestration import get_client
-
-    os.makedirs(os.path.join(work, "inbox"), exist_ok=True)
-    params = {name: os.path.join(work, name) for name in ("inbox", "store", "dest")}
-    with get_client(sync_client=True) as client:
-        started = time.perf_counter()
-        run = client.create_flow_run_from_deployment(deployment_id, parameters=params)
-
-        def finished() -> bool:
-            state = client.read_flow_run(run.id).state
-            return state is not None and state.is_final()
-
-        wait_for(finished, 600, "an empty inbox run")
-        return time.perf_counter() - started
-
-
 def wait_for_workers(count: int) -> None:
     from prefect.client.orchestration import get_client
 
@@ -222,20 +237,31 @@ def wait_for_workers(count: int) -> None:
         )
 
 
-def deploy(env: dict[str, str]) -> object:
-    """Deploy the shipped inbox deployment onto the bench pool; return its id."""
-    from prefect.client.orchestration import get_client
+def bench_yaml(directory: str) -> str:
+    """The shipped `prefect.yaml` with every deployment on the bench's pool."""
+    import yaml
 
     from flows.serve import prefect_file
 
+    spec = yaml.safe_load(prefect_file().read_text())
+    for deployment in spec["deployments"]:
+        deployment["work_pool"]["name"] = POOL
+    path = os.path.join(directory, "prefect.yaml")
+    with open(path, "w") as out:
+        yaml.safe_dump(spec, out, sort_keys=False)
+    return path
+
+
+def deploy(env: dict[str, str], directory: str) -> None:
+    """Deploy every deployment of the shipped file onto the bench pool."""
     prefect = [sys.executable, "-m", "prefect"]
     for args in (
         ["work-pool", "create", POOL, "--type", "process", "--overwrite"],
-        ["--no-prompt", "deploy", "--prefect-file", str(prefect_file()), *INBOX_ON_POOL],
+        ["--no-prompt", "deploy", "--all", "--prefect-file", bench_yaml(directory)],
     ):
-        subprocess.run([*prefect, *args], env=env, check=True, capture_output=True, timeout=300)
-    with get_client(sync_client=True) as client:
-        return client.read_deployment_by_name("finalize-inbox/inbox").id
+        subprocess.run(
+            [*prefect, *args], env=env, cwd=directory, check=True, capture_output=True, timeout=300
+        )
 
 
 def main() -> None:
@@ -243,6 +269,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--rollouts", type=int, default=150, help="rollouts per file")
     parser.add_argument("--batch-size", type=int, default=50)
+    parser.add_argument("--dask", action="store_true", help="also measure a Dask cluster")
     args = parser.parse_args()
     logging.getLogger("capture_core").setLevel(logging.ERROR)
     work = tempfile.mkdtemp(prefix="tokcap-scaling-bench-")
@@ -268,7 +295,7 @@ def main() -> None:
         )
         with prefect_server(os.environ["PREFECT_HOME"]) as (api, server):
             os.environ["PREFECT_API_URL"] = api
-            measure(server, dict(os.environ), work, total, args.batch_size)
+            measure(server, dict(os.environ), work, total, args.batch_size, args.dask)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -293,35 +320,31 @@ def run_plain(work: str, batch_size: int) -> float:
     return time.perf_counter() - started
 
 
-def measure(server: psutil.Process, env: dict[str, str], work: str, total: int, batch: int):
+def measure(
+    server: psutil.Process, env: dict[str, str], work: str, total: int, batch: int, dask: bool
+) -> None:
     client_ms, server_ms = task_overhead(server, 200)
     print(f"per task run: {client_ms:.1f} ms in the flow process, {server_ms:.1f} ms server CPU")
-    deployment_id = deploy(env)
+    deploy(env, work)
     results: dict[str, tuple[float, float]] = {}
+    overlaps: dict[str, bool] = {}
     for side, workers in (("one", 1), ("two", 2)):
         with Workers(workers, env):
             wait_for_workers(workers)
             idle = idle_cpu_rate(server)
-            if side == "one":
-                before, started = cpu_seconds(server), time.perf_counter()
-                empty = [empty_run_seconds(deployment_id, f"{work}/empty{i}") for i in range(2)]
-                net = cpu_seconds(server) - before - idle * (time.perf_counter() - started)
-                print(
-                    f"per flow run on a worker (empty inbox): {sum(empty) / 2:.1f} s wall, "
-                    f"{500 * net:.0f} ms server CPU; idle server {1000 * idle:.0f} ms/s"
-                )
             before = cpu_seconds(server)
-            seconds = run_inbox(deployment_id, f"{work}/{side}", 2, batch)
+            seconds, overlaps[side] = run_inbox(f"{work}/{side}", batch)
             results[side] = (seconds, cpu_seconds(server) - before - idle * seconds)
-    idle = idle_cpu_rate(server)
-    before = cpu_seconds(server)
-    seconds = run_dask(f"{work}/dask", batch)
-    results["dask"] = (seconds, cpu_seconds(server) - before - idle * seconds)
+    if dask:
+        idle = idle_cpu_rate(server)
+        before = cpu_seconds(server)
+        seconds = run_dask(f"{work}/dask", batch)
+        results["dask"] = (seconds, cpu_seconds(server) - before - idle * seconds)
     results["plain"] = (run_plain(f"{work}/plain", batch), 0.0)
-    report(results, total)
+    report(results, total, overlaps)
 
 
-def report(results: dict[str, tuple[float, float]], total: int) -> None:
+def report(results: dict[str, tuple[float, float]], total: int, overlaps: dict[str, bool]) -> None:
     base = total / results["one"][0]
     labels = {
         "one": "one process worker",
@@ -331,9 +354,13 @@ def report(results: dict[str, tuple[float, float]], total: int) -> None:
     }
     for side, (seconds, cpu) in results.items():
         rate = total / seconds
+        overlap = (
+            f"  runs overlapped: {'yes' if overlaps[side] else 'no'}" if side in overlaps else ""
+        )
         print(
             f"{labels[side]:<28} {seconds:6.1f} s  {rate:7.1f} rollouts/s  "
             f"{rate / base:.2f}x one worker  server CPU {1000 * cpu / total:.2f} ms/rollout"
+            + overlap
         )
     print("load average (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))
 

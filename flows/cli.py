@@ -38,6 +38,7 @@ from flows.cli_checks import (
     run_consumers,
     run_summary,
 )
+from flows.cli_events import add_event_commands, check_event_args, cmd_automations, cmd_submit
 from flows.cli_output import (
     may_show_progress,
     one_line,
@@ -185,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     clear.add_argument("--store", required=True, help=STORE_HELP)
     _add_storage(clear)
     add_sweep(commands, _add_storage, STORE_HELP)
+    add_event_commands(commands, _add_storage)
 
     for name, text in (
         ("retire", "retire what a run handed off"),
@@ -246,6 +248,7 @@ def check_args(args: argparse.Namespace) -> None:
         check_cron(args.cron)
     if args.command == "demo":
         check_workdir(args)
+    check_event_args(args)
 
 
 def _flow_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -331,9 +334,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from flows.serve import serve_deployments
+    from flows.serve import NoSchedulerError, serve_deployments
 
-    serve_deployments(args.inbox, args.store, args.dest, args.cron)
+    try:
+        serve_deployments(args.inbox, args.store, args.dest, args.cron)
+    except NoSchedulerError as exc:
+        print(f"tokcap serve: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -361,8 +368,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": cmd_demo,
     "serve": cmd_serve,
     "deployments": cmd_deployments,
+    "submit": cmd_submit,
+    "automations": cmd_automations,
 }
-NO_SERVER = {"status", "deployments"}
+NO_SERVER = {"status", "deployments", "submit", "automations", "serve"}
 
 
 def run_command(args: argparse.Namespace, notes: list[str]) -> int:

@@ -13,9 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefect import Task, flow, get_run_logger
+from prefect import State, Task, flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.futures import PrefectFuture
+from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
 from capture_core.builder import BUILDERS
@@ -38,6 +39,7 @@ from capture_core.run.run_progress import (
     retire_counts,
 )
 from capture_core.run.run_report import RunSummary
+from flows.alerts import alert_on_masks
 from tasks.batches import (
     describe_batch,
     finalize_batch,
@@ -253,6 +255,7 @@ def finalize_run(
     rows: str = "none",
     retire_after_consumer: str | None = None,
     delivery: str = MAIN_CHAIN,
+    mask_alert_fraction: float | None = 0.1,
 ) -> RunSummary:
     """Finalize every rollout of `rollouts` into the run's records at `dest`, then retire.
 
@@ -266,6 +269,8 @@ def finalize_run(
     `rows="parquet"` writes each batch's trainer rows beside its part, pinned by the same
     receipt; `retire_after_consumer` then hands off but retires only the batches that row
     consumer acknowledged (a later run, `retire_uploaded` or the inbox retires the rest).
+    A run that masked more than `mask_alert_fraction` of its rollouts emits an alert event
+    (`flows.alerts`).
     """
     options = public_storage_options(storage_options)
     check_arguments(run_id, builder, delivery, rows, retire_after_consumer)
@@ -292,6 +297,7 @@ def finalize_run(
         steps.run_batch(batch, earlier.get(receipt_key(batch)), finalizing, tally, gate)
         update_progress_artifact(progress, 100.0 * done / max(1, len(plan.batches)))
     summary = write_run_report(run_id, dest, quote(tally), options, claim)  # quote: see hand_off
+    alert_on_masks(summary, mask_alert_fraction)
     raise_if_failed(summary, tally)
     return summary
 
@@ -339,6 +345,9 @@ def retire_uploaded(
     return counts
 
 
+NEEDS_ATTENTION = "NeedsAttention"  # a Failed state no shipped automation retriggers
+
+
 @flow(name="retrigger-failed", flow_run_name="retrigger {run_id}")
 def retrigger_failed(
     dest: str,
@@ -346,28 +355,25 @@ def retrigger_failed(
     store: str,
     storage_options: Options = None,
     source_kwargs: Options = None,
-) -> RetriggerReport:
-    """Re-run only what did not complete in a run (finalize, upload or retire) and report it."""
+    rollouts: str | None = None,
+    batch_size: int = 500,
+    retrigger: int = 0,
+    max_retriggers: int = 3,
+) -> RetriggerReport | State:
+    """Re-run only what did not complete in a run (finalize, upload or retire) and report it.
+
+    A run that failed before it recorded its manifest is finalized from `rollouts` with
+    `batch_size`. `retrigger` counts the automation's retriggers of this run in a row (0:
+    started by a person); the `max_retriggers`-th one that still fails ends in the Failed
+    state `NeedsAttention`, with its reason, which the automation leaves to a person.
+    """
     options = public_storage_options(storage_options)
     check_separate_locations({"store": store, "dest": dest})
-    manifest = load_manifest(dest, run_id, options)
-    before = load_ledger(dest, run_id, options)
-    settings = (manifest.builder, manifest.batch_size, manifest.max_mask_fraction)
     error: RunFailedError | None = None
+    before: list[Any] = []
     try:
-        finalize_run(
-            manifest.rollouts,
-            store,
-            dest,
-            run_id,
-            *settings,
-            manifest.mask_fraction_min_samples,
-            options,
-            source_kwargs,
-            rows=manifest.rows,
-            retire_after_consumer=manifest.retire_after_consumer,
-            delivery=manifest.delivery,
-        )
+        before, settings = _rerun_settings(dest, run_id, rollouts or None, batch_size, options)
+        finalize_run(store=store, dest=dest, run_id=run_id, **settings, source_kwargs=source_kwargs)
     except RunFailedError as exc:
         error = exc
     except Exception as exc:
@@ -380,8 +386,37 @@ def retrigger_failed(
         len(report.newly_retired),
         len(report.still_failing),
     )
-    if error:
-        raise RunFailedError(
-            f"retrigger of {run_id} did not complete: {error}", error.failures, report
+    if error is None:
+        return report
+    message = f"retrigger of {run_id} did not complete: {error}"
+    if 0 < max_retriggers <= retrigger:
+        return Failed(
+            name=NEEDS_ATTENTION,
+            message=f"{message}; left for a person after {retrigger} automatic retriggers",
         )
-    return report
+    raise RunFailedError(message, error.failures, report)
+
+
+def _rerun_settings(
+    dest: str, run_id: str, rollouts: str | None, batch_size: int, options: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """The ledger before the re-run and `finalize_run`'s settings: the manifest's, or for a
+    run that never recorded one, `rollouts` with `batch_size` and the flow's defaults."""
+    try:
+        manifest = load_manifest(dest, run_id, options)
+    except ValueError:
+        if rollouts is None:
+            raise
+        return [], {"rollouts": rollouts, "batch_size": batch_size, "storage_options": options}
+    settings = {
+        "rollouts": manifest.rollouts,
+        "builder": manifest.builder,
+        "batch_size": manifest.batch_size,
+        "max_mask_fraction": manifest.max_mask_fraction,
+        "mask_fraction_min_samples": manifest.mask_fraction_min_samples,
+        "storage_options": options,
+        "delivery": manifest.delivery,
+        "rows": manifest.rows,
+        "retire_after_consumer": manifest.retire_after_consumer,
+    }
+    return load_ledger(dest, run_id, options), settings

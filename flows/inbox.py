@@ -7,18 +7,23 @@ Files that appear while it runs are picked up next time; a file that keeps faili
 reported and given up after `max_attempts`.
 Each file is claimed before it is finalized, so overlapping passes (several workers on one
 schedule) finalize it once; a pass that died loses its claim after `claim_lease_seconds`.
+`finalize_inbox_file` does the same for one file: the run a `tokcap submit` event starts, and
+the child run a pass started with `fan_out` hands each unfinished file to, so the workers of
+the pool finalize as many files at once as they have free slots.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 from typing import Any
 
 from prefect import flow, get_run_logger, runtime, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.deployments import run_deployment
 from pydantic import BaseModel, Field
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
@@ -28,8 +33,10 @@ from capture_core.run.capture_source import check_separate_locations
 from capture_core.run.inbox import (
     Claim,
     ClaimDecision,
-    attempts,
+    claim_is_live,
+    claim_numbers,
     keep_claim,
+    read_claim,
     release_claim,
     replaced_file,
     run_completed,
@@ -49,16 +56,19 @@ class InboxReport(BaseModel):
     failed: dict[str, str] = Field(default_factory=dict)
     given_up: list[str] = Field(default_factory=list)
     busy: list[str] = Field(default_factory=list)
+    dispatched: dict[str, str] = Field(default_factory=dict)
 
 
 class InboxFile(BaseModel):
-    """A file of the inbox: its run, whether that completed, and why the file was refused."""
+    """A file of the inbox: its run, whether that completed, why the file was refused, and
+    which pass holds it now (a live claim)."""
 
     url: str
     run_id: str
     done: bool
     attempts: int
     replaced: str | None = None
+    held_by: str | None = None
 
 
 @task(name="scan-inbox", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
@@ -73,22 +83,35 @@ def scan_inbox(
     scheme = url_scheme(inbox)
     protocol = f"{scheme}://" if scheme is not None else ""
     paths = sorted(fs.glob(f"{root.rstrip('/')}/{pattern}"))
+    urls = [protocol + p if protocol and not p.startswith(protocol) else p for p in paths]
+    return [inspect_file(url, dest, storage_options) for url in urls]
+
+
+def inspect_file(url: str, dest: str, storage_options: dict[str, Any] | None) -> InboxFile:
+    """One inbox file: its run id, whether its run completed, whether it was replaced, and
+    who holds it."""
     dest_store = open_byte_store(dest, storage_options)
-    files = []
-    for path in paths:
-        url = protocol + path if protocol and not path.startswith(protocol) else path
-        run_id = run_id_for_file(url)
-        replaced = replaced_file(dest_store, run_id, url, storage_options)
-        files.append(
-            InboxFile(
-                url=url,
-                run_id=run_id,
-                done=replaced is None and run_completed(dest_store, run_id),
-                attempts=attempts(dest_store, run_id),
-                replaced=replaced,
-            )
-        )
-    return files
+    run_id = run_id_for_file(url)
+    replaced = replaced_file(dest_store, run_id, url, storage_options)
+    numbers = claim_numbers(dest_store, run_id)
+    last = read_claim(dest_store, run_id, numbers[-1]) if numbers else None
+    live = last is not None and claim_is_live(dest_store, last, time.time())
+    return InboxFile(
+        url=url,
+        run_id=run_id,
+        done=replaced is None and run_completed(dest_store, run_id),
+        attempts=len(numbers),
+        replaced=replaced,
+        held_by=last.owner if live and last is not None else None,
+    )
+
+
+@task(name="inspect-inbox-file", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+def inspect_inbox_file(
+    url: str, dest: str, storage_options: dict[str, Any] | None = None
+) -> InboxFile:
+    """`inspect_file` as a task, for the run of one file."""
+    return inspect_file(url, dest, storage_options)
 
 
 @task(name="claim-file", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
@@ -125,7 +148,8 @@ def inbox_markdown(inbox: str, report: InboxReport, failures: list[str]) -> str:
         "",
         f"{len(report.finalized)} finalized, {len(report.already_done)} already done, "
         f"{len(report.failed)} failed, {len(report.given_up)} given up, "
-        f"{len(report.busy)} left to another pass that holds them.",
+        f"{len(report.busy)} left to another pass that holds them, "
+        f"{len(report.dispatched)} handed to runs of their own.",
     ]
     if failures:
         lines += ["", "## Not finalized", ""] + [f"- {failure}" for failure in failures]
@@ -144,57 +168,179 @@ def finalize_inbox(
     storage_options: dict[str, Any] | None = None,
     source_kwargs: dict[str, Any] | None = None,
     claim_lease_seconds: float = 300.0,
+    fan_out: str | None = None,
     delivery: str = MAIN_CHAIN,
     rows: str = "none",
     retire_after_consumer: str | None = None,
 ) -> InboxReport:
-    """Run `finalize_run` for each inbox file whose run has not completed and no pass holds.
+    """Finalize each inbox file whose run has not completed and no pass holds.
 
-    `delivery` is each run's (`main_chain`, or `all_traces` for training_traces envelopes).
+    Without `fan_out` this run finalizes the files one after the other. With `fan_out`, the
+    name of a `finalize-inbox-file` deployment (`flow/deployment`), it starts one run of that
+    deployment per file and returns: any worker of the pool takes each, and the file's claim
+    still lets exactly one of them hand it off. `delivery` is each run's (`main_chain`, or
+    `all_traces` for training_traces envelopes).
     `rows` and `retire_after_consumer` go to each run; with a consumer, a run is complete
     once it acknowledged every batch, and each pass retires what it acknowledged since.
     """
-    options = public_storage_options(storage_options)
-    check_separate_locations({"inbox": inbox, "store": store, "dest": dest})
-    logger = get_run_logger()
+    settings = FileSettings.of(locals())
+    options = settings.storage_options
     report = InboxReport()
-    owner = _owner()
     for item in scan_inbox(inbox, pattern, dest, options):
-        if item.done:
-            report.already_done.append(item.url)
+        if fan_out is None:
+            take_file(item, settings, report)
+        elif settled(item, settings, report):
             continue
-        if item.replaced is not None:
-            report.failed[item.url] = item.replaced
-            logger.error("%s", item.replaced)
-            continue
-        decision = claim_file(
-            dest, item.run_id, owner, uuid.uuid4().hex, claim_lease_seconds, max_attempts, options
-        )
-        if decision.status == "done":
-            report.already_done.append(item.url)
-        elif decision.status == "held":
-            report.busy.append(item.url)
-            logger.info("leaving %s to %s, which holds it", item.url, decision.held_by)
-        elif decision.claim is None:
-            report.given_up.append(item.url)
-            logger.error(
-                "giving up on %s after %d failed attempts (run %s); see its ledger",
-                item.url,
-                decision.attempts,
-                item.run_id,
-            )
         else:
-            settings = {
-                "batch_size": batch_size,
-                "max_mask_fraction": max_mask_fraction,
-                "storage_options": options,
-                "source_kwargs": source_kwargs,
-                "rows": rows,
-                "retire_after_consumer": retire_after_consumer,
-                "delivery": delivery,
-            }
-            _finalize_claimed(item, decision.claim, store, dest, settings, report)
+            report.dispatched[item.url] = dispatch_file(fan_out, item, settings)
     return _conclude(inbox, report)
+
+
+class FileSettings(BaseModel):
+    """What a run of one inbox file needs besides the file: the pass's own parameters."""
+
+    inbox: str
+    store: str
+    dest: str
+    batch_size: int = 500
+    max_mask_fraction: float | None = None
+    max_attempts: int = 3
+    storage_options: dict[str, Any] | None = None
+    source_kwargs: dict[str, Any] | None = None
+    claim_lease_seconds: float = 300.0
+    delivery: str = MAIN_CHAIN
+    rows: str = "none"
+    retire_after_consumer: str | None = None
+
+    @classmethod
+    def of(cls, parameters: dict[str, Any]) -> FileSettings:
+        """The settings among a flow's parameters, checked: public storage options only,
+        and inbox, store and destination separate."""
+        settings = cls(**{name: parameters[name] for name in cls.model_fields})
+        settings.storage_options = public_storage_options(settings.storage_options)
+        check_separate_locations(
+            {"inbox": settings.inbox, "store": settings.store, "dest": settings.dest}
+        )
+        return settings
+
+
+def settled(item: InboxFile, settings: FileSettings, report: InboxReport) -> bool:
+    """Record a file that needs no run (done, refused, held, out of attempts); else False."""
+    if item.done:
+        report.already_done.append(item.url)
+    elif item.replaced is not None:
+        report.failed[item.url] = item.replaced
+        get_run_logger().error("%s", item.replaced)
+    elif item.held_by is not None:
+        report.busy.append(item.url)
+        get_run_logger().info("leaving %s to %s, which holds it", item.url, item.held_by)
+    elif item.attempts >= settings.max_attempts:
+        _give_up(item.url, item.run_id, item.attempts, report)
+    else:
+        return False
+    return True
+
+
+def dispatch_file(deployment: str, item: InboxFile, settings: FileSettings) -> str:
+    """Start one run of the file's deployment through the work pool; its flow run id.
+
+    The run is a child of this pass in the UI. The pass does not wait for it: a pass that
+    waited would hold a worker slot that the child may need. Passes within one claim lease
+    share one run per file attempt (the idempotency key), so a run not started yet is not
+    doubled by every pass; one that died before claiming is replaced a lease later.
+    """
+    parameters = {"rollouts": item.url, "run_id": item.run_id, **settings.model_dump()}
+    window = int(time.time() // settings.claim_lease_seconds)
+    flow_run = run_deployment(
+        deployment,
+        parameters=parameters,
+        timeout=0,
+        idempotency_key=f"{item.run_id}-attempt-{item.attempts}-window-{window}",
+    )
+    get_run_logger().info("%s: started run %s of %s", item.url, flow_run.id, deployment)
+    return str(flow_run.id)
+
+
+def take_file(item: InboxFile, settings: FileSettings, report: InboxReport) -> None:
+    """Claim one file and finalize it here, unless it needs no run."""
+    if settled(item, settings, report):
+        return
+    options = settings.storage_options
+    decision = claim_file(
+        settings.dest,
+        item.run_id,
+        _owner(),
+        uuid.uuid4().hex,
+        settings.claim_lease_seconds,
+        settings.max_attempts,
+        options,
+    )
+    if decision.status == "done":
+        report.already_done.append(item.url)
+    elif decision.status == "held":
+        report.busy.append(item.url)
+        get_run_logger().info("leaving %s to %s, which holds it", item.url, decision.held_by)
+    elif decision.claim is None:
+        _give_up(item.url, item.run_id, decision.attempts, report)
+    else:
+        run_settings = {
+            "batch_size": settings.batch_size,
+            "max_mask_fraction": settings.max_mask_fraction,
+            "storage_options": options,
+            "source_kwargs": settings.source_kwargs,
+            "delivery": settings.delivery,
+            "rows": settings.rows,
+            "retire_after_consumer": settings.retire_after_consumer,
+        }
+        _finalize_claimed(item, decision.claim, settings.store, settings.dest, run_settings, report)
+
+
+def _give_up(url: str, run_id: str, tries: int, report: InboxReport) -> None:
+    report.given_up.append(url)
+    get_run_logger().error(
+        "giving up on %s after %d failed attempts (run %s); see its ledger", url, tries, run_id
+    )
+
+
+@flow(name="finalize-inbox-file", flow_run_name="inbox file {run_id}")
+def finalize_inbox_file(
+    rollouts: str,
+    run_id: str,
+    inbox: str,
+    store: str,
+    dest: str,
+    batch_size: int = 500,
+    max_mask_fraction: float | None = None,
+    max_attempts: int = 3,
+    storage_options: dict[str, Any] | None = None,
+    source_kwargs: dict[str, Any] | None = None,
+    claim_lease_seconds: float = 300.0,
+    delivery: str = MAIN_CHAIN,
+    rows: str = "none",
+    retire_after_consumer: str | None = None,
+) -> InboxReport:
+    """Finalize one file of the inbox under its claim, as an inbox pass would.
+
+    `run_id` must be the file's own (`run_id_for_file`) and the file must lie in `inbox`:
+    an event naming anything else is refused, so no event can finalize a file elsewhere.
+    """
+    settings = FileSettings.of(locals())
+    check_inbox_file(rollouts, run_id, inbox)
+    report = InboxReport()
+    take_file(inspect_inbox_file(rollouts, dest, settings.storage_options), settings, report)
+    return _conclude(rollouts, report)
+
+
+def check_inbox_file(rollouts: str, run_id: str, inbox: str) -> None:
+    """Refuse a file outside `inbox`, or a run id that is not the file's own."""
+    folder = inbox.rstrip("/") + "/"
+    if not rollouts.startswith(folder) or "/" in rollouts[len(folder) :]:
+        raise ValueError(f"{rollouts} is not a file of the inbox {inbox}; nothing was finalized")
+    if run_id != run_id_for_file(rollouts):
+        raise ValueError(
+            f"run id {run_id!r} is not the run of {rollouts} ({run_id_for_file(rollouts)}); "
+            "nothing was finalized"
+        )
 
 
 class InboxFailedError(RuntimeError):
@@ -218,12 +364,13 @@ def _conclude(inbox: str, report: InboxReport) -> InboxReport:
         f"{url}: given up after repeated failures; see its ledger" for url in report.given_up
     ]
     get_run_logger().info(
-        "inbox %s: %d finalized, %d already done, %d failed, %d given up",
+        "inbox %s: %d finalized, %d already done, %d failed, %d given up, %d started as runs",
         inbox,
         len(report.finalized),
         len(report.already_done),
         len(report.failed),
         len(report.given_up),
+        len(report.dispatched),
     )
     create_markdown_artifact(markdown=inbox_markdown(inbox, report, failures))
     if failures:

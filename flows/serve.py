@@ -3,7 +3,9 @@
 `serve` is for one machine without a work pool. It serves the deployments `prefect.yaml`
 defines (the one definition of their names, parameters and schedules), with the inbox,
 store and destination given on the command line in place of the file's `{{ $TOKCAP_* }}`
-placeholders. Stop it with Ctrl-C; flow runs appear in the Prefect UI like any other.
+placeholders, triggers included. Stop it with Ctrl-C; flow runs appear in the Prefect UI.
+It needs a server that runs schedules: Prefect's temporary server runs none, so without
+`PREFECT_API_URL` (or with a server whose scheduler is off) it refuses, saying what to start.
 The `prefect.yaml` that work pools deploy ships inside the package as `flows.deployments`.
 """
 
@@ -38,10 +40,24 @@ def deployment_specs() -> list[dict[str, Any]]:
 
 
 def fill(value: Any, env: dict[str, str]) -> Any:
-    """A parameter value with each `{{ $NAME }}` placeholder replaced from `env`."""
+    """A value with each `{{ $NAME }}` placeholder replaced from `env`, in nested mappings
+    and lists too; other templates (`{{ event.payload.x }}`) are left for the server."""
+    if isinstance(value, dict):
+        return {key: fill(item, env) for key, item in value.items()}
+    if isinstance(value, list):
+        return [fill(item, env) for item in value]
     if not isinstance(value, str):
         return value
     return PLACEHOLDER.sub(lambda match: env[match.group(1)], value)
+
+
+def served_triggers(spec: dict[str, Any], env: dict[str, str]) -> list[Any]:
+    """The deployment's `triggers:` of the file, as Prefect deployment triggers."""
+    from prefect.events import DeploymentTriggerTypes
+    from pydantic import TypeAdapter
+
+    adapter: TypeAdapter[Any] = TypeAdapter(DeploymentTriggerTypes)
+    return [adapter.validate_python(fill(t, env)) for t in spec.get("triggers") or []]
 
 
 def served_deployment(spec: dict[str, Any], env: dict[str, str], cron: str | None) -> Any:
@@ -55,6 +71,7 @@ def served_deployment(spec: dict[str, Any], env: dict[str, str], cron: str | Non
         parameters=parameters,
         tags=spec.get("tags") or [],
         cron=(cron or schedules[0]["cron"]) if schedules else None,
+        triggers=served_triggers(spec, env),
     )
 
 
@@ -66,6 +83,40 @@ def served_deployments(inbox: str, store: str, dest: str, cron: str | None = Non
     return [served_deployment(s, env, cron if s["name"] == INBOX else None) for s in specs]
 
 
+class NoSchedulerError(RuntimeError):
+    """No server that runs schedules is configured; the message says what to start."""
+
+
+START_ONE = (
+    "start one with `prefect server start` and set PREFECT_API_URL=http://127.0.0.1:4200/api "
+    "(Prefect's temporary server runs no schedules)"
+)
+
+
+def check_scheduling_server() -> None:
+    """Raise `NoSchedulerError` unless `PREFECT_API_URL` names a server whose scheduler runs.
+
+    The server's own settings say whether its scheduler service is enabled. A temporary
+    server of another process cannot be told apart from a full one this way.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    api_url = PREFECT_API_URL.value()
+    if not api_url:
+        raise NoSchedulerError(f"no Prefect server that runs schedules is configured: {START_ONE}")
+    with get_client(sync_client=True) as client:
+        settings = client.request("GET", "/admin/settings").json()
+    scheduler = settings.get("server", {}).get("services", {}).get("scheduler", {})
+    if not scheduler.get("enabled", True):
+        raise NoSchedulerError(
+            f"the Prefect server at {api_url} runs no scheduler "
+            "(PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED is false there): enable it, or " + START_ONE
+        )
+
+
 def serve_deployments(inbox: str, store: str, dest: str, cron: str | None = None) -> None:
-    """Serve every deployment of `prefect.yaml`; the scheduled inbox one runs on `cron`."""
+    """Serve every deployment of `prefect.yaml`, triggers included, on a server that runs
+    schedules; the scheduled inbox one runs on `cron`."""
+    check_scheduling_server()
     serve(*served_deployments(inbox, store, dest, cron))

@@ -36,6 +36,7 @@ from capture_core.run.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout
 from capture_core.storage import open_byte_store
 from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async
 from tasks.receipts import UnrecordedReceiptError, read_receipt, set_aside_unrecorded
+from tasks.store_limit import store_requests
 
 StorageOptions = Mapping[str, Any] | None
 
@@ -113,9 +114,12 @@ def finalize_batch(
     """
     lines = read_batch(rollouts, batch, storage_options)
     source = open_source(store, storage_options, source_kwargs)
-    finalized = run_async(
-        handoff.finalize_batch(run_id, batch, lines, source, builder, delivery=delivery, rows=rows)
-    )
+    with store_requests():
+        finalized = run_async(
+            handoff.finalize_batch(
+                run_id, batch, lines, source, builder, delivery=delivery, rows=rows
+            )
+        )
     meanwhile = None if dest is None else _receipt_meanwhile(dest, run_id, batch, storage_options)
     if meanwhile is not None:
         return meanwhile
@@ -207,7 +211,10 @@ def retire_batch(
             "retired. Rerun the run (tokcap retrigger) to persist it, then retire"
         )
     source = open_source(store, storage_options, source_kwargs)
-    outcome = run_async(retire_receipt(persisted, source, open_byte_store(dest, storage_options)))
+    with store_requests():
+        outcome = run_async(
+            retire_receipt(persisted, source, open_byte_store(dest, storage_options))
+        )
     logger = get_run_logger()
     logger.info(
         "batch %d: retired %d captures; kept %d masked or unfinished as evidence and %d "

@@ -18,6 +18,7 @@ from tests.support.pipeline_helpers import REPO
 
 SOURCE = Path(REPO, "deployments", "prefect.yaml")
 EXPECTED = {
+    "inbox-file": "finalize-inbox-file",
     "inbox": "finalize-inbox",
     "finalize-run": "finalize-run",
     "finalize-run-strict": "finalize-run",

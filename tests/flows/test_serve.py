@@ -5,6 +5,8 @@ from __future__ import annotations
 import yaml
 
 from flows.serve import deployment_specs, prefect_file, served_deployment, served_deployments
+from flows.submit import SUBMITTED
+from tests.support.pipeline_helpers import run_cli
 
 ENV = {"TOKCAP_INBOX": "/in", "TOKCAP_STORE": "/store", "TOKCAP_DEST": "/dest"}
 
@@ -45,3 +47,22 @@ def test_cron_reschedules_the_inbox_only_and_the_sweep_keeps_its_daily_schedule(
     daily = [s.schedule.cron for s in served["sweep-retired"].schedules]
     assert daily == [sweep["schedules"][0]["cron"]]
     assert served["sweep-retired"].parameters == {"store": "/store", "older_than": "2d"}
+
+
+def test_serve_refuses_without_a_server_that_runs_schedules() -> None:
+    done = run_cli(["serve", "--inbox", "/in", "--store", "/store", "--dest", "/dest"], "")
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert "prefect server start" in line and "PREFECT_API_URL" in line
+
+
+def test_served_deployments_carry_the_files_triggers_with_locations_filled() -> None:
+    specs = {d["name"]: d for d in deployment_specs()}
+    served = served_deployment(specs["inbox-file"], ENV, None)
+    (trigger,) = served.triggers
+    assert trigger.expect == {SUBMITTED}
+    assert trigger.match.root["tokcap.inbox"] == "/in"
+    assert trigger.parameters == {
+        "rollouts": "{{ event.payload.rollouts }}",
+        "run_id": "{{ event.payload.run_id }}",
+    }

@@ -10,20 +10,15 @@ later run, once the dead run's claim lapsed. Every bound is a deadline; nothing 
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import httpx
 import orjson
-import psutil
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
@@ -34,6 +29,7 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from tasks.receipts import list_receipt_keys
 from tests.support.pipeline_helpers import REPO, dest_records, make_batch, rollout_ids
+from tests.support.prefect_workers import kill_tree, prefect_cli, start_worker
 from tests.support.reliability_figures import record_case
 from tests.support.servers import wait_until
 from tests.support.stalling_source import WORKER_ENV, read_flag
@@ -58,54 +54,6 @@ def write_atomically(path: Path, records: list[dict]) -> str:
     draft.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
     os.replace(draft, path)
     return str(path)
-
-
-def prefect_cli(args: list[str], env: dict[str, str], cwd: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "prefect", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
-
-def start_worker(name: str, env: dict[str, str], cwd: Path) -> subprocess.Popen:
-    log = open(cwd / f"worker-{name}.log", "wb")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "worker",
-            "start",
-            "--pool",
-            POOL,
-            "--limit",
-            "1",
-            "--name",
-            f"worker-{name}",
-        ],
-        cwd=cwd,
-        env={**env, WORKER_ENV: name, "PREFECT_LOGGING_LEVEL": "INFO"},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and everything it started, as a machine dying would."""
-    try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.send_signal(signal.SIGKILL)
-    psutil.wait_procs(procs, timeout=30)
 
 
 def materialize_schedule(api: str, deployment_id: str, seconds: float) -> None:
@@ -155,6 +103,7 @@ def test_two_workers_hand_each_file_off_once_and_finish_a_killed_workers_file(
         "TOKCAP_DEST": dest,
     }
     params = {
+        "fan_out": None,  # each pass finalizes in-process: overlapping passes race for files
         "batch_size": 2,
         "claim_lease_seconds": LEASE,
         "source_kwargs": {"root": root, "stall_rollout": "1-3", "flag": flag},
@@ -175,7 +124,9 @@ def test_two_workers_hand_each_file_off_once_and_finish_a_killed_workers_file(
         return url
 
     started = datetime.datetime.now(datetime.UTC)
-    workers = {name: start_worker(name, env, tmp_path) for name in ("a", "b")}
+    workers = {
+        name: start_worker(POOL, name, {**env, WORKER_ENV: name}, tmp_path) for name in ("a", "b")
+    }
     killed: str | None = None
     dest_store = open_byte_store(dest)
     stalled = str(inbox / STALL_FILE)

@@ -129,6 +129,7 @@ def test_installed_tokcap_deploys_the_shipped_deployments_and_a_worker_runs_them
     deployments = registered()
     shipped = {
         "finalize-inbox/inbox": "flows.inbox:finalize_inbox",
+        "finalize-inbox-file/inbox-file": "flows.inbox:finalize_inbox_file",
         "finalize-run/finalize-run": "flows.finalize:finalize_run",
         "finalize-run/finalize-run-strict": "flows.finalize:finalize_run",
         "dispatch-clear/dispatch-clear": "flows.clear:dispatch_clear",
