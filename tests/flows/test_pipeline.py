@@ -203,7 +203,7 @@ def test_retire_uploaded_retires_exactly_what_receipts_allow(tmp_path) -> None:
     assert [(line.handed_off, line.retired) for line in first] == [(True, False)] * 4
     assert all("retirement failed" in (line.error or "") for line in first[:3])
     counts = retire_uploaded(dest, "later", store_root)
-    assert counts == {"receipts": 2, "retired": 3, "retired_earlier": 0, "kept": 1}, (
+    assert counts == {"receipts": 2, "retired": 3, "retired_earlier": 0, "kept": 1, "waiting": 0}, (
         "masked 7-3 is kept as evidence"
     )
     store = TokenCaptureStore(store_root)
