@@ -33,7 +33,6 @@ from typing import Any
 
 import orjson
 
-from bench.agent_captures import AgentRollout, agent_rollouts, write_capture
 from bench.ratios import alternate_sides, describe_seconds
 from bench.trace_shapes import SHAPES, Episode, episodes, write_episode
 from capture_core.builder.snapshot import assemble, assemble_traces
@@ -41,6 +40,7 @@ from capture_core.builder.terminal import TerminalInputs
 from capture_core.builder.trace_envelope import ENVELOPE_KEY, TraceEnvelopeError, check_envelope
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.store import TokenCaptureStore
+from capture_core.testing.agent_captures import AgentRollout, agent_rollouts, write_capture
 
 
 @dataclass
@@ -214,7 +214,7 @@ def report(tally: Tally, seconds: dict, eps: list[Episode]) -> None:
 
 @dataclass
 class MixTally:
-    """All_traces on `bench.agent_captures`' busy-harness mix, judged by its scored chains."""
+    """All_traces on the `agent_captures` busy-harness mix, judged by its scored chains."""
 
     deliverable: int = 0
     delivered: int = 0
@@ -267,7 +267,7 @@ def measure_mix(n: int, seed: int, root: str) -> MixTally:
 
 
 def report_mix(tally: MixTally, n: int) -> None:
-    print(f"bench.agent_captures mix, {n} rollouts, all_traces:")
+    print(f"agent_captures mix, {n} rollouts, all_traces:")
     print(f"  deliverable rollouts delivered {tally.delivered}/{tally.deliverable}")
     print(f"  scored-chain calls trained {tally.scored_calls_trained}/{tally.scored_calls}")
     print(f"  abandoned tries trained {tally.abandoned_trained}")

@@ -1,20 +1,18 @@
 """Yield on realistic agent captures: how many healthy rollouts are delivered, and none wrong.
 
-Captures come from `bench.agent_captures` (seeded): plain chains, auxiliary roots, sub-agent
-forks, middle and final retries (some with identical tokens, some with the same answer from
-other tokens), a later call continuing the scored conversation, lost calls, and scored
-responses as harnesses return them. Healthy and wrong are judged against the generator's
-own scored chain, never against what the builder says. A healthy rollout whose evidence
-fits two different chains alike (a same-answer retry of the final call that nothing names)
-is undecidable: it is counted apart, and delivering it would be a guess.
-Each capture is written to a `memory://` store (an intent per call; a lost call leaves only
-its intent), finalized twice and deleted:
-without attribution (`trajectories_from_source`, the strict single-chain policy) and with
-it (`finalize_rollout_token_capture` on the finished record).
+Captures come from `capture_core.testing.agent_captures` (seeded): plain chains, auxiliary
+roots, sub-agent forks, middle and final retries (some with identical tokens, some with the
+same answer from other tokens), a later call continuing the scored conversation, lost calls,
+and scored responses as harnesses return them. Healthy and wrong are judged against the
+generator's own scored chain, never against what the builder says. A healthy rollout whose
+evidence fits two different chains alike (a same-answer retry of the final call that nothing
+names) is undecidable: it is counted apart, and delivering it would be a guess. Each capture is
+written to a `memory://` store (an intent per call; a lost call leaves only its intent),
+finalized twice and deleted: without attribution (`trajectories_from_source`, the strict
+single-chain policy) and with it (`finalize_rollout_token_capture` on the finished record).
 Both kinds of capture are reported: with NeMo Gym 0.7.0's writer parent fields and without.
-Prints figures; asserts nothing.
-Usage: .venv/bin/python -m bench.yield_bench [--rollouts N] [--seed S] [--misses]
-"""
+Prints figures; asserts nothing. Usage: .venv/bin/python -m bench.yield_bench [--rollouts N]
+[--seed S] [--misses]"""
 
 from __future__ import annotations
 
@@ -27,16 +25,16 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
-from bench.agent_captures import (
+from capture_core.consumer import trajectories_from_source
+from capture_core.delivery import finalize_rollout_token_capture
+from capture_core.store import TokenCaptureStore
+from capture_core.testing.agent_captures import (
     AgentRollout,
     agent_rollouts,
     delivered_tokens,
     scored_tokens,
     write_capture,
 )
-from capture_core.consumer import trajectories_from_source
-from capture_core.delivery import finalize_rollout_token_capture
-from capture_core.store import TokenCaptureStore
 
 
 @dataclass

@@ -21,11 +21,13 @@ from capture_core.builder import BUILDERS
 from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.run.run_layout import ROW_FORMATS
 from flows.cli_checks import (
+    UnavailableError,
     UsageError,
     absolute,
     check_consumer,
     check_cron,
     check_dest,
+    check_locations_usable,
     check_rollouts,
     check_run_id,
     check_separate,
@@ -50,6 +52,7 @@ from flows.cli_output import (
     report_failure,
 )
 from flows.cli_sweep import add_sweep, cmd_sweep
+from flows.demo import DEFAULT_ROLLOUTS
 from flows.runners import (
     FlowFailed,
     ServerUnavailableError,
@@ -206,6 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="end-to-end demo on a local store")
     demo.add_argument("--workdir", default="tokcap-demo", help="default ./tokcap-demo")
+    demo.add_argument(
+        "--rollouts",
+        dest="demo_rollouts",
+        type=positive_int,
+        default=DEFAULT_ROLLOUTS,
+        metavar="N",
+        help=f"rollouts to make: the {DEFAULT_ROLLOUTS} scripted cases, then seeded agent "
+        f"rollouts (default {DEFAULT_ROLLOUTS})",
+    )
 
     serve = commands.add_parser("serve", help="serve the deployments with their schedules")
     serve.add_argument("--inbox", required=True, help="folder URL of rollout files to finalize")
@@ -242,6 +254,7 @@ def check_args(args: argparse.Namespace) -> None:
             parse_task_runner(args.task_runner)
         except ValueError as exc:
             raise UsageError(f"--task-runner: {exc}") from None
+    check_locations_usable(args)
     if args.command in ("retire", "retrigger", "status"):
         known_run(args.dest, args.run_id, args.options, need_ledger=args.command == "status")
     if args.command == "serve" and args.cron is not None:
@@ -276,6 +289,7 @@ def cmd_finalize(args: argparse.Namespace) -> int:
         retire_after_consumer=args.retire_after_consumer,
         **_flow_options(args),
     )
+    print(f"run {args.run_id}")
     print_summary(summary)
     return 0
 
@@ -355,7 +369,7 @@ def cmd_deployments(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from flows.demo import run_demo
 
-    return run_demo(args.workdir, args.api_url)
+    return run_demo(args.workdir, args.api_url, args.demo_rollouts)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -416,7 +430,7 @@ def run_and_report(args: argparse.Namespace, notes: list[str]) -> int:
             partial = run_summary(args.dest, args.run_id, args.options)
         report_failure(args, failed, partial)
         return 1
-    except ServerUnavailableError as exc:
+    except (ServerUnavailableError, UnavailableError) as exc:
         print(f"tokcap {args.command}: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:

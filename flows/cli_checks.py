@@ -2,20 +2,33 @@
 
 Local paths are resolved against the working directory, so flows, manifests and later
 commands run from other directories all see absolute paths. Each problem is a `UsageError`
-naming the option and what to do (exit status 2).
+naming the option and what to do (exit status 2). The locations are then checked with the
+flows' own checks (`check_source`, `check_destination`, the manifest's recorded settings),
+so a bad scheme, a source class that does not import, a missing bucket or a reused run id
+with other settings fails here, in one line, and no flow run is left Failed. A location
+that cannot be reached now is an `UnavailableError` (exit status 1: the arguments may be
+right, and retrying later may work).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from typing import Any
 
 from capture_core.config import public_storage_options
-from capture_core.errors import OverlappingLocationsError
-from capture_core.run.capture_source import check_separate_locations, is_class_spec
+from capture_core.errors import OverlappingLocationsError, is_transient
+from capture_core.run.capture_source import (
+    check_destination,
+    check_separate_locations,
+    check_source,
+    is_class_spec,
+)
+from capture_core.run.rollout_io import file_fingerprint, file_sha256, open_rollout_file
 from capture_core.run.row_cursor import consumer_names, consumer_progress, validate_consumer_name
 from capture_core.run.run_layout import (
+    RUN_SETTINGS,
     RunLayout,
     RunManifest,
     read_ledger,
@@ -28,6 +41,10 @@ from capture_core.storage import open_byte_store, url_scheme
 
 class UsageError(ValueError):
     """Bad command-line input."""
+
+
+class UnavailableError(RuntimeError):
+    """A location an argument names cannot be reached now; retrying later may work."""
 
 
 def is_local(location: str) -> bool:
@@ -94,6 +111,51 @@ def check_separate(args: argparse.Namespace) -> None:
         check_separate_locations(named)
     except OverlappingLocationsError as exc:
         raise UsageError(str(exc)) from None
+
+
+def check_locations_usable(args: argparse.Namespace) -> None:
+    """Run the flows' checks of the store, the destination and a reused run id now."""
+    store, dest = getattr(args, "store", None), getattr(args, "dest", None)
+    if args.command == "serve":
+        return  # its store and dest are checked by each scheduled run
+    rollouts = getattr(args, "rollouts", None)
+    if rollouts is not None:
+        check_location("--rollouts", lambda: open_rollout_file(rollouts, args.options))
+    if store is not None:
+        check_location("--store", lambda: check_source(store, args.options, args.source_kwargs))
+    if dest is not None:
+        check_location("--dest", lambda: check_destination(dest, args.options))
+    if args.command == "finalize":
+        check_location("--run-id", lambda: check_run_settings(args))
+
+
+def check_location(flag: str, check: Callable[[], object]) -> None:
+    """Run one check; its error, naming `flag`, becomes a `UsageError` (or, when retrying
+    may help, an `UnavailableError`)."""
+    try:
+        check()
+    except Exception as exc:
+        message = f"{flag}: {' '.join(str(exc).split())}"
+        if is_transient(exc):
+            raise UnavailableError(message) from None
+        raise UsageError(message) from None
+
+
+def check_run_settings(args: argparse.Namespace) -> None:
+    """A run id used before keeps its input and settings (`RunLayout.refuse_other_settings`).
+
+    The input's digest is compared only when its cheap fingerprint changed (`file_fingerprint`).
+    """
+    layout = RunLayout(open_byte_store(args.dest, args.options), args.run_id)
+    recorded = layout.read_manifest()
+    if recorded is None:
+        return
+    claim = {name: getattr(args, name) for name in RUN_SETTINGS}
+    fingerprint = file_fingerprint(args.rollouts, args.options)
+    if fingerprint is None or fingerprint != recorded.rollouts_fingerprint:
+        claim["rollouts"] = args.rollouts
+        claim["rollouts_sha256"] = file_sha256(args.rollouts, args.options)
+    layout.refuse_other_settings(recorded, claim)
 
 
 def check_workdir(args: argparse.Namespace) -> None:

@@ -71,7 +71,12 @@ class InboxFile(BaseModel):
     held_by: str | None = None
 
 
-@task(name="scan-inbox", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="scan-inbox",
+    task_run_name="scan inbox {inbox}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def scan_inbox(
     inbox: str, pattern: str, dest: str, storage_options: dict[str, Any] | None = None
 ) -> list[InboxFile]:
@@ -106,7 +111,12 @@ def inspect_file(url: str, dest: str, storage_options: dict[str, Any] | None) ->
     )
 
 
-@task(name="inspect-inbox-file", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="inspect-inbox-file",
+    task_run_name="inspect inbox file {url}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def inspect_inbox_file(
     url: str, dest: str, storage_options: dict[str, Any] | None = None
 ) -> InboxFile:
@@ -114,7 +124,12 @@ def inspect_inbox_file(
     return inspect_file(url, dest, storage_options)
 
 
-@task(name="claim-file", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="claim-file",
+    task_run_name="claim attempt of run {run_id}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def claim_file(
     dest: str,
     run_id: str,
@@ -129,7 +144,12 @@ def claim_file(
     return take_claim(byte_store, run_id, owner, token, lease_seconds, max_attempts)
 
 
-@task(name="release-claim", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="release-claim",
+    task_run_name="release attempt {claim.number} of run {claim.run_id}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def end_claim(
     dest: str, claim: Claim, ok: bool, storage_options: dict[str, Any] | None = None
 ) -> None:

@@ -53,7 +53,12 @@ def persisted_task(name: str, run_name: Callable[..., str], key: Callable[..., s
     )
 
 
-@task(name="plan-rollouts", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="plan-rollouts",
+    task_run_name="plan batches of {batch_size} from {rollouts}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def plan_rollouts(
     rollouts: str, batch_size: int, storage_options: Mapping[str, Any] | None = None
 ) -> RolloutFilePlan:
@@ -65,16 +70,30 @@ def plan_rollouts(
     return plan
 
 
+def line_span(first: int, last: int) -> str:
+    """`lines 1501-2000`, or `line 7` (input line numbers, from 1)."""
+    return f"line {first}" if first == last else f"lines {first}-{last}"
+
+
 def line_range(outcomes: list[RolloutOutcome]) -> str:
-    """`lines 1501-2000` of a batch's outcomes (input line numbers, from 1)."""
+    """The input lines of a batch's outcomes (`line_span`)."""
     if not outcomes:
         return "no lines"
-    return f"lines {outcomes[0].line}-{outcomes[-1].line}"
+    return line_span(outcomes[0].line, outcomes[-1].line)
+
+
+def batch_name(verb: str, batch: BatchPlan) -> str:
+    """`<verb> batch 3 (lines 1501-2000)`: the one style of every batch task run's name."""
+    last = batch.last_line or batch.first_line + batch.lines - 1  # a plan without last_line
+    return f"{verb} batch {batch.index} ({line_span(batch.first_line, last)})"
 
 
 def finalize_run_name(parameters: Mapping[str, Any]) -> str:
-    batch: BatchPlan = parameters["batch"]
-    return f"finalize batch {batch.index} ({batch.lines} lines from line {batch.first_line})"
+    return batch_name("finalize", parameters["batch"])
+
+
+def describe_run_name(parameters: Mapping[str, Any]) -> str:
+    return batch_name("describe failed", parameters["batch"])
 
 
 def upload_run_name(parameters: Mapping[str, Any]) -> str:
@@ -247,7 +266,12 @@ def publish_receipt(receipt: HandoffReceipt) -> None:
     )
 
 
-@task(name="describe-failed-batch", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="describe-failed-batch",
+    task_run_name=describe_run_name,
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def describe_batch(
     rollouts: str, batch: BatchPlan, storage_options: Mapping[str, Any] | None = None
 ) -> list[RolloutOutcome]:

@@ -14,7 +14,17 @@ from capture_core.run.rollout_io import read_records
 from tasks.common import TRANSIENT_RETRIES
 
 
-@task(name="clear-captures", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+def clear_run_name(parameters: Mapping[str, Any]) -> str:
+    count = len(parameters["rollout_ids"])
+    return f"clear captures of {count} rollout{'' if count == 1 else 's'} in {parameters['store']}"
+
+
+@task(
+    name="clear-captures",
+    task_run_name=clear_run_name,
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def clear_captures(
     rollout_ids: list[str],
     store: str,
@@ -28,7 +38,12 @@ def clear_captures(
     return cleared
 
 
-@task(name="read-rollout-ids", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="read-rollout-ids",
+    task_run_name="read rollout ids of {rollouts}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def read_rollout_ids(
     rollouts: str, storage_options: Mapping[str, Any] | None = None
 ) -> tuple[list[str], list[str], int]:

@@ -19,7 +19,12 @@ from capture_core.storage import open_byte_store
 from tasks.common import TRANSIENT_RETRIES
 
 
-@task(name="check-acknowledged", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="check-acknowledged",
+    task_run_name="check consumer {consumer} acknowledged batch {receipt.batch}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def acknowledged(
     dest: str,
     receipt: HandoffReceipt,

@@ -109,7 +109,12 @@ def _is_result_record(data: bytes) -> bool:
     return True
 
 
-@task(name="prepare-receipt-storage", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="prepare-receipt-storage",
+    task_run_name="prepare receipt storage of run {run_id}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def receipt_storage(
     dest: str, run_id: str, storage_options: Mapping[str, Any] | None = None
 ) -> ReceiptStorage:
@@ -211,7 +216,12 @@ def list_receipt_keys(
     return sorted(name for name in names if RECEIPT_KEY.fullmatch(name))
 
 
-@task(name="find-receipts", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="find-receipts",
+    task_run_name="find receipts of run {run_id}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def find_receipts(
     dest: str,
     run_id: str,

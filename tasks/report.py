@@ -29,7 +29,12 @@ def artifact_key(run_id: str, kind: str) -> str:
     return f"tokcap-{kind}-" + re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
 
 
-@task(name="write-run-report", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="write-run-report",
+    task_run_name="write report of run {run_id}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def write_run_report(
     run_id: str,
     dest: str,

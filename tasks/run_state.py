@@ -9,16 +9,20 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
-from capture_core.run.capture_source import is_class_spec, open_source
+from capture_core.run.capture_source import check_destination, check_source
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import RolloutFilePlan
 from capture_core.run.run_layout import MANIFEST, LedgerLine, RunLayout, RunManifest, run_location
 from capture_core.storage import open_byte_store
-from capture_core.store import CaptureStore
 from tasks.common import TRANSIENT_RETRIES, ensure_claim
 
 
-@task(name="check-locations", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="check-locations",
+    task_run_name="check store {store} and destination {dest}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def check_locations(
     store: str,
     dest: str,
@@ -26,15 +30,16 @@ def check_locations(
     source_kwargs: Mapping[str, Any] | None = None,
 ) -> None:
     """Fail before any work when the capture store or the destination cannot be used."""
-    source = open_source(store, storage_options, source_kwargs)
-    if isinstance(source, CaptureStore):
-        source.probe(must_exist=True)
-    elif not is_class_spec(store):
-        raise ValueError(f"store {store!r} is neither a location nor a source class")
-    open_byte_store(dest, storage_options).probe(must_exist=False)
+    check_source(store, storage_options, source_kwargs)
+    check_destination(dest, storage_options)
 
 
-@task(name="claim-run-id", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="claim-run-id",
+    task_run_name="claim run id {run_id} at {dest}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def claim_run_id(
     dest: str,
     run_id: str,
@@ -70,7 +75,12 @@ def claim_run_id(
     return RunLayout(open_byte_store(dest, storage_options), run_id).claim(manifest)
 
 
-@task(name="load-manifest", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="load-manifest",
+    task_run_name="load manifest of run {run_id}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def load_manifest(
     dest: str, run_id: str, storage_options: Mapping[str, Any] | None = None
 ) -> RunManifest:
@@ -84,14 +94,24 @@ def load_manifest(
     return manifest
 
 
-@task(name="load-ledger", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="load-ledger",
+    task_run_name="load ledger of run {run_id}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def load_ledger(
     dest: str, run_id: str, storage_options: Mapping[str, Any] | None = None
 ) -> list[LedgerLine]:
     return RunLayout(open_byte_store(dest, storage_options), run_id).read_ledger() or []
 
 
-@task(name="mark-retired", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="mark-retired",
+    task_run_name="mark retired rollouts in ledger of run {run_id}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def mark_retired(
     dest: str, run_id: str, rollout_ids: list[str], storage_options: Mapping[str, Any] | None = None
 ) -> int:

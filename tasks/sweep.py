@@ -12,7 +12,12 @@ from capture_core.run.capture_source import open_source
 from tasks.common import TRANSIENT_RETRIES
 
 
-@task(name="sweep-retired", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
+@task(
+    name="sweep-retired",
+    task_run_name="sweep tombstones older than {older_than_seconds:.0f} s from {store}",
+    cache_policy=NO_CACHE,
+    **TRANSIENT_RETRIES,
+)
 def sweep_retired(
     store: str,
     older_than_seconds: float,

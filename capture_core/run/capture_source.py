@@ -17,8 +17,8 @@ import orjson
 from capture_core.errors import InvalidInputError
 from capture_core.protocols import TokenSource, load_capture_class
 from capture_core.run.crash_points import crash_point
-from capture_core.storage import local_path, refuse_overlapping
-from capture_core.store import open_capture_store
+from capture_core.storage import local_path, open_byte_store, refuse_overlapping
+from capture_core.store import CaptureStore, open_capture_store
 
 
 def open_source(
@@ -30,6 +30,26 @@ def open_source(
     if is_class_spec(store):
         return load_capture_class(store, source_kwargs, TokenSource)
     return open_capture_store(store, storage_options)
+
+
+def check_source(
+    store: str,
+    storage_options: Mapping[str, Any] | None = None,
+    source_kwargs: Mapping[str, Any] | None = None,
+) -> None:
+    """Fail now when the capture store cannot be used: an unknown scheme, a class that does
+    not import or build, a missing root or bucket, an unreachable endpoint."""
+    source = open_source(store, storage_options, source_kwargs)
+    if isinstance(source, CaptureStore):
+        source.probe(must_exist=True)
+    elif not is_class_spec(store):
+        raise InvalidInputError(f"store {store!r} is neither a location nor a source class")
+
+
+def check_destination(dest: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Fail now when the destination cannot be used: an unknown scheme, a missing bucket, an
+    unreachable endpoint. A missing local directory is created by the first write."""
+    open_byte_store(dest, storage_options).probe(must_exist=False)
 
 
 def check_separate_locations(named: Mapping[str, str | None]) -> None:

@@ -27,13 +27,16 @@ READ_CHUNK = 1 << 20
 
 
 class BatchPlan(BaseModel):
-    """One batch of a rollout file: its byte range, first line number and content digest."""
+    """One batch of a rollout file: its byte range, first and last line numbers (of its
+    non-blank lines; `last_line` 0 in plans made before it was recorded), line count and
+    content digest."""
 
     index: int
     start: int
     end: int
     first_line: int
     lines: int
+    last_line: int = 0
     sha256: str
     refused: dict[int, str] = Field(default_factory=dict)
 
@@ -136,6 +139,16 @@ def _lines_with_offsets(stream: Any) -> Iterator[tuple[int, bytes]]:
         offset += len(line)
 
 
+def open_rollout_file(
+    url: str, storage_options: Mapping[str, Any] | None = None
+) -> tuple[Any, str]:
+    """The filesystem and path of a rollout file; `LocationMissingError` when it is missing."""
+    fs, path = filesystem_for(url, storage_options)
+    if not fs.exists(path):
+        raise LocationMissingError(f"rollout file {url} does not exist; check the URL")
+    return fs, path
+
+
 def plan_rollout_file(
     url: str, batch_size: int, storage_options: Mapping[str, Any] | None = None
 ) -> RolloutFilePlan:
@@ -146,9 +159,7 @@ def plan_rollout_file(
     """
     if batch_size < 1:
         raise InvalidInputError(f"batch_size must be at least 1, got {batch_size}")
-    fs, path = filesystem_for(url, storage_options)
-    if not fs.exists(path):
-        raise LocationMissingError(f"rollout file {url} does not exist; check the URL")
+    fs, path = open_rollout_file(url, storage_options)
     fingerprint = file_fingerprint(url, storage_options)  # before reading: see its doc
     whole = hashlib.sha256()
     batches: list[BatchPlan] = []
@@ -172,6 +183,7 @@ def plan_rollout_file(
                 }
             finder.add(line_no, line)
             current["lines"] += 1
+            current["last_line"] = line_no
             current["sha"].update(pending_blank + line)
             pending_blank = b""
             current["end"] = size
@@ -225,6 +237,7 @@ def _close(index: int, current: dict[str, Any]) -> BatchPlan:
         end=current["end"],
         first_line=current["first_line"],
         lines=current["lines"],
+        last_line=current["last_line"],
         sha256=current["sha"].hexdigest(),
     )
 

@@ -15,6 +15,7 @@ options or credentials. This module does not import Prefect.
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -252,14 +253,22 @@ class RunLayout:
         """
         if self.dest.create(self.manifest_key, manifest.encoded()):
             return True
-        changed = _changed_settings(self.read_manifest(), manifest)
+        self.refuse_other_settings(self.read_manifest(), manifest.model_dump())
+        return False
+
+    def refuse_other_settings(self, recorded: RunManifest | None, claim: Mapping[str, Any]) -> None:
+        """Raise `RunIdInUseError` naming each setting of `claim` (manifest fields; the input
+        digest and settings it leaves out are not compared) that differs from `recorded`.
+
+        The CLI calls this on the manifest before any flow starts; `claim` after its create.
+        """
+        changed = _changed_settings(recorded, claim)
         if changed:
             raise RunIdInUseError(
                 f"run id {self.run_id} at {self.dest.url} was used for other input or "
                 f"settings: {'; '.join(changed)}. Rerun with the original input and settings, "
                 "or pick a new run id"
             )
-        return False
 
     def read_manifest(self) -> RunManifest | None:
         """The manifest, or `None` when there is none; `UnreadableManifestError` naming it
@@ -315,18 +324,22 @@ def _encode(body: dict[str, Any]) -> bytes:
     return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
 
 
-def _changed_settings(existing: RunManifest | None, new: RunManifest) -> list[str]:
+RUN_SETTINGS = ("batch_size", "builder", "delivery", "rows", "retire_after_consumer")
+
+
+def _changed_settings(existing: RunManifest | None, new: Mapping[str, Any]) -> list[str]:
     """What differs between a run's recorded manifest and a new claim, in words."""
     if existing is None:
         return [f"the recorded {MANIFEST} is unreadable"]
     changed = []
-    if existing.rollouts_sha256 != new.rollouts_sha256:
+    digest = new.get("rollouts_sha256")
+    if digest is not None and existing.rollouts_sha256 != digest:
         changed.append(
             f"input digest {existing.rollouts_sha256[:12]} ({existing.rollouts}) is now "
-            f"{new.rollouts_sha256[:12]} ({new.rollouts})"
+            f"{digest[:12]} ({new.get('rollouts')})"
         )
-    for name in ("batch_size", "builder", "delivery", "rows", "retire_after_consumer"):
-        old, now = getattr(existing, name), getattr(new, name)
+    for name in (name for name in RUN_SETTINGS if name in new):
+        old, now = getattr(existing, name), new[name]
         if old != now:
             changed.append(f"{name.replace('_', ' ')} {old} is now {now}")
     return changed

@@ -2,6 +2,8 @@
 
 `conformance` runs the capture-store contract against any sink/source pair, `contracts`
 holds the contract suites (one test per behaviour) to subclass per store, `synthetic`
-builds realistic agent captures. Crash tests name the run layer's crash points
-(`capture_core.run.crash_points`). The library never imports this package.
+builds simple agent captures and `agent_captures` seeded realistic ones with their finished
+records (auxiliary calls, sub-agents, retries, lost calls; `tokcap demo --rollouts N`).
+Crash tests name the run layer's crash points (`capture_core.run.crash_points`). The
+library never imports this package.
 """

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from bench.agent_captures import agent_rollout, agent_rollouts, delivered_tokens, scored_tokens
 from capture_core.builder import prefix_merging, project_main_chain_response
 from capture_core.builder.terminal import TerminalInputs, attribute_terminal
+from capture_core.testing.agent_captures import (
+    agent_rollout,
+    agent_rollouts,
+    delivered_tokens,
+    scored_tokens,
+)
 
 LINEAGE = {"parent_call_id", "parent_resolution", "cum_len", "digest"}
 

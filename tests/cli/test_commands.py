@@ -68,8 +68,8 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
         ),
         (
             finalize_args("nope://bucket/in.jsonl", "{store}", "{dest}", "x"),
-            1,
-            "Protocol not known: nope",
+            2,
+            "--rollouts: Protocol not known: nope",
         ),
         (["status", "--dest", "{dest}", "--run-id", "never"], 2, "unknown run id never"),
         (

@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 
+from capture_core.errors import StoreUnavailableError
+from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.records import TokenEntry
 from capture_core.run.rollout_io import split_lines
 from capture_core.run.run_report import RunSummary
@@ -29,6 +31,20 @@ class FailingDropStore(TokenCaptureStore):
 
 FAILING_DROP_SOURCE = "tests.support.pipeline_helpers:FailingDropStore"
 """The `source` spec that opens a `FailingDropStore` (pass its root in `source_kwargs`)."""
+
+
+class FailingFreezeStore(TokenCaptureStore):
+    """A source whose freezes of task 8's rollouts (`8-i`) find the storage unavailable, so
+    the batch holding them fails (after its retries) while the others complete."""
+
+    def freeze_now(self, rollout_id: str) -> TokenCaptureSnapshot:
+        if rollout_id.startswith("8-"):
+            raise StoreUnavailableError(f"storage unavailable in this test ({rollout_id})")
+        return super().freeze_now(rollout_id)
+
+
+FAILING_FREEZE_SOURCE = "tests.support.pipeline_helpers:FailingFreezeStore"
+"""The `source` spec that opens a `FailingFreezeStore` (pass its root in `source_kwargs`)."""
 
 
 def make_batch(

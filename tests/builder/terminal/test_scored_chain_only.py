@@ -8,7 +8,13 @@ import uuid
 
 import pytest
 
-from bench.agent_captures import (
+from capture_core.builder.snapshot import assemble
+from capture_core.builder.terminal import TerminalInputs
+from capture_core.consumer import trajectories_from_source
+from capture_core.delivery import finalize_rollout_token_capture, mask_reason
+from capture_core.records import TokenEntry
+from capture_core.store import TokenCaptureStore
+from capture_core.testing.agent_captures import (
     AgentRollout,
     agent_rollout,
     agent_rollouts,
@@ -16,12 +22,6 @@ from bench.agent_captures import (
     scored_tokens,
     write_capture,
 )
-from capture_core.builder.snapshot import assemble
-from capture_core.builder.terminal import TerminalInputs
-from capture_core.consumer import trajectories_from_source
-from capture_core.delivery import finalize_rollout_token_capture, mask_reason
-from capture_core.records import TokenEntry
-from capture_core.store import TokenCaptureStore
 from tests.builder.terminal.test_content_witness import same_answer_twins
 from tests.builder.terminal.test_witnesses import message, tool_call, tool_result
 from tests.support.reliability_figures import record_case

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.agent_captures import agent_rollout, write_capture
 from capture_core.run.handoff import HandoffReceipt, finalize_batch
 from capture_core.run.rollout_io import BatchPlan, ParsedLine
 from capture_core.run.run_progress import ledger_lines
 from capture_core.run.run_report import markdown_report, summarize, summary_table
 from capture_core.store import TokenCaptureStore
+from capture_core.testing.agent_captures import agent_rollout, write_capture
 
 
 def test_the_report_counts_rollouts_per_method_and_the_top_abstentions(tmp_path) -> None:
