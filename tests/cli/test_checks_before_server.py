@@ -88,7 +88,7 @@ def claim_earlier_run(inputs: dict[str, str], run_id: str, batch_size: int) -> N
         ),
         (
             finalize_args("{rollouts}", "{store}", "{store}/dest", "r"),
-            ["--store", "--dest", "overlap"],
+            ["--store", "--dest", "one lies inside the other"],
         ),
         (
             ["clear", "--rollouts", "{rollouts}", "--store", "s4://bucket/x"],

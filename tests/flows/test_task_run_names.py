@@ -28,7 +28,8 @@ def task_run_names(state, count: int) -> list[str]:
         lambda found: len(found) >= count,
         f"{count} task runs",
     )
-    return sorted(run.name for run in runs)
+    # A subflow's stand-in task run is shown by Prefect as the subflow run, with its name.
+    return sorted(run.name for run in runs if not run.state.state_details.child_flow_run_id)
 
 
 def assert_one_style(names: list[str]) -> None:
@@ -88,9 +89,9 @@ def test_clear_and_inbox_task_runs_name_their_file(tmp_path, prefect_api) -> Non
     ], names
     state = finalize_inbox(inbox, root, dest, return_state=True)
     assert state.is_completed()
-    names = task_run_names(state, 3)
+    names = task_run_names(state, 4)
     assert_one_style(names)
     assert f"scan inbox {inbox}" in names, names
     assert any(name.startswith("claim attempt of run ") for name in names), names
-    assert any(name.startswith("release attempt 1 of run ") for name in names), names
+    assert any(name.startswith("release attempt 0 of run ") for name in names), names
     assert rollouts.endswith("day-1.jsonl")
