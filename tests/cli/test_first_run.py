@@ -245,7 +245,7 @@ def test_runs_name_batches_show_receipts_and_list_masked_rollouts(run_inputs, pr
         lambda names: {"upload batch 0 (lines 1-2)", "upload batch 1 (lines 3-4)"} <= set(names),
         "named upload task runs",
     )
-    assert "finalize batch 1 (2 lines from line 3)" in tasks
+    assert "finalize batch 1 (lines 3-4)" in tasks
     assert "retire batch 0 (lines 1-2)" in tasks
     upload = tasks["upload batch 0 (lines 1-2)"]
     receipt = upload.state.result()
