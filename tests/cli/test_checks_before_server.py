@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -17,23 +16,14 @@ from capture_core.run.rollout_io import plan_rollout_file
 from capture_core.run.run_layout import RunLayout, RunManifest
 from capture_core.storage import open_byte_store
 from flows.temporary_server import LOG_NAME
-from tests.support.pipeline_helpers import REPO, finalize_args, finalize_args_for, receipt_args
+from tests.support.pipeline_helpers import finalize_args, finalize_args_for, receipt_args, run_cli
 from tests.support.reliability_figures import record_case
 from tests.support.servers import free_port
 
 
 def run_without_server(args: list[str], home: str) -> subprocess.CompletedProcess:
     """`tokcap ARGS` as a new user runs it: no Prefect settings, `home` as `PREFECT_HOME`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=home, PYTHONPATH=REPO)
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_cli(args, None, env={"PREFECT_HOME": home})
 
 
 def assert_refused_without_server(

@@ -147,13 +147,16 @@ def finalize_args_for(inputs: dict[str, str], run_id: str, *extra: str) -> list[
 
 def run_cli(
     args: list[str],
-    api_url: str,
+    api_url: str | None,
     env: dict[str, str] | None = None,
     timeout: float = 300,
     cwd: str = REPO,
 ) -> subprocess.CompletedProcess:
-    """Run `tokcap ARGS` as a real subprocess in `cwd`, against the session's Prefect server."""
-    full_env = {**os.environ, "PREFECT_API_URL": api_url, "PYTHONPATH": REPO, **(env or {})}
+    """Run `tokcap ARGS` as a real subprocess in `cwd`, against the session's Prefect server;
+    with `api_url` `None`, as a new user runs it: no Prefect settings but those in `env`."""
+    base = {k: v for k, v in os.environ.items() if api_url or not k.startswith("PREFECT_")}
+    server = {"PREFECT_API_URL": api_url} if api_url else {}
+    full_env = {**base, **server, "PYTHONPATH": REPO, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", *args],
         cwd=cwd,
