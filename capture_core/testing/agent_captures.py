@@ -8,7 +8,8 @@ The finished record carries a scored response whose `id` and model-authored item
 the terminal call, shaped as different harnesses return it (merged transcript, final turn,
 chat dialect, with or without the served id), and sometimes an explicit or declared terminal.
 With `parent_fields` every entry carries the writer-recorded parent of NeMo Gym 0.7.0.
-Everything is deterministic for a seed. This module imports only `capture_core.records`.
+Everything is deterministic for a seed. This module imports only `capture_core.records` and
+`capture_core.testing.synthetic` (the vocabulary size).
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capture_core.records import TokenEntry
-
-VOCAB = 151_000
+from capture_core.testing.synthetic import VOCAB
 
 
 @dataclass(frozen=True)
 class CaptureMix:
-    """Probabilities of each shape in a rollout; the defaults are a busy agent harness."""
+    """How many turns a rollout takes (both ends included) and the probability of each
+    shape in it; the defaults are a busy agent harness."""
 
+    turns: tuple[int, int] = (2, 12)
     auxiliary: float = 0.35
     subagent: float = 0.25
     mid_retry: float = 0.25
@@ -41,8 +43,6 @@ class CaptureMix:
     lost_call: float = 0.06
     explicit: float = 0.15
     declared: float = 0.15
-    min_turns: int = 2
-    max_turns: int = 12
 
 
 @dataclass
@@ -217,7 +217,7 @@ def _continuation(session: _Session, terminal: TokenEntry) -> None:
 
 def _main_chain(session: _Session, mix: CaptureMix, shapes: list[str]) -> list[TokenEntry]:
     rng = session.rng
-    turns = rng.randint(mix.min_turns, mix.max_turns)
+    turns = rng.randint(*mix.turns)
     mid_retry = rng.randrange(turns - 1) if turns > 1 and rng.random() < mix.mid_retry else None
     identical_mid = mid_retry is not None and rng.random() < mix.identical_mid_retry / mix.mid_retry
     fork_at = rng.randrange(turns - 1) if turns > 1 and rng.random() < mix.subagent else None
