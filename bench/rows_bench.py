@@ -8,9 +8,10 @@ For one batch of synthetic agent rollouts finalized from a local store:
   `RowConsumer` decodes, on one thread) and each row group's list values as arrays, views
   of what pyarrow decoded; "verified" adds the sha256 check the consumer makes first. JSON
   lines: each line parsed with orjson into lists, then each row's three arrays made from
-  the lists; "json" is the parse alone. Sides alternate; the goal figure is the median of
-  the per-repetition ratios of CPU seconds (single-threaded work: the time it takes on a
-  free core, which other processes' load does not stretch), wall seconds printed beside;
+  the lists; "json" is the parse alone. Sides alternate, each timed right after an untimed
+  call of its own, and what it made is freed after its clocks are read. The goal figure is
+  the median of the per-repetition ratios of the reading thread's CPU seconds (the work
+  done, less stretched by other processes' load than wall seconds), wall seconds beside;
 - write: finalize and hand off the batch (freeze, rebuild, encode, create-only upload and
   read-back, as the upload task does) with `rows="parquet"` against `rows="none"`, sides
   alternated, each run to a fresh destination; the goal figure is the median of the
@@ -130,13 +131,21 @@ class Clocks:
     wall: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     cpu: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
-    def timed(self, side: str, fn: Callable[[], object]) -> Callable[[], float]:
-        """`fn` as an `alternate_sides` side that records both clocks, returning wall seconds."""
+    def timed(self, side: str, fn: Callable[[], object], warm: bool = False) -> Callable[[], float]:
+        """`fn` as an `alternate_sides` side that records both clocks, returning wall seconds.
+
+        What `fn` returns is freed after the clocks are read: freeing is not part of having
+        it. With `warm`, an untimed call first, so each side is timed in the state its own
+        previous call leaves (as a reader of part after part is), not the other side's.
+        """
 
         def run() -> float:
+            if warm:
+                fn()
             wall, cpu = time.perf_counter(), self.cpu_clock()
-            fn()
+            kept = fn()
             cpu, wall = self.cpu_clock() - cpu, time.perf_counter() - wall
+            del kept
             self.wall.setdefault(side, []).append(wall)
             self.cpu.setdefault(side, []).append(cpu)
             return wall
@@ -191,7 +200,8 @@ def main() -> None:
             "parquet": lambda: parquet_tokens(parquet),
             "parquet verified": lambda: verified_parquet_tokens(parquet, digest),
         }
-        alternate_sides({s: reads.timed(s, f) for s, f in sides.items()}, 4 * args.repetitions)
+        timed = {side: reads.timed(side, fn, warm=True) for side, fn in sides.items()}
+        alternate_sides(timed, 3 * args.repetitions)
         for side in sides:
             print(
                 f"read every token, {side}: CPU {reads.seconds('cpu', side)}, "
@@ -217,12 +227,16 @@ def main() -> None:
             },
             args.repetitions,
         )
+        share = median(encode.cpu["encode"]) / median(writes.cpu["none"])
         print(
             f"finalize + hand off: rows none wall {writes.seconds('wall', 'none')}, parquet "
             f"{writes.seconds('wall', 'parquet')}: parquet/none wall "
             f"{writes.ratio('wall', 'parquet', 'none')} (goal <= 1.15x); CPU "
-            f"{writes.ratio('cpu', 'parquet', 'none')}; deriving and encoding the rows alone: CPU "
-            f"{encode.seconds('cpu', 'encode')}"
+            f"{writes.ratio('cpu', 'parquet', 'none')}"
+        )
+        print(
+            f"  deriving and encoding the rows alone: CPU {encode.seconds('cpu', 'encode')}, "
+            f"{share:.1%} of finalize's CPU without rows ({writes.seconds('cpu', 'none')})"
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
