@@ -3,12 +3,19 @@
 For one batch of synthetic agent rollouts finalized from a local store:
 - bytes: the batch's Parquet rows part against the same rows (same columns, the records'
   own log probs) as orjson JSON lines; the JSONL records part is printed for context;
-- read: seconds to have every token id, log prob and mask position in memory as numpy
-  arrays, from the Parquet part (pyarrow) against parsing the JSON lines (orjson) and
-  making each row's arrays; the JSON parse alone is printed too;
+- read every token: from bytes in memory to every token id, log prob and mask position of
+  every row in memory as numpy arrays (int32, float32, int8). Parquet: `read_rows` (what
+  `RowConsumer` decodes, on one thread) and each row group's list values as arrays, views
+  of what pyarrow decoded; "verified" adds the sha256 check the consumer makes first. JSON
+  lines: each line parsed with orjson into lists, then each row's three arrays made from
+  the lists; "json" is the parse alone. Sides alternate, each timed right after an untimed
+  call of its own, and what it made is freed after its clocks are read. The goal figure is
+  the median of the per-repetition ratios of the reading thread's CPU seconds (the work
+  done, less stretched by other processes' load than wall seconds), wall seconds beside;
 - write: finalize and hand off the batch (freeze, rebuild, encode, create-only upload and
   read-back, as the upload task does) with `rows="parquet"` against `rows="none"`, sides
-  alternated, each run to a fresh destination.
+  alternated, each run to a fresh destination; the goal figure is the median of the
+  per-pair ratios of wall seconds, CPU beside, and the rows' own CPU cost alone.
 Goals: bytes at most 0.35x, reading at least 10x faster, writing rows adds at most 15%.
 Prints medians, ranges and ratios; asserts nothing.
 Usage: .venv/bin/python -m bench.rows_bench [--rollouts N] [--turns T] [--repetitions R]
@@ -19,20 +26,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import hashlib
 import logging
 import shutil
 import tempfile
 import time
+from array import array
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import orjson
-import pyarrow.compute as pc
 
 from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.run.handoff import FinalizedBatch, finalize_batch, handoff_batch
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
-from capture_core.run.trainer_rows import read_rows, record_rows
+from capture_core.run.trainer_rows import batch_rows, read_rows, record_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
@@ -53,55 +62,111 @@ def capture(root: str, rollouts: int, shape: RolloutShape) -> list[dict]:
         return list(pool.map(one, range(rollouts)))
 
 
-def finalize(rollouts: str, store: str, dest: str, rows: str) -> tuple[float, FinalizedBatch]:
-    """Seconds to finalize the file's single batch and hand it off to a fresh `dest`."""
+def finalize(rollouts: str, store: str, dest: str, rows: str) -> FinalizedBatch:
+    """Finalize the file's single batch and hand it off to a fresh `dest` (then removed)."""
     plan = plan_rollout_file(rollouts, 1_000_000)
     (batch,) = plan.batches
-    start = time.perf_counter()
     lines = read_batch(rollouts, batch)
     source = TokenCaptureStore(store)
     finalized = asyncio.run(finalize_batch("bench", batch, lines, source, rows=rows))
     handoff_batch("bench", finalized, open_byte_store(dest))
-    seconds = time.perf_counter() - start
     shutil.rmtree(dest, ignore_errors=True)
-    return seconds, finalized
+    return finalized
+
+
+def emitted(finalized: FinalizedBatch) -> list[tuple[int, dict, bool]]:
+    """The batch's delivered records as `batch_rows` takes them (each a projected chain)."""
+    return [(n + 1, orjson.loads(line), True) for n, line in enumerate(finalized.part.splitlines())]
 
 
 def json_rows(finalized: FinalizedBatch) -> bytes:
     """The batch's rows as JSON lines: the same columns and values (numbers in shortest form)."""
-    records = [orjson.loads(line) for line in finalized.part.splitlines()]
-    rows = [row for n, record in enumerate(records) for row in record_rows(record, n + 1, True)]
+    rows = [
+        row
+        for line, rec, projected in emitted(finalized)
+        for row in record_rows(rec, line, projected)
+    ]
     option = orjson.OPT_SERIALIZE_NUMPY  # float32 log probs as their shortest repr
     return b"".join(orjson.dumps(dataclasses.asdict(row), option=option) + b"\n" for row in rows)
 
 
-def read_parquet(data: bytes) -> float:
-    start = time.perf_counter()
+def parquet_tokens(data: bytes) -> list[list[np.ndarray]]:
+    """Every token id, log prob and mask position of a part as numpy arrays: `read_rows`
+    (what the consumer decodes), then each row group's list values (views, no copy; a row's
+    tokens are the slice its list offsets give)."""
     table = read_rows(data)
-    arrays = [pc.list_flatten(table.column(name)).to_numpy() for name in COLUMNS]
-    assert all(len(a) == len(arrays[0]) for a in arrays)
-    return time.perf_counter() - start
+    return [[chunk.flatten().to_numpy() for chunk in table.column(c).chunks] for c in COLUMNS]
 
 
-JSON_TYPES = {"token_ids": np.int32, "generation_logprobs": np.float32, "loss_mask": np.int8}
+def verified_parquet_tokens(data: bytes, sha256: str) -> list[list[np.ndarray]]:
+    """`parquet_tokens` after the digest check the consumer makes before decoding a part."""
+    assert hashlib.sha256(data).hexdigest() == sha256
+    return parquet_tokens(data)
 
 
-def read_json(data: bytes, arrays: bool = True) -> float:
-    """Seconds to parse the JSON lines and, with `arrays`, have each row's columns as numpy
-    arrays (what a trainer feeds to tensors, and what the Parquet side ends with)."""
-    start = time.perf_counter()
+def json_tokens(data: bytes, arrays: bool = True) -> list[dict]:
+    """The JSON lines parsed with orjson (lists of Python numbers) and, with `arrays`, each
+    row's three columns as numpy arrays, each by the fastest conversion measured (an int8
+    mask through `bytes`, float32 log probs through `array("f")`)."""
     rows = [orjson.loads(line) for line in data.splitlines()]
     if arrays:
-        columns = [[np.asarray(r[c], dtype=t) for c, t in JSON_TYPES.items()] for r in rows]
-        assert all(len(c[0]) == len(c[2]) for c in columns)
-    return time.perf_counter() - start
+        for r in rows:
+            r["token_ids"] = np.asarray(r["token_ids"], dtype=np.int32)
+            logprobs = array("f", r["generation_logprobs"])
+            r["generation_logprobs"] = np.frombuffer(logprobs, np.float32)
+            r["loss_mask"] = np.frombuffer(bytes(r["loss_mask"]), np.int8)
+    return rows
+
+
+@dataclasses.dataclass
+class Clocks:
+    """Wall and CPU seconds of each side's calls, in call order.
+
+    CPU seconds are `cpu_clock`'s: the calling thread's (`time.thread_time`) for work done on
+    it alone, which does not grow when the shared machine's other processes take the cores
+    (wall seconds do), or the whole process's for work spread over threads.
+    """
+
+    cpu_clock: Callable[[], float] = time.process_time
+    wall: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    cpu: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+
+    def timed(self, side: str, fn: Callable[[], object], warm: bool = False) -> Callable[[], float]:
+        """`fn` as an `alternate_sides` side that records both clocks, returning wall seconds.
+
+        What `fn` returns is freed after the clocks are read: freeing is not part of having
+        it. With `warm`, an untimed call first, so each side is timed in the state its own
+        previous call leaves (as a reader of part after part is), not the other side's.
+        """
+
+        def run() -> float:
+            if warm:
+                fn()
+            wall, cpu = time.perf_counter(), self.cpu_clock()
+            kept = fn()
+            cpu, wall = self.cpu_clock() - cpu, time.perf_counter() - wall
+            del kept
+            self.wall.setdefault(side, []).append(wall)
+            self.cpu.setdefault(side, []).append(cpu)
+            return wall
+
+        return run
+
+    def ratio(self, clock: str, numerator: str, denominator: str) -> str:
+        """Median and range over the repetitions of one side's seconds over another's."""
+        seconds = self.cpu if clock == "cpu" else self.wall
+        r = [n / d for n, d in zip(seconds[numerator], seconds[denominator], strict=True)]
+        return f"{median(r):.3f}x (range {min(r):.3f}-{max(r):.3f}, {len(r)} pairs)"
+
+    def seconds(self, clock: str, side: str) -> str:
+        return describe_seconds((self.cpu if clock == "cpu" else self.wall)[side])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rollouts", type=int, default=100)
     parser.add_argument("--turns", type=int, default=16)
-    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--repetitions", type=int, default=7)
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     shape = RolloutShape(
@@ -113,7 +178,7 @@ def main() -> None:
         records = capture(store, args.rollouts, shape)
         with open(rollouts, "wb") as f:
             f.writelines(orjson.dumps(r) + b"\n" for r in records)
-        _, finalized = finalize(rollouts, store, f"{work}/warm", "parquet")  # freezes once
+        finalized = finalize(rollouts, store, f"{work}/warm", "parquet")  # freezes once
         parquet = finalized.rows or b""
         as_json = json_rows(finalized)
         table = read_rows(parquet)
@@ -127,31 +192,51 @@ def main() -> None:
             f"{len(parquet) / len(as_json):.3f}x (goal <= 0.35x); JSONL records part "
             f"{len(finalized.part):,} ({len(parquet) / len(finalized.part):.3f}x)"
         )
+        digest = hashlib.sha256(parquet).hexdigest()
+        reads = Clocks(time.thread_time)  # both sides decode on the calling thread
         sides = {
-            "json": lambda: read_json(as_json, arrays=False),
-            "json+arrays": lambda: read_json(as_json),
-            "parquet": lambda: read_parquet(parquet),
+            "json": lambda: json_tokens(as_json, arrays=False),
+            "json+arrays": lambda: json_tokens(as_json),
+            "parquet": lambda: parquet_tokens(parquet),
+            "parquet verified": lambda: verified_parquet_tokens(parquet, digest),
         }
-        reads = alternate_sides(sides, 3 * args.repetitions)  # reads are cheap: more reps
-        for baseline in ("json+arrays", "json"):
-            speedups = [b / p for b, p in zip(reads[baseline], reads["parquet"], strict=True)]
+        timed = {side: reads.timed(side, fn, warm=True) for side, fn in sides.items()}
+        alternate_sides(timed, 3 * args.repetitions)
+        for side in sides:
             print(
-                f"read every token: {baseline} {describe_seconds(reads[baseline])}, parquet "
-                f"{describe_seconds(reads['parquet'])}: {median(speedups):.1f}x faster (range "
-                f"{min(speedups):.1f}-{max(speedups):.1f}; goal >= 10x against json+arrays)"
+                f"read every token, {side}: CPU {reads.seconds('cpu', side)}, "
+                f"wall {reads.seconds('wall', side)}"
             )
-        seconds = alternate_sides(
+        for baseline in ("json+arrays", "json"):
+            for side in ("parquet", "parquet verified"):
+                goal = "; goal >= 10x" if baseline == "json+arrays" else ""
+                print(
+                    f"  {side} faster than {baseline}: CPU {reads.ratio('cpu', baseline, side)}"
+                    f"{goal}; wall {reads.ratio('wall', baseline, side)}"
+                )
+        delivered = emitted(finalized)
+        encode = Clocks(time.thread_time)
+        alternate_sides({"encode": encode.timed("encode", lambda: batch_rows(delivered))}, 5)
+        writes, dest = Clocks(), f"{work}/dest"
+        # Both sides finalize again (the captures are frozen): the rows of records that are
+        # not the builder's projection are derived comparing every item, the dearer path.
+        alternate_sides(
             {
-                "none": lambda: finalize(rollouts, store, f"{work}/dest", "none")[0],
-                "parquet": lambda: finalize(rollouts, store, f"{work}/dest", "parquet")[0],
+                side: writes.timed(side, lambda side=side: finalize(rollouts, store, dest, side))
+                for side in ("none", "parquet")
             },
             args.repetitions,
         )
-        ratios = [p / n for p, n in zip(seconds["parquet"], seconds["none"], strict=True)]
+        share = median(encode.cpu["encode"]) / median(writes.cpu["none"])
         print(
-            f"finalize + hand off: rows none {describe_seconds(seconds['none'])}, parquet "
-            f"{describe_seconds(seconds['parquet'])}: {median(ratios):.3f}x "
-            f"(range {min(ratios):.3f}-{max(ratios):.3f}; goal <= 1.15x)"
+            f"finalize + hand off: rows none wall {writes.seconds('wall', 'none')}, parquet "
+            f"{writes.seconds('wall', 'parquet')}: parquet/none wall "
+            f"{writes.ratio('wall', 'parquet', 'none')} (goal <= 1.15x); CPU "
+            f"{writes.ratio('cpu', 'parquet', 'none')}"
+        )
+        print(
+            f"  deriving and encoding the rows alone: CPU {encode.seconds('cpu', 'encode')}, "
+            f"{share:.1%} of finalize's CPU without rows ({writes.seconds('cpu', 'none')})"
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)

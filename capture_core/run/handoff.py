@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import re
+from concurrent import futures
 
 import orjson
 from pydantic import BaseModel, Field
@@ -41,6 +42,7 @@ from capture_core.run.crash_points import crash_point
 from capture_core.run.finalize import finalize_rollout, rollout_carries_token_ids
 from capture_core.run.rollout_io import BatchPlan, ParsedLine
 from capture_core.storage import ByteStore
+from capture_core.storage.io_pool import io_pool
 
 logger = logging.getLogger(__name__)
 
@@ -317,15 +319,26 @@ def upload_part(dest: ByteStore, key: str, data: bytes) -> tuple[str, int]:
 
 
 def handoff_batch(run_id: str, finalized: FinalizedBatch, dest: ByteStore) -> HandoffReceipt:
-    """Durably hand a finalized batch off (records part, then rows part) and return its receipt."""
-    digest, size = upload_part(dest, finalized.part_key, finalized.part)
+    """Durably hand a finalized batch off (records part and rows part) and return its receipt.
+
+    The rows part is uploaded on the I/O pool while the records part is uploaded here; both
+    are waited for, and either one's error raised, before anything is returned.
+    """
+    key, data = finalized.rows_key, finalized.rows
+    rows_upload = (
+        None if key is None or data is None else io_pool().submit(upload_part, dest, key, data)
+    )
+    try:
+        digest, size = upload_part(dest, finalized.part_key, finalized.part)
+    finally:
+        if rows_upload is not None:
+            futures.wait([rows_upload])
     rows = None
-    if finalized.rows_key is not None and finalized.rows is not None:
+    if rows_upload is not None and key is not None and data is not None:
         from capture_core.run.trainer_rows import count_rows
 
-        rows_digest, rows_size = upload_part(dest, finalized.rows_key, finalized.rows)
-        count = count_rows(finalized.rows)
-        rows = RowsPart(key=finalized.rows_key, sha256=rows_digest, bytes=rows_size, rows=count)
+        rows_digest, rows_size = rows_upload.result()
+        rows = RowsPart(key=key, sha256=rows_digest, bytes=rows_size, rows=count_rows(data))
     return HandoffReceipt(
         run_id=run_id,
         batch=finalized.index,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import orjson
 import pytest
@@ -18,6 +19,7 @@ from capture_core.run.handoff import (
     upload_part,
     verify_part,
 )
+from capture_core.run.trainer_rows import batch_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from tests.store.test_torn_puts import turns
@@ -118,3 +120,44 @@ def test_retire_drops_nothing_when_the_part_is_missing(tmp_path, dest) -> None:
     with pytest.raises(PartMismatchError):
         asyncio.run(retire_receipt(receipt, store, dest))
     assert store.read_entries("r1")
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_dest(request: pytest.FixtureRequest, tmp_path):
+    if request.param == "local":
+        return open_byte_store(str(tmp_path / "dest"))
+    return open_byte_store(request.getfixturevalue("s3_url"), request.getfixturevalue("s3_options"))
+
+
+def with_rows() -> FinalizedBatch:
+    """A batch of one record, with its records part and its rows part."""
+    outcome = RolloutOutcome(line=1, rollout_id="r-0")
+    record = part_record(outcome)
+    return FinalizedBatch(
+        index=0, receipt_key="batch-00000-k", part_key="run/records/p.jsonl",
+        part=orjson.dumps(record) + b"\n", outcomes=[outcome],
+        rows_key="run/rows/p.parquet", rows=batch_rows([(1, record, False)]),
+    )  # fmt: skip
+
+
+def test_the_receipt_pins_both_parts_as_written(any_dest) -> None:
+    batch = with_rows()
+    receipt = handoff_batch("run", batch, any_dest)
+    assert receipt.rows is not None and receipt.rows.rows == 1
+    assert receipt.rows.sha256 == hashlib.sha256(batch.rows or b"").hexdigest()
+    assert any_dest.get("run/rows/p.parquet") == batch.rows
+    assert any_dest.get("run/records/p.jsonl") == batch.part
+
+
+@pytest.mark.parametrize("conflicting", ["run/records/p.jsonl", "run/rows/p.parquet"])
+def test_a_conflict_on_either_part_raises_once_both_uploads_ended(any_dest, conflicting) -> None:
+    """The two parts upload concurrently: an error on one is raised only after the other
+    finished (no write of the handoff goes on after it returned), and no receipt is made."""
+    batch = with_rows()
+    any_dest.create(conflicting, b"other\n")
+    with pytest.raises(HandoffConflictError, match=conflicting):
+        handoff_batch("run", batch, any_dest)
+    assert any_dest.get(conflicting) == b"other\n"
+    other = {"run/records/p.jsonl": batch.part, "run/rows/p.parquet": batch.rows}
+    (key,) = set(other) - {conflicting}
+    assert any_dest.get(key) == other[key]
