@@ -131,7 +131,7 @@ def valid_bucket(name: str) -> bool:
     return bool(re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", name)) and ".." not in name
 
 
-@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_s3_bucket_named_in_the_docs_is_valid(path: Path) -> None:
     buckets = set(BUCKET.findall(path.read_text(encoding="utf-8"))) - {""}
     assert [b for b in buckets if not valid_bucket(b)] == []
