@@ -319,7 +319,7 @@ def test_first_demo_succeeds_on_a_busy_machine_with_a_fresh_prefect_home(tmp_pat
     assert "prefect server start` and open http://127.0.0.1:4200" in result.stdout
     dest = tmp_path / "demo" / "dest"
     assert dest.is_dir(), "the relative workdir is under the cwd"
-    (run_id,) = os.listdir(dest)
+    (run_id,) = re.findall(r"--run-id (\S+)", result.stdout)  # its `tokcap status` hint
     ledger = read_ledger(open_byte_store(str(dest)), run_id) or []
     assert len(ledger) == 7 and all(line.handed_off for line in ledger), ledger
     notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
