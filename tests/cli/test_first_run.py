@@ -282,15 +282,13 @@ def test_status_json_says_where_the_records_are(run_inputs, prefect_api: str) ->
     assert summary["ledger"] == f"{run_inputs['dest']}/where/ledger.jsonl"
 
 
-BURN_SECONDS = 300
+DEMO_DEADLINE = 1200
+"""Seconds the busy demo may take: a fresh database under two burners and a loaded machine."""
 
 
 def cpu_burner() -> subprocess.Popen:
-    """A CPU-bound process that stops by itself after `BURN_SECONDS`."""
-    code = (
-        f"import time\nend = time.monotonic() + {BURN_SECONDS}\n"
-        "while time.monotonic() < end:\n    pass\n"
-    )
+    """A CPU-bound process that runs until it is terminated or its parent is gone."""
+    code = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
     return subprocess.Popen([sys.executable, "-c", code])
 
 
@@ -301,6 +299,9 @@ def fresh_prefect_env(home: str, **extra: str) -> dict[str, str]:
 
 
 def test_first_demo_succeeds_on_a_busy_machine_with_a_fresh_prefect_home(tmp_path) -> None:
+    """The command is judged by its own output (exit code, summary, ledger, its one note):
+    what a loaded server or Prefect's background services print around it is not the
+    command's, and it varies with the load."""
     burners = [cpu_burner(), cpu_burner()]
     try:
         result = subprocess.run(
@@ -309,23 +310,27 @@ def test_first_demo_succeeds_on_a_busy_machine_with_a_fresh_prefect_home(tmp_pat
             env=fresh_prefect_env(str(tmp_path / "prefect-home")),
             capture_output=True,
             text=True,
-            timeout=BURN_SECONDS - 30,
+            timeout=DEMO_DEADLINE,
         )
         competed = [burner.poll() is None for burner in burners]
     finally:
         for burner in burners:
             burner.terminate()
-            burner.wait(timeout=30)
+            burner.wait(timeout=60)
     assert competed == [True, True], "both CPU burners ran for the whole demo"
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr and "database is locked" not in result.stderr
     assert re.search(r"^handed off\s+7$", result.stdout, re.MULTILINE), result.stdout
     assert "prefect server start` and open http://127.0.0.1:4200" in result.stdout
-    assert os.path.isdir(tmp_path / "demo" / "dest"), "the relative workdir is under the cwd"
-    if "note:" in result.stderr:  # the loaded server logged errors: to its log, named once
+    dest = tmp_path / "demo" / "dest"
+    assert dest.is_dir(), "the relative workdir is under the cwd"
+    (run_id,) = re.findall(r"--run-id (\S+)", result.stdout)  # its `tokcap status` hint
+    ledger = read_ledger(open_byte_store(str(dest)), run_id) or []
+    assert len(ledger) == 7 and all(line.handed_off for line in ledger), ledger
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
+    assert len(notes) <= 1, notes
+    if notes:  # the loaded server logged errors: to its log, named once
         server_log = tmp_path / "prefect-home" / "tokcap-temporary-server.log"
-        assert error_lines(str(server_log), LOG_START), result.stderr
-        assert result.stderr.count("note:") == 1, result.stderr
+        assert notes[0].endswith(str(server_log)) and error_lines(str(server_log), LOG_START)
 
 
 def test_tokcap_deployments_prints_the_path_without_starting_a_server(tmp_path) -> None:

@@ -37,7 +37,9 @@ from tests.support.stalling_source import WORKER_ENV, read_flag
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 POOL = "tokcap-two-workers"
-LEASE = 8.0
+# Long enough that renewals every quarter lease keep a live claim on a loaded 2-core machine
+# (as in tests/run/test_lost_claim.py): only the killed worker's claim may lapse.
+LEASE = 15.0
 STALL_FILE = "a-stall.jsonl"
 # Waves of (file, task index, rollouts); each wave arrives once the previous one is claimed.
 # The stall file sorts first, so the next run to scan claims it and stalls in its batch 1.

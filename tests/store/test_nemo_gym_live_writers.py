@@ -25,6 +25,10 @@ from tests.support.servers import wait_until
 pytestmark = pytest.mark.integrity
 
 TRIALS = 12
+# The live writer puts calls until the freeze refuses one: many more than it can put before
+# the freeze (each call's prompt is longer), however the processes are scheduled.
+LIVE_CALLS = "2000"
+DEADLINE = 120.0
 
 
 class WriterProcess:
@@ -47,8 +51,8 @@ class WriterProcess:
             self.lines.append(line.strip())
 
     def finish(self) -> list[str]:
-        assert self.proc.wait(timeout=60) == 0
-        self._reader.join(timeout=10)
+        assert self.proc.wait(timeout=DEADLINE) == 0
+        self._reader.join(timeout=DEADLINE)
         return self.lines
 
 
@@ -62,11 +66,13 @@ def gym_dir(tmp_path) -> str:
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_a_live_writer_and_freeze_then_drop_stay_consistent(gym_dir, trial: int) -> None:
     rollout_id = f"live-{trial}"
-    writer = WriterProcess(gym_dir, rollout_id, "400", "300")
-    wait_until(lambda: len(writer.lines) >= trial % 4, 30, "the writer's first puts")
+    writer = WriterProcess(gym_dir, rollout_id, LIVE_CALLS, "300")
+    wait_until(lambda: len(writer.lines) >= trial % 4, DEADLINE, "the writer's first puts")
     store = TokenCaptureStore(gym_dir)
     snapshot = store.freeze_now(rollout_id)
-    wait_until(lambda: any(line.startswith("refused") for line in writer.lines), 30, "a refusal")
+    wait_until(
+        lambda: any(line.startswith("refused") for line in writer.lines), DEADLINE, "a refusal"
+    )
     assert store.freeze_now(rollout_id) == snapshot, "idempotent while a late writer knocks"
     dropped = store.drop_now(rollout_id, snapshot.snapshot_id, snapshot.version)
     lines = writer.finish()
@@ -93,11 +99,11 @@ def test_a_late_loss_racing_drop_never_both_succeed(gym_dir, trial: int) -> None
     snapshot = store.freeze_now(rollout_id)
     go = os.path.join(os.path.dirname(gym_dir), f"go-{trial}")
     marker = WriterProcess("mark", gym_dir, rollout_id, go)
-    wait_until(lambda: marker.lines == ["ready"], 30, "the marking process")
+    wait_until(lambda: marker.lines == ["ready"], DEADLINE, "the marking process")
     with open(go, "wb"):
         pass
     if trial % 2:
-        wait_until(lambda: len(marker.lines) == 2, 30, "the loss report")
+        wait_until(lambda: len(marker.lines) == 2, DEADLINE, "the loss report")
     dropped = store.drop_now(rollout_id, snapshot.snapshot_id, snapshot.version)
     _ready, outcome = marker.finish()
     assert dropped != (outcome == "marked"), "either the loss fails the drop or is refused"
@@ -188,7 +194,7 @@ def test_an_operation_waiting_on_a_swept_lock_file_waits_for_its_successor(gym_d
         fcntl.flock(sweeper.fileno(), fcntl.LOCK_EX)
         putter = threading.Thread(target=store.put_now, args=(entry_payload("seed-0", 1),))
         putter.start()
-        wait_until(lambda: _flock_waiters(lock_path), 30, "the put waiting for the lock")
+        wait_until(lambda: _flock_waiters(lock_path), DEADLINE, "the put waiting for the lock")
         for kind in ("state.json", "lock"):
             os.unlink(GymWriter(gym_dir).path("seed-0", kind))
         with open(lock_path, "a+b") as successor:
@@ -196,13 +202,13 @@ def test_an_operation_waiting_on_a_swept_lock_file_waits_for_its_successor(gym_d
             fcntl.flock(sweeper.fileno(), fcntl.LOCK_UN)
             wait_until(
                 lambda: not putter.is_alive() or _flock_waiters(lock_path),
-                30,
+                DEADLINE,
                 "the put to finish or to wait on the new lock file",
             )
             assert putter.is_alive(), "a lock on an unlinked lock file excludes nobody"
             with open(GymWriter(gym_dir).path("seed-0", "jsonl"), "rb") as f:
                 assert f.read().count(b"\n") == 1, "nothing is written without the lock"
-        putter.join(timeout=30)
+        putter.join(timeout=DEADLINE)
     assert not putter.is_alive()
     record_case("NeMo Gym operation queued on a lock file the sweep removed")
 

@@ -143,9 +143,7 @@ class GymWriter:
 
 def entry_payload(rollout_id: str, call: int) -> dict[str, Any]:
     """Call `call` of a linear chain, as NeMo Gym dumps a `TokenEntry` (`mode="json"`)."""
-    prompt = [1, 2, 3]
-    for earlier in range(call):
-        prompt = [*prompt, 100 + earlier, 200 + earlier, 7]
+    prompt = [1, 2, 3, *(t for earlier in range(call) for t in (100 + earlier, 200 + earlier, 7))]
     return {
         "schema_version": 1,
         "rollout_id": rollout_id,
