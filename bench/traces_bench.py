@@ -12,7 +12,8 @@ is checked again as a consumer would (`check_envelope` against the frozen captur
 Time, in CPU seconds of the process (the machine is shared): finalize (freeze, read, build,
 check, encode) of all rollouts per delivery, sides alternating over the repetitions; and the
 in-memory build alone (`assemble` against `assemble_traces` over the entries already read),
-also alternating.
+also alternating, with the envelope check inside it (`check_envelope` against the capture, as
+the build runs it before handoff) timed on its own as a third side.
 Prints figures; asserts nothing.
 Usage: .venv/bin/python -m bench.traces_bench [--per-shape N] [--seed S] [--scale K]
        [--repetitions R]
@@ -147,6 +148,18 @@ def time_sides(eps: list[Episode], store: TokenCaptureStore, repetitions: int) -
         for ep, calls, terminal in pairs:
             assemble_traces(ep.rollout_id, calls, "prefix_merging", terminal)
 
+    built = [
+        (ep.rollout_id, result.training_traces, {c.model_call_id: c for c in calls})
+        for ep, calls, terminal in pairs
+        if (
+            result := assemble_traces(ep.rollout_id, calls, "prefix_merging", terminal)
+        ).training_traces
+    ]
+
+    def check_traces() -> None:
+        for rollout_id, envelope, calls in built:
+            check_envelope(envelope, rollout_id, calls=calls)
+
     finalize = alternate_sides(
         {
             "main_chain": lambda: _timed(
@@ -159,7 +172,11 @@ def time_sides(eps: list[Episode], store: TokenCaptureStore, repetitions: int) -
         repetitions,
     )
     build = alternate_sides(
-        {"main_chain": lambda: _timed(build_main), "all_traces": lambda: _timed(build_traces)},
+        {
+            "main_chain": lambda: _timed(build_main),
+            "all_traces": lambda: _timed(build_traces),
+            "envelope check": lambda: _timed(check_traces),
+        },
         repetitions,
     )
     return {"finalize": finalize, "build": build}
@@ -210,6 +227,14 @@ def report(tally: Tally, seconds: dict, eps: list[Episode]) -> None:
             f"{kind}: main_chain {describe_seconds(main)}, all_traces {describe_seconds(traces)}, "
             f"ratio {statistics.median(ratios):.2f}x (range {min(ratios):.2f}-{max(ratios):.2f})"
         )
+        if "envelope check" in sides:
+            check = sides["envelope check"]
+            shares = [c / m for c, m in zip(check, main, strict=True)]
+            print(
+                f"  of which the envelope check {describe_seconds(check)}, "
+                f"{statistics.median(shares):.2f}x the main chain's build "
+                f"(range {min(shares):.2f}-{max(shares):.2f})"
+            )
 
 
 @dataclass

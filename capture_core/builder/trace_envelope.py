@@ -53,32 +53,36 @@ def _is_int(value: Any) -> bool:
     return type(value) is int
 
 
-def _token_ids(values: Any, where: str) -> None:
+def _is_mapping(value: Any) -> bool:
+    """A JSON object; the exact-type test first, as the ABC test costs more."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
+def _are_token_ids(values: Any) -> bool:
     """Vocabulary ids: non-negative integers (one C pass: an `array` refuses anything else)."""
-    refusal = _fail(where, "must be a list of non-negative integer ids")
     if not isinstance(values, list):
-        raise refusal
+        return False
     try:
         array("Q", values)
     except (TypeError, OverflowError):
-        raise refusal from None
+        return False
+    return True
 
 
-def _finite_numbers(values: Any, where: str, n: int) -> None:
+def _check_finite(values: Any, where: str, n: int) -> None:
     """`n` finite numbers; the sum in `all_finite` refuses anything that is not a number."""
-    refusal = _fail(where, f"must be a list of {n} numbers")
     if not isinstance(values, list) or len(values) != n:
-        raise refusal
+        raise _fail(where, f"must be a list of {n} numbers")
     try:
         finite = all_finite(values)
     except TypeError:
-        raise refusal from None
+        raise _fail(where, f"must be a list of {n} numbers") from None
     if not finite:
         raise _fail(where, "holds a value that is not a finite number")
 
 
 def _check_header(envelope: Any, rollout_id: str | None) -> list[Any]:
-    if not isinstance(envelope, Mapping):
+    if not _is_mapping(envelope):
         raise _fail("envelope", f"must be a JSON object, got {type(envelope).__name__}")
     missing = [name for name in ENVELOPE_FIELDS if name not in envelope]
     if missing:
@@ -97,32 +101,46 @@ def _check_header(envelope: Any, rollout_id: str | None) -> list[Any]:
     return traces
 
 
-def _check_spans(trace: Mapping[str, Any], where: str, n: int) -> list[tuple[str, int, int]]:
-    spans = trace["sampled_spans"]
+def _check_spans(spans: Any, calls: list[str], where: str, n: int) -> list[tuple[str, int, int]]:
+    """The spans of a row of `n` positions, ordered by position: each a non-empty range after
+    position 0, naming one of the row's calls, none overlapping another."""
     if not isinstance(spans, list):
         raise _fail(f"{where}.sampled_spans", "must be a list")
-    calls = trace["model_call_ids"]
     parsed: list[tuple[str, int, int]] = []
+    in_order = True
+    last_end = 0
     for k, span in enumerate(spans):
-        here = f"{where}.sampled_spans[{k}]"
-        if not isinstance(span, Mapping) or not span.keys() >= _SPAN_KEYS:
-            raise _fail(here, f"must be an object with {list(SPAN_FIELDS)}")
+        if not _is_mapping(span) or not span.keys() >= _SPAN_KEYS:
+            raise _fail(
+                f"{where}.sampled_spans[{k}]", f"must be an object with {list(SPAN_FIELDS)}"
+            )
         call, start, end = span["model_call_id"], span["start"], span["end"]
         if not (_is_int(start) and _is_int(end)) or not 0 < start < end <= n:
-            raise _fail(here, f"[{start!r}, {end!r}) is not a non-empty range after position 0")
+            raise _fail(
+                f"{where}.sampled_spans[{k}]",
+                f"[{start!r}, {end!r}) is not a non-empty range after position 0",
+            )
         if call not in calls:
-            raise _fail(here, f"names call {call!r}, which is not among the row's model_call_ids")
+            raise _fail(
+                f"{where}.sampled_spans[{k}]",
+                f"names call {call!r}, which is not among the row's model_call_ids",
+            )
+        in_order = in_order and start >= last_end
+        last_end = end
         parsed.append((call, start, end))
-    parsed.sort(key=lambda span: span[1])
-    for (_, _, end), (call, start, _) in itertools.pairwise(parsed):
-        if start < end:
-            raise _fail(f"{where}.sampled_spans", f"span of {call!r} overlaps the one before it")
+    if not in_order:
+        parsed.sort(key=lambda span: span[1])
+        for (_, _, end), (call, start, _) in itertools.pairwise(parsed):
+            if start < end:
+                raise _fail(
+                    f"{where}.sampled_spans", f"span of {call!r} overlaps the one before it"
+                )
     return parsed
 
 
 def _check_trace(trace: Any, where: str, rollout_id: str) -> list[tuple[str, int, int]]:
     """The rules of one row; returns its spans ordered by position."""
-    if not isinstance(trace, Mapping) or not trace.keys() >= _TRACE_KEYS:
+    if not _is_mapping(trace) or not trace.keys() >= _TRACE_KEYS:
         raise _fail(where, f"must be an object with {list(TRACE_FIELDS)}")
     calls = trace["model_call_ids"]
     if not isinstance(calls, list) or not calls or not set(map(type, calls)) <= {str}:
@@ -131,15 +149,16 @@ def _check_trace(trace: Any, where: str, rollout_id: str) -> list[tuple[str, int
         raise _fail(
             f"{where}.trace_id", f"is {trace['trace_id']!r}, not '<rollout_id>:<last call>'"
         )
-    tokens = trace["token_ids"]
-    _token_ids(tokens, f"{where}.token_ids")
-    logprobs, mask, n = trace["generation_logprobs"], trace["loss_mask"], len(tokens)
-    _finite_numbers(logprobs, f"{where}.generation_logprobs", n)
+    tokens, logprobs, mask = trace["token_ids"], trace["generation_logprobs"], trace["loss_mask"]
+    if not _are_token_ids(tokens):
+        raise _fail(f"{where}.token_ids", "must be a list of non-negative integer ids")
+    n = len(tokens)
+    _check_finite(logprobs, f"{where}.generation_logprobs", n)
     if not isinstance(mask, list) or len(mask) != n:
         raise _fail(f"{where}.loss_mask", f"must be a list of {n} values of 0 or 1")
     if n and mask[0] != 0:
         raise _fail(f"{where}.loss_mask", "trains the first position, which has no context")
-    spans = _check_spans(trace, where, n)
+    spans = _check_spans(trace["sampled_spans"], calls, where, n)
     expected = bytearray(n)
     gap_start = 0
     for _, start, end in spans:
@@ -166,15 +185,22 @@ def _check_against_capture(
     tokens, logprobs = trace["token_ids"], trace["generation_logprobs"]
     for call_id, start, end in spans:
         entry = calls.get(call_id)
-        here = f"{where} span of {call_id!r}"
         if entry is None:
-            raise _fail(here, "names a call the capture does not hold")
-        if start != len(entry.prompt_token_ids) or tokens[:start] != entry.prompt_token_ids:
-            raise _fail(here, "is not preceded by exactly the prompt the call was served")
+            raise _fail(f"{where} span of {call_id!r}", "names a call the capture does not hold")
+        prompt = entry.prompt_token_ids
+        if start != len(prompt) or tokens[:start] != prompt:
+            raise _fail(
+                f"{where} span of {call_id!r}",
+                "is not preceded by exactly the prompt the call was served",
+            )
         if tokens[start:end] != entry.generation_token_ids:
-            raise _fail(here, "is not exactly the tokens the call generated")
+            raise _fail(
+                f"{where} span of {call_id!r}", "is not exactly the tokens the call generated"
+            )
         if logprobs[start:end] != entry.generation_log_probs:
-            raise _fail(here, "does not carry the call's sampling-time log probs")
+            raise _fail(
+                f"{where} span of {call_id!r}", "does not carry the call's sampling-time log probs"
+            )
 
 
 def check_envelope(

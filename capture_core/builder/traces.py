@@ -68,6 +68,7 @@ EXCLUSION_REASONS = (
 )
 # A generation this short may occur in another prompt by chance; it is no evidence of order.
 MIN_SEEN_GENERATION = 8
+_ZERO, _OFF, _ON = [0.0], [0], [1]
 
 
 @dataclass(frozen=True)
@@ -169,13 +170,15 @@ class _Plan:
         self.calls: list[TokenEntry] = []
         self.excluded: dict[int, str] = {}
         self.forest: CallForest | None = None
+        self._kept: list[int] = []
 
     def excluded_ids(self) -> dict[str, str]:
         named = {self.calls[i].model_call_id: why for i, why in self.excluded.items()}
         return dict(sorted({**self.early, **named}.items()))
 
     def kept(self) -> list[int]:
-        return [i for i in range(len(self.calls)) if i not in self.excluded]
+        """The owned calls' positions, once `settle` has decided them."""
+        return self._kept
 
     def kept_ids(self) -> list[str]:
         return [self.calls[i].model_call_id for i in self.kept()]
@@ -204,7 +207,8 @@ class _Plan:
         if terminal is not None:
             self._exclude_after(terminal)
         self._settle_groups(terminal)
-        kept = self.kept()
+        excluded = self.excluded
+        self._kept = kept = [i for i in range(len(self.calls)) if i not in excluded]
         if not kept:
             raise _Unsafe("no call is left to train once the excluded calls are left out")
         if any(not self.calls[i].prompt_token_ids for i in kept):
@@ -346,16 +350,23 @@ class _Plan:
         # Each prompt on a path extends the call before it, so the row is the leaf's
         # prompt plus generation (`check_envelope` verifies every span against its call).
         leaf_call = calls[path[-1]]
-        tokens = [*leaf_call.prompt_token_ids, *leaf_call.generation_token_ids]
-        logprobs = [0.0] * len(tokens)
-        mask = [0] * len(tokens)
+        tokens = leaf_call.prompt_token_ids + leaf_call.generation_token_ids
+        logprobs: list[float] = []
+        mask: list[int] = []
         spans = []
+        at = 0
         for i in owners:  # in path order, so spans come in position order
-            start = len(calls[i].prompt_token_ids)
-            end = start + len(calls[i].generation_token_ids)
-            logprobs[start:end] = calls[i].generation_log_probs
-            mask[start:end] = [1] * (end - start)
-            spans.append({"model_call_id": calls[i].model_call_id, "start": start, "end": end})
+            call = calls[i]
+            start = len(call.prompt_token_ids)
+            end = start + len(call.generation_token_ids)
+            logprobs += _ZERO * (start - at)
+            logprobs += call.generation_log_probs
+            mask += _OFF * (start - at)
+            mask += _ON * (end - start)
+            spans.append({"model_call_id": call.model_call_id, "start": start, "end": end})
+            at = end
+        logprobs += _ZERO * (len(tokens) - at)
+        mask += _OFF * (len(tokens) - at)
         return {
             "trace_id": f"{self.rollout_id}:{leaf_call.model_call_id}",
             "model_call_ids": [calls[i].model_call_id for i in path],
@@ -392,21 +403,30 @@ def _same_tokens(a: TokenEntry, b: TokenEntry) -> bool:
 def _collapse_identical(calls: list[TokenEntry]) -> tuple[list[TokenEntry], dict[str, str]]:
     """Calls with pairwise different tokens (the smallest id of each identical set), and each
     left-out twin's representative. Twins train the same tokens: one of them is owned."""
-    by_key: dict[tuple, list[TokenEntry]] = defaultdict(list)
-    for call in calls:
-        key = (
-            len(call.prompt_token_ids),
-            joined_key(call.prompt_token_ids, call.generation_token_ids),
-        )
-        by_key[key].append(call)
+    keys = [
+        (len(call.prompt_token_ids), joined_key(call.prompt_token_ids, call.generation_token_ids))
+        for call in calls
+    ]
     twins: dict[str, str] = {}
-    for members in by_key.values():
-        if len(members) < 2:
-            continue
+    for members in _clashes(keys, calls):
         for group in _partition(members, _same_tokens):
             keep = min(group, key=lambda c: c.model_call_id)
             twins.update((c.model_call_id, keep.model_call_id) for c in group if c is not keep)
     return [c for c in calls if c.model_call_id not in twins], twins
+
+
+def _clashes(keys: list[Any], items: list[Any]) -> list[list[Any]]:
+    """The items sharing a key with another item, grouped by key in first-seen order.
+
+    Keys are necessary for equality, never sufficient; the usual case (every key distinct)
+    costs one set of the keys and no grouping.
+    """
+    if len(set(keys)) == len(keys):
+        return []
+    by_key: dict[Any, list[Any]] = defaultdict(list)
+    for key, item in zip(keys, items, strict=True):
+        by_key[key].append(item)
+    return [members for members in by_key.values() if len(members) > 1]
 
 
 def _partition(members: Sequence[Any], same: Any) -> list[list[Any]]:
@@ -424,15 +444,14 @@ def _partition(members: Sequence[Any], same: Any) -> list[list[Any]]:
 
 def _same_prompt_groups(calls: list[TokenEntry]) -> list[list[int]]:
     """Positions of calls sharing one prompt (two or more), deepest prompts first."""
-    by_key: dict[tuple, list[int]] = defaultdict(list)
-    for i, call in enumerate(calls):
-        prompt = call.prompt_token_ids
-        by_key[prefix_key(prompt, len(prompt)) if prompt else (0,)].append(i)
+    keys = [
+        prefix_key(c.prompt_token_ids, len(c.prompt_token_ids)) if c.prompt_token_ids else (0,)
+        for c in calls
+    ]
+    same = lambda i, j: calls[i].prompt_token_ids == calls[j].prompt_token_ids  # noqa: E731
     groups: list[list[int]] = []
-    for members in by_key.values():
-        if len(members) > 1:
-            same = lambda i, j: calls[i].prompt_token_ids == calls[j].prompt_token_ids  # noqa: E731
-            groups.extend(g for g in _partition(members, same) if len(g) > 1)
+    for members in _clashes(keys, list(range(len(calls)))):
+        groups.extend(g for g in _partition(members, same) if len(g) > 1)
     groups.sort(key=lambda g: (-len(calls[g[0]].prompt_token_ids), g[0]))
     return groups
 

@@ -288,6 +288,62 @@ def test_check_envelope_against_the_capture_refuses_other_tokens() -> None:
         check_envelope(_valid(), "r", calls=calls, owners=["a", "b", "c"])
 
 
+def test_spans_listed_out_of_order_are_read_by_position() -> None:
+    calls = {"a": token_call("a", [1, 2], [3]), "b": token_call("b", [1, 2, 3, 4], [5, 6])}
+    reversed_spans = _broken(lambda e: e["traces"][0]["sampled_spans"].reverse())
+    check_envelope(reversed_spans, "r", calls=calls, owners=["a", "b"])
+
+    def overlap_out_of_order(envelope: dict) -> None:
+        spans = envelope["traces"][0]["sampled_spans"]
+        spans[1].update(start=2)
+        spans.reverse()
+
+    with pytest.raises(TraceEnvelopeError, match="overlaps"):
+        check_envelope(_broken(overlap_out_of_order), "r")
+
+
+def _generated_envelopes() -> list[tuple[str, dict, dict]]:
+    """Every delivered envelope of a few generated episodes per shape, with its capture."""
+    found = []
+    for shape in SHAPES:
+        for index in range(3):
+            ep = episode(index, shape, seed=11)
+            inputs = TerminalInputs.from_record(ep.record)
+            built = build_training_traces(ep.rollout_id, ep.entries, terminal=inputs)
+            if built.envelope is not None:
+                calls = {e.model_call_id: e for e in ep.entries}
+                found.append((ep.rollout_id, built.envelope, calls))
+    return found
+
+
+def test_every_one_token_edit_of_a_generated_envelope_is_refused() -> None:
+    """One token changed anywhere in a row (context, a prompt, a generation) is refused, as
+    is a trainable first position or a span moved onto the one before it."""
+    envelopes = _generated_envelopes()
+    assert envelopes
+    edits = 0
+    for rollout_id, envelope, calls in envelopes:
+        check_envelope(envelope, rollout_id, calls=calls)
+        for t, trace in enumerate(envelope["traces"]):
+            for position in {0, 1, *(s["start"] - 1 for s in trace["sampled_spans"])}:
+                edited = copy.deepcopy(envelope)
+                edited["traces"][t]["token_ids"][position] += 1
+                with pytest.raises(TraceEnvelopeError, match="prompt the call|the call generated"):
+                    check_envelope(edited, rollout_id, calls=calls)
+                edits += 1
+            first = copy.deepcopy(envelope)
+            first["traces"][t]["loss_mask"][0] = 1
+            with pytest.raises(TraceEnvelopeError, match="first position"):
+                check_envelope(first, rollout_id, calls=calls)
+            if len(trace["sampled_spans"]) > 1:
+                overlapping = copy.deepcopy(envelope)
+                spans = overlapping["traces"][t]["sampled_spans"]
+                spans[1]["start"] = spans[0]["end"] - 1
+                with pytest.raises(TraceEnvelopeError, match="overlaps"):
+                    check_envelope(overlapping, rollout_id, calls=calls)
+    assert edits > len(envelopes)
+
+
 def test_the_delivery_key_is_read_and_a_misspelt_one_refused() -> None:
     block = {"enabled": True, "dir": "/captures", "delivery": "all_traces"}
     assert TokenIdCaptureConfig.from_global({"token_id_capture": block}).delivery == "all_traces"
