@@ -334,8 +334,11 @@ class TokenCaptureStore(CaptureStore):
         I/O pool, and no capture is deleted before its own tombstone is durable. A crash
         between the phases or during the second leaves tombstones above their payloads: a
         repeated drop (the re-run) deletes them, and until then they are fenced like any
-        retired capture (docs/store.md, Retiring a batch).
+        retired capture (docs/store.md, Retiring a batch). A subclass with its own `drop_now`
+        is retired through it, one drop per rollout: the two phases would bypass it.
         """
+        if type(self).drop_now is not TokenCaptureStore.drop_now:
+            return await super().drop_many(drops, concurrency=concurrency, checkpoint=checkpoint)
         limit = asyncio.Semaphore(concurrency)
 
         async def bounded(fn: Callable[..., Any], *args: Any) -> Any:

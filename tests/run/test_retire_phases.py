@@ -165,3 +165,22 @@ def test_nemo_gym_store_retires_a_batch_one_drop_per_rollout(tmp_path) -> None:
     assert results == [True, True, True]
     assert moments == [DELETED, DELETED, DELETED, DECIDED]
     assert not any(store.read_entries(d.rollout_id) for d in drops)
+
+
+class RefusingStore(TokenCaptureStore):
+    """A subclass whose own `drop_now` refuses every drop."""
+
+    def drop_now(self, rollout_id: str, snapshot_id: str, version: int) -> bool:
+        return False
+
+
+def test_a_subclass_with_its_own_drop_is_retired_through_it(tmp_path) -> None:
+    store = RefusingStore(str(tmp_path))
+    receipt = receipt_for(store, 2)
+    drops = [
+        DropRequest(r.rollout_id or "", r.snapshot_id or "", r.version or 0)
+        for r in receipt.rollouts
+    ]
+    assert asyncio.run(store.drop_many(drops, concurrency=2)) == [False, False]
+    assert all(payloads(store, d.rollout_id) for d in drops), "its refusal keeps the captures"
+    assert not any(store.byte_store.exists(f"{d.rollout_id}/RETIRED") for d in drops)
