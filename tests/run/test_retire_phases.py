@@ -37,6 +37,14 @@ def handed_off_to(dest: ByteStore, store: TokenCaptureStore, receipt: HandoffRec
     receipt.sha256, receipt.bytes = hashlib.sha256(part).hexdigest(), len(part)
 
 
+def requests(receipt: HandoffReceipt) -> list[DropRequest]:
+    """The receipt's rollouts as drop requests, each at the snapshot it consumed."""
+    return [
+        DropRequest(r.rollout_id or "", r.snapshot_id or "", r.version or 0)
+        for r in receipt.rollouts
+    ]
+
+
 def payloads(store: TokenCaptureStore, rollout_id: str) -> list[str]:
     keep = {f"{rollout_id}/FROZEN", f"{rollout_id}/RETIRED"}
     return [key for key in store.byte_store.list_prefix(rollout_id) if key not in keep]
@@ -105,10 +113,7 @@ def test_a_retirement_killed_in_either_phase_fences_late_writers_and_its_rerun_c
 
 def test_no_capture_is_deleted_before_every_decision_of_the_batch_is_durable(store) -> None:
     receipt = receipt_for(store, COUNT)
-    drops = [
-        DropRequest(r.rollout_id or "", r.snapshot_id or "", r.version or 0)
-        for r in receipt.rollouts
-    ]
+    drops = requests(receipt)
     seen: list[tuple[str, int, int]] = []
 
     def checkpoint(moment: str) -> None:
@@ -156,10 +161,7 @@ def test_each_rollout_of_a_batch_gets_its_own_result_and_only_retired_ones_lose_
 def test_nemo_gym_store_retires_a_batch_one_drop_per_rollout(tmp_path) -> None:
     store = NemoGymFileStore(str(tmp_path))
     receipt = receipt_for(store, 3)  # type: ignore[arg-type]
-    drops = [
-        DropRequest(r.rollout_id or "", r.snapshot_id or "", r.version or 0)
-        for r in receipt.rollouts
-    ]
+    drops = requests(receipt)
     moments: list[str] = []
     results = asyncio.run(store.drop_many(drops, concurrency=2, checkpoint=moments.append))
     assert results == [True, True, True]
@@ -177,10 +179,7 @@ class RefusingStore(TokenCaptureStore):
 def test_a_subclass_with_its_own_drop_is_retired_through_it(tmp_path) -> None:
     store = RefusingStore(str(tmp_path))
     receipt = receipt_for(store, 2)
-    drops = [
-        DropRequest(r.rollout_id or "", r.snapshot_id or "", r.version or 0)
-        for r in receipt.rollouts
-    ]
+    drops = requests(receipt)
     assert asyncio.run(store.drop_many(drops, concurrency=2)) == [False, False]
     assert all(payloads(store, d.rollout_id) for d in drops), "its refusal keeps the captures"
     assert not any(store.byte_store.exists(f"{d.rollout_id}/RETIRED") for d in drops)
