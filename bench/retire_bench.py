@@ -3,9 +3,11 @@ removal of the same files, in the same run.
 
 Workloads as in finalize_bench: 200 rollouts x 16 turns, and 1 rollout x 1,000 turns; the
 part holds their finalized records (retirement re-reads and decides from them).
-Three sides, alternated over the repetitions: retirement from tokcap's store; the same
-retirement from a store in NeMo Gym's file-store layout (`NemoGymFileStore`, the
-reference: its protocol under its per-rollout lock); raw removal: unlink every file the
+Four sides, alternated over the repetitions: retirement from tokcap's store (its two-phase
+`drop_many`); the same store retired one `drop` per rollout (`drop_each`, what retirement
+did before `drop_many`); the same retirement from a store in NeMo Gym's file-store layout
+(`NemoGymFileStore`, the reference: its protocol under its per-rollout lock); raw removal:
+unlink every file the
 capture holds, then fsync each rollout folder once (no decision, no tombstone, no
 verification), with as many threads as retirement's concurrency. Prints each side's median
 and range and tokcap's ratio to both. Asserts nothing.
@@ -30,6 +32,7 @@ import orjson
 from bench.finalize_bench import PRESETS
 from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.delivery import finalize_rollout_token_capture
+from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.run.handoff import (
     HandoffReceipt,
     RolloutOutcome,
@@ -79,7 +82,25 @@ def handed_off(receipt: HandoffReceipt, part: bytes) -> ByteStore:
     return dest
 
 
-def retire_seconds(key: str, rollouts: int, layout: str = "tokcap") -> float:
+class OneByOne:
+    """The store as a plain `TokenSource`, so retirement drops its rollouts one by one."""
+
+    def __init__(self, store: TokenCaptureStore) -> None:
+        self.store = store
+
+    async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
+        return await self.store.freeze(rollout_id)
+
+    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
+        return await self.store.drop(rollout_id, snapshot_id=snapshot_id, version=version)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+
+def retire_seconds(
+    key: str, rollouts: int, layout: str = "tokcap", one_by_one: bool = False
+) -> float:
     root, snapshots = captured(key, rollouts, layout)
     store = STORES[layout](root)
     receipt = HandoffReceipt(
@@ -105,7 +126,8 @@ def retire_seconds(key: str, rollouts: int, layout: str = "tokcap") -> float:
     try:
         start = time.perf_counter()
         dest = handed_off(receipt, part)
-        outcome = asyncio.run(retire_receipt(receipt, store, dest))
+        source = OneByOne(store) if one_by_one else store
+        outcome = asyncio.run(retire_receipt(receipt, source, dest))
         seconds = time.perf_counter() - start
         assert len(outcome.retired) == rollouts, outcome
         return seconds
@@ -148,21 +170,25 @@ def main() -> None:
         seconds = alternate_sides(
             {
                 "tokcap": lambda key=key, n=n: retire_seconds(key, n),
+                "one_by_one": lambda key=key, n=n: retire_seconds(key, n, one_by_one=True),
                 "nemo_gym": lambda key=key, n=n: retire_seconds(key, n, "nemo_gym"),
                 "raw": lambda key=key, n=n: raw_seconds(key, n),
             },
             args.repetitions,
         )
-        mine, gym, raw = (median(seconds[side]) for side in ("tokcap", "nemo_gym", "raw"))
+        sides = ("tokcap", "one_by_one", "nemo_gym", "raw")
+        mine, each, gym, raw = (median(seconds[side]) for side in sides)
         print(
             f"retire {preset.name}, {len(seconds['raw'])} reps: tokcap "
-            f"{describe_seconds(seconds['tokcap'])}; NeMo Gym's file store "
+            f"{describe_seconds(seconds['tokcap'])}; tokcap one drop per rollout "
+            f"{describe_seconds(seconds['one_by_one'])}; NeMo Gym's file store "
             f"{describe_seconds(seconds['nemo_gym'])}; raw unlink "
             f"{describe_seconds(seconds['raw'])}"
         )
         print(
-            f"  tokcap / NeMo Gym = {mine / gym:.2f}x (goal <= 1x); tokcap / raw = "
-            f"{mine / raw:.2f}x; the reference first measured {REFERENCE_SECONDS[key]:.2f}s"
+            f"  tokcap / NeMo Gym = {mine / gym:.2f}x (goal <= 1x); one by one / NeMo Gym = "
+            f"{each / gym:.2f}x; tokcap / raw = {mine / raw:.2f}x; the reference first "
+            f"measured {REFERENCE_SECONDS[key]:.2f}s"
         )
 
 

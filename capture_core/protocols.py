@@ -1,7 +1,8 @@
 """The capture protocols: what a writer (`TokenSink`) and a finalizer (`TokenSource`) need.
 
 A sink is what a model server writes captured calls into.
-A source is what finalization freezes and, after durable handoff, retires.
+A source is what finalization freezes and, after durable handoff, retires; a source that
+retires a whole batch better than rollout by rollout is also a `BatchTokenSource`.
 `TokenCaptureStore` and `NemoGymFileStore` are both; a training framework may bring its own.
 Each method's docstring says whether a repeat is safe and what must fail.
 `load_capture_class` builds a configured sink or source class and checks its protocol.
@@ -11,7 +12,7 @@ This module imports only `records` and `errors`.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -74,6 +75,43 @@ class TokenSource(Protocol):
 
     async def close(self) -> None:
         """Release resources. Safe to repeat."""
+
+
+@dataclass(frozen=True)
+class DropRequest:
+    """One rollout of a batch to retire: exactly the snapshot its handed-off record consumed."""
+
+    rollout_id: str
+    snapshot_id: str
+    version: int
+
+
+# What `BatchTokenSource.drop_many` tells its `checkpoint` (crash tests kill the process there).
+DECIDED = "decided"
+"""Every retirement decision of the batch is durable (a two-phase source deleted none yet)."""
+DELETED = "deleted"
+"""One more retired rollout's capture is deleted."""
+
+
+@runtime_checkable
+class BatchTokenSource(TokenSource, Protocol):
+    """A source that retires a batch at once (optional: finalization drops one by one else)."""
+
+    async def drop_many(
+        self,
+        drops: Sequence[DropRequest],
+        *,
+        concurrency: int,
+        checkpoint: Callable[[str], None] | None = None,
+    ) -> list[bool | Exception]:
+        """Retire each consumed snapshot as `drop` would; one result per request, in order.
+
+        A result is what `drop` returns for that rollout, or the exception it raised (one
+        failing rollout never stops the others). No capture is deleted before its own
+        retirement decision is durable. At most `concurrency` store operations run at once.
+        `checkpoint` is called with `DECIDED` and `DELETED` as those moments pass.
+        Only call it after the finalized records were durably handed off.
+        """
 
 
 def load_capture_class(spec: str, kwargs: Mapping[str, Any] | None, protocol: type) -> Any:

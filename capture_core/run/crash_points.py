@@ -16,6 +16,7 @@ CRASH_POINTS = (
     "mid-upload",
     "after-upload",
     "after-receipt",
+    "after-retire-decisions",
     "mid-retire",
     "mid-clear",
 )

@@ -12,6 +12,7 @@ Masked and failed rollouts are never retired. This module does not import Prefec
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -36,13 +37,21 @@ from capture_core.errors import (
     is_transient,
 )
 from capture_core.ids import maybe_rollout_id_from_run_body
-from capture_core.protocols import TokenCaptureSnapshot, TokenSource
+from capture_core.protocols import (
+    DECIDED,
+    DELETED,
+    BatchTokenSource,
+    DropRequest,
+    TokenCaptureSnapshot,
+    TokenSource,
+)
 from capture_core.run import run_layout
 from capture_core.run.crash_points import crash_point
 from capture_core.run.finalize import finalize_rollout, rollout_carries_token_ids
 from capture_core.run.rollout_io import BatchPlan, ParsedLine
 from capture_core.storage import ByteStore
 from capture_core.storage.io_pool import io_pool
+from capture_core.store.base import drop_each
 
 logger = logging.getLogger(__name__)
 
@@ -515,9 +524,11 @@ async def retire_receipt(
 
     The part is re-verified against the receipt first (`verify_part`); nothing is dropped
     unless it still holds exactly the certified records, and then only what those records
-    permit (`retirable`); a rollout they refute is kept and reported in `disagreed`. Up to
-    `concurrency` drops (default: `store_concurrency()`) run at once. Drop failures are
-    collected, not raised, so one bad rollout does not stop the others.
+    permit (`retirable`); a rollout they refute is kept and reported in `disagreed`. The
+    permitted rollouts are retired together: by the source's `drop_many` when it is a
+    `BatchTokenSource` (tokcap's store: every tombstone durable first, then the deletions),
+    else one `drop` per rollout; up to `concurrency` (default: `store_concurrency()`) at
+    once. Drop failures are collected, not raised, so one bad rollout does not stop the others.
     """
     outcome = RetireOutcome(receipt_key=receipt.receipt_key)
     if not claimed_retirable(receipt):
@@ -526,25 +537,29 @@ async def retire_receipt(
     for rollout_id, why in refuted.items():
         outcome.disagreed[rollout_id] = DISAGREED.format(why=why)
         logger.warning("receipt %s, rollout %s: %s", receipt.receipt_key, rollout_id, why)
-    limit = asyncio.Semaphore(concurrency or store_concurrency())
-
-    async def drop(rollout: RolloutOutcome) -> bool | Exception:
-        async with limit:
-            try:
-                retired = await source.drop(
-                    rollout.rollout_id or "",
-                    snapshot_id=rollout.snapshot_id or "",
-                    version=rollout.version or 0,
-                )
-            except Exception as exc:
-                return exc
-            if retired:
-                crash_point("mid-retire")
-            return retired
-
-    for rollout, retired in zip(rollouts, await asyncio.gather(*map(drop, rollouts)), strict=True):
+    drops = [
+        DropRequest(r.rollout_id or "", snapshot_id=r.snapshot_id or "", version=r.version or 0)
+        for r in rollouts
+    ]
+    drop_batch = (
+        source.drop_many
+        if isinstance(source, BatchTokenSource)
+        else functools.partial(drop_each, source)
+    )
+    results = await drop_batch(
+        drops, concurrency=concurrency or store_concurrency(), checkpoint=_retire_crash_point
+    )
+    for rollout, retired in zip(rollouts, results, strict=True):
         _record_drop(outcome, rollout.rollout_id or "", retired)
     return outcome
+
+
+RETIRE_CRASH_POINTS = {DECIDED: "after-retire-decisions", DELETED: "mid-retire"}
+
+
+def _retire_crash_point(moment: str) -> None:
+    """The crash points of a retirement: every decision durable, then each rollout deleted."""
+    crash_point(RETIRE_CRASH_POINTS[moment])
 
 
 def _record_drop(outcome: RetireOutcome, rollout_id: str, retired: bool | Exception) -> None:

@@ -3,15 +3,24 @@
 A capture store is a `TokenSink` and a `TokenSource` with synchronous forms (`*_now`).
 Subclasses write the blocking operations; the async forms are written once here and run
 them on the process's I/O pool (`storage.io_pool`), so no caller asks which class it holds.
+`drop_each` is the batch drop of any `TokenSource`, one rollout at a time.
 This module imports only `records`, `protocols` and `storage.io_pool`.
 """
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from capture_core.protocols import TokenCaptureSnapshot
+from capture_core.protocols import (
+    DECIDED,
+    DELETED,
+    DropRequest,
+    TokenCaptureSnapshot,
+    TokenSource,
+)
 from capture_core.records import TokenEntry
 from capture_core.storage.io_pool import run_blocking
 
@@ -96,6 +105,48 @@ class CaptureStore(ABC):
         """Retire exactly the consumed snapshot; see `drop_now`."""
         return await run_blocking(self.drop_now, rollout_id, snapshot_id, version)
 
+    async def drop_many(
+        self,
+        drops: Sequence[DropRequest],
+        *,
+        concurrency: int,
+        checkpoint: Callable[[str], None] | None = None,
+    ) -> list[bool | Exception]:
+        """Retire a batch (`BatchTokenSource`); here one `drop` per rollout (`drop_each`)."""
+        return await drop_each(self, drops, concurrency=concurrency, checkpoint=checkpoint)
+
     async def close(self) -> None:
         """Release the backend. Safe to repeat."""
         self.close_now()
+
+
+async def drop_each(
+    source: TokenSource,
+    drops: Sequence[DropRequest],
+    *,
+    concurrency: int,
+    checkpoint: Callable[[str], None] | None = None,
+) -> list[bool | Exception]:
+    """`drop_many` of any source: its `drop` per rollout, up to `concurrency` at once.
+
+    Each drop decides and deletes its own rollout, so `DELETED` follows each successful one
+    and `DECIDED` comes once all of them returned.
+    """
+    limit = asyncio.Semaphore(concurrency)
+
+    async def drop(request: DropRequest) -> bool | Exception:
+        async with limit:
+            try:
+                retired = await source.drop(
+                    request.rollout_id, snapshot_id=request.snapshot_id, version=request.version
+                )
+            except Exception as exc:
+                return exc
+        if retired and checkpoint is not None:
+            checkpoint(DELETED)
+        return retired
+
+    results = await asyncio.gather(*map(drop, drops))
+    if checkpoint is not None:
+        checkpoint(DECIDED)
+    return results

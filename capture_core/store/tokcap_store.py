@@ -10,10 +10,11 @@ The guarantees are described in docs/store.md.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from capture_core.errors import (
@@ -23,9 +24,10 @@ from capture_core.errors import (
     CaptureStoreError,
 )
 from capture_core.ids import validate_rollout_id
-from capture_core.protocols import TokenCaptureSnapshot
+from capture_core.protocols import DECIDED, DELETED, DropRequest, TokenCaptureSnapshot
 from capture_core.records import TokenEntry, coerce_token_entry
 from capture_core.storage import ByteStore, open_byte_store
+from capture_core.storage.io_pool import run_blocking
 from capture_core.store import capture_entries, compact, parent_index, retirement
 from capture_core.store import capture_layout as layout
 from capture_core.store.base import CaptureStore
@@ -313,22 +315,77 @@ class TokenCaptureStore(CaptureStore):
         Safe to repeat, also after a crash part-way: the tombstone names the snapshot.
         Call only after the finalized record was durably handed off.
         """
+        listed = self._decide_drop(rollout_id, snapshot_id, version)
+        if listed is not None:
+            self._delete_payloads(rollout_id, listed)
+        return listed is not None
+
+    async def drop_many(
+        self,
+        drops: Sequence[DropRequest],
+        *,
+        concurrency: int,
+        checkpoint: Callable[[str], None] | None = None,
+    ) -> list[bool | Exception]:
+        """Retire a batch as `drop_now` would, in two phases (`BatchTokenSource`).
+
+        First every rollout's decision is taken and made durable; then the retired rollouts'
+        payloads are deleted. Each phase runs up to `concurrency` rollouts at once on the
+        I/O pool, and no capture is deleted before its own tombstone is durable. A crash
+        between the phases or during the second leaves tombstones above their payloads: a
+        repeated drop (the re-run) deletes them, and until then they are fenced like any
+        retired capture (docs/store.md, Retiring a batch). A subclass with its own `drop_now`
+        is retired through it, one drop per rollout: the two phases would bypass it.
+        """
+        if type(self).drop_now is not TokenCaptureStore.drop_now:
+            return await super().drop_many(drops, concurrency=concurrency, checkpoint=checkpoint)
+        limit = asyncio.Semaphore(concurrency)
+
+        async def bounded(fn: Callable[..., Any], *args: Any) -> Any:
+            async with limit:
+                try:
+                    return await run_blocking(fn, *args)
+                except Exception as exc:
+                    return exc
+
+        decided = await asyncio.gather(
+            *(bounded(self._decide_drop, d.rollout_id, d.snapshot_id, d.version) for d in drops)
+        )
+        if checkpoint is not None:
+            checkpoint(DECIDED)
+
+        async def delete(request: DropRequest, listed: Any) -> bool | Exception:
+            if listed is None:
+                return False
+            if isinstance(listed, Exception):
+                return listed
+            failed = await bounded(self._delete_payloads, request.rollout_id, listed)
+            if isinstance(failed, Exception):
+                return failed
+            if checkpoint is not None:
+                checkpoint(DELETED)
+            return True
+
+        return list(await asyncio.gather(*map(delete, drops, decided)))
+
+    def _decide_drop(self, rollout_id: str, snapshot_id: str, version: int) -> list[str] | None:
+        """Take the retirement decision durably; the listing it was taken from when it
+        retires the snapshot (empty when an earlier drop decided), else `None`."""
         validate_rollout_id(rollout_id)
         decision = retirement.read_decision(self._bytes, rollout_id)
         listed: list[str] = []
         if decision is None:
             if retirement.frozen_snapshot_id(self._bytes, rollout_id) != snapshot_id:
-                return False
+                return None
             listed = self._bytes.list_prefix(rollout_id)
             if layout.version_of(layout.group_events(rollout_id, listed)) != version:
-                return False
+                return None
             proposal = retirement.tombstone(snapshot_id, version)
             decision = retirement.decide(self._bytes, rollout_id, proposal)
-        retired = retirement.retires(decision, snapshot_id, version)
-        if retired:
-            self._parents.forget(rollout_id)
-            self._delete_payloads(rollout_id, listed)
-        return retired
+        if not retirement.retires(decision, snapshot_id, version):
+            return None
+        self._parents.forget(rollout_id)
+        return listed
 
     def _delete_payloads(self, rollout_id: str, listed: Sequence[str] = ()) -> None:
         """Delete every event object, then verify by listing; late objects go too.

@@ -96,3 +96,24 @@ def inbox_pass(arguments: str) -> None:
 
     report = finalize_inbox(**orjson.loads(arguments))
     print(orjson.dumps(report.model_dump()).decode(), flush=True)
+
+
+def retire_batch(arguments: str) -> None:
+    """`retire_receipt` of a receipt over a capture store and destination, from JSON
+    `arguments` (`store`, `dest`, `options`, `receipt`); prints the outcome as JSON.
+
+    Run as `python -c` by the tests that kill a batch retirement at its crash points.
+    """
+    import asyncio
+
+    import orjson
+
+    from capture_core.run.handoff import HandoffReceipt, retire_receipt
+    from capture_core.storage import open_byte_store
+
+    given = orjson.loads(arguments)
+    store = TokenCaptureStore(given["store"], given["options"])
+    dest = open_byte_store(given["dest"], given["options"])
+    receipt = HandoffReceipt.model_validate(given["receipt"])
+    outcome = asyncio.run(retire_receipt(receipt, store, dest))
+    print(outcome.model_dump_json(), flush=True)
