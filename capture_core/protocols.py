@@ -86,6 +86,11 @@ class DropRequest:
     version: int
 
 
+DropCheckpoint = Callable[[str], None] | None
+"""Told `DECIDED` and `DELETED` as a batch retirement passes them (None: nobody is)."""
+DropResults = list[bool | Exception]
+"""Per request, in order: what `drop` returned for that rollout, or the exception it raised."""
+
 # What `BatchTokenSource.drop_many` tells its `checkpoint` (crash tests kill the process there).
 DECIDED = "decided"
 """Every retirement decision of the batch is durable (a two-phase source deleted none yet)."""
@@ -98,12 +103,8 @@ class BatchTokenSource(TokenSource, Protocol):
     """A source that retires a batch at once (optional: finalization drops one by one else)."""
 
     async def drop_many(
-        self,
-        drops: Sequence[DropRequest],
-        *,
-        concurrency: int,
-        checkpoint: Callable[[str], None] | None = None,
-    ) -> list[bool | Exception]:
+        self, drops: Sequence[DropRequest], *, concurrency: int, checkpoint: DropCheckpoint = None
+    ) -> DropResults:
         """Retire each consumed snapshot as `drop` would; one result per request, in order.
 
         A result is what `drop` returns for that rollout, or the exception it raised (one

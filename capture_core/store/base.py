@@ -3,7 +3,8 @@
 A capture store is a `TokenSink` and a `TokenSource` with synchronous forms (`*_now`).
 Subclasses write the blocking operations; the async forms are written once here and run
 them on the process's I/O pool (`storage.io_pool`), so no caller asks which class it holds.
-`drop_each` is the batch drop of any `TokenSource`, one rollout at a time.
+`drop_each` is the batch drop of any `TokenSource`, one rollout at a time; `drop_in_phases`
+the two-phase one of a store that can take its decisions before its deletions.
 This module imports only `records`, `protocols` and `storage.io_pool`.
 """
 
@@ -17,7 +18,9 @@ from typing import Any, ClassVar
 from capture_core.protocols import (
     DECIDED,
     DELETED,
+    DropCheckpoint,
     DropRequest,
+    DropResults,
     TokenCaptureSnapshot,
     TokenSource,
 )
@@ -106,12 +109,8 @@ class CaptureStore(ABC):
         return await run_blocking(self.drop_now, rollout_id, snapshot_id, version)
 
     async def drop_many(
-        self,
-        drops: Sequence[DropRequest],
-        *,
-        concurrency: int,
-        checkpoint: Callable[[str], None] | None = None,
-    ) -> list[bool | Exception]:
+        self, drops: Sequence[DropRequest], *, concurrency: int, checkpoint: DropCheckpoint = None
+    ) -> DropResults:
         """Retire a batch (`BatchTokenSource`); here one `drop` per rollout (`drop_each`)."""
         return await drop_each(self, drops, concurrency=concurrency, checkpoint=checkpoint)
 
@@ -125,8 +124,8 @@ async def drop_each(
     drops: Sequence[DropRequest],
     *,
     concurrency: int,
-    checkpoint: Callable[[str], None] | None = None,
-) -> list[bool | Exception]:
+    checkpoint: DropCheckpoint = None,
+) -> DropResults:
     """`drop_many` of any source: its `drop` per rollout, up to `concurrency` at once.
 
     Each drop decides and deletes its own rollout, so `DELETED` follows each successful one
@@ -150,3 +149,46 @@ async def drop_each(
     if checkpoint is not None:
         checkpoint(DECIDED)
     return results
+
+
+async def drop_in_phases(
+    drops: Sequence[DropRequest],
+    decide: Callable[[DropRequest], Any],
+    delete: Callable[[DropRequest, Any], None],
+    *,
+    concurrency: int,
+    checkpoint: DropCheckpoint = None,
+) -> DropResults:
+    """`drop_many` in two phases: every rollout's decision durable, then the deletions.
+
+    `decide` takes one rollout's decision durably and returns what `delete` needs to delete
+    its capture, or None when the snapshot is not retired. Both run on the I/O pool, up to
+    `concurrency` at once; `DECIDED` is told once every decision returned, `DELETED` after
+    each deleted capture. No capture is deleted before its own decision is durable.
+    """
+    limit = asyncio.Semaphore(concurrency)
+
+    async def bounded(fn: Callable[..., Any], *args: Any) -> Any:
+        async with limit:
+            try:
+                return await run_blocking(fn, *args)
+            except Exception as exc:
+                return exc
+
+    decided = await asyncio.gather(*(bounded(decide, request) for request in drops))
+    if checkpoint is not None:
+        checkpoint(DECIDED)
+
+    async def finish(request: DropRequest, listed: Any) -> bool | Exception:
+        if listed is None:
+            return False
+        if isinstance(listed, Exception):
+            return listed
+        failed = await bounded(delete, request, listed)
+        if isinstance(failed, Exception):
+            return failed
+        if checkpoint is not None:
+            checkpoint(DELETED)
+        return True
+
+    return list(await asyncio.gather(*map(finish, drops, decided)))

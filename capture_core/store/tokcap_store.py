@@ -10,11 +10,10 @@ The guarantees are described in docs/store.md.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from capture_core.errors import (
@@ -24,13 +23,17 @@ from capture_core.errors import (
     CaptureStoreError,
 )
 from capture_core.ids import validate_rollout_id
-from capture_core.protocols import DECIDED, DELETED, DropRequest, TokenCaptureSnapshot
+from capture_core.protocols import (
+    DropCheckpoint,
+    DropRequest,
+    DropResults,
+    TokenCaptureSnapshot,
+)
 from capture_core.records import TokenEntry, coerce_token_entry
 from capture_core.storage import ByteStore, open_byte_store
-from capture_core.storage.io_pool import run_blocking
 from capture_core.store import capture_entries, compact, parent_index, retirement
 from capture_core.store import capture_layout as layout
-from capture_core.store.base import CaptureStore
+from capture_core.store.base import CaptureStore, drop_in_phases
 from capture_core.store.capture_layout import call_key
 from capture_core.store.nemo_gym_store import nemo_gym_store_for
 from capture_core.store.stored_json import encode_json
@@ -321,12 +324,8 @@ class TokenCaptureStore(CaptureStore):
         return listed is not None
 
     async def drop_many(
-        self,
-        drops: Sequence[DropRequest],
-        *,
-        concurrency: int,
-        checkpoint: Callable[[str], None] | None = None,
-    ) -> list[bool | Exception]:
+        self, drops: Sequence[DropRequest], *, concurrency: int, checkpoint: DropCheckpoint = None
+    ) -> DropResults:
         """Retire a batch as `drop_now` would, in two phases (`BatchTokenSource`).
 
         First every rollout's decision is taken and made durable; then the retired rollouts'
@@ -339,34 +338,13 @@ class TokenCaptureStore(CaptureStore):
         """
         if type(self).drop_now is not TokenCaptureStore.drop_now:
             return await super().drop_many(drops, concurrency=concurrency, checkpoint=checkpoint)
-        limit = asyncio.Semaphore(concurrency)
-
-        async def bounded(fn: Callable[..., Any], *args: Any) -> Any:
-            async with limit:
-                try:
-                    return await run_blocking(fn, *args)
-                except Exception as exc:
-                    return exc
-
-        decided = await asyncio.gather(
-            *(bounded(self._decide_drop, d.rollout_id, d.snapshot_id, d.version) for d in drops)
+        return await drop_in_phases(
+            drops,
+            lambda d: self._decide_drop(d.rollout_id, d.snapshot_id, d.version),
+            lambda d, listed: self._delete_payloads(d.rollout_id, listed),
+            concurrency=concurrency,
+            checkpoint=checkpoint,
         )
-        if checkpoint is not None:
-            checkpoint(DECIDED)
-
-        async def delete(request: DropRequest, listed: Any) -> bool | Exception:
-            if listed is None:
-                return False
-            if isinstance(listed, Exception):
-                return listed
-            failed = await bounded(self._delete_payloads, request.rollout_id, listed)
-            if isinstance(failed, Exception):
-                return failed
-            if checkpoint is not None:
-                checkpoint(DELETED)
-            return True
-
-        return list(await asyncio.gather(*map(delete, drops, decided)))
 
     def _decide_drop(self, rollout_id: str, snapshot_id: str, version: int) -> list[str] | None:
         """Take the retirement decision durably; the listing it was taken from when it
