@@ -174,7 +174,7 @@ class RunSteps:
         get_run_logger().info(
             "batch %d was handed off by another pass meanwhile; its receipt stands", receipt.batch
         )
-        tally.earlier += 1
+        tally.earlier.append(receipt.receipt_key)
         gate.add(receipt.rollouts)
         return receipt
 
@@ -285,7 +285,7 @@ def finalize_run(
     keys = [receipt_key(b) for b in plan.batches]
     earlier = find_receipts(dest, run_id, keys, options, hand_off_unrecorded=True)
     tally = RunTally(
-        earlier=len(earlier),
+        earlier=list(earlier),
         errors=list(filter(None, [plan.duplicates_error()])),
         delivery=delivery,
     )

@@ -88,7 +88,9 @@ class MaskGate:
         )
 
 
-def _handed_off_lines(receipt: HandoffReceipt, retire: RetireOutcome) -> Iterable[LedgerLine]:
+def _handed_off_lines(
+    receipt: HandoffReceipt, retire: RetireOutcome, earlier: bool
+) -> Iterable[LedgerLine]:
     for rollout in receipt.rollouts:
         rid = rollout.rollout_id or ""
         kept = retire.kept.get(rid) or retire.disagreed.get(rid)
@@ -110,6 +112,7 @@ def _handed_off_lines(receipt: HandoffReceipt, retire: RetireOutcome) -> Iterabl
             traces=rollout.traces,
             owned_calls=rollout.owned_calls,
             tokens_trained=rollout.tokens_trained,
+            earlier=earlier and rollout.emitted,
         )
 
 
@@ -117,12 +120,17 @@ def ledger_lines(
     receipts: list[HandoffReceipt],
     retirements: Mapping[str, RetireOutcome],
     failed_batches: Mapping[int, tuple[list[RolloutOutcome], str]],
+    earlier: Iterable[str] = (),
 ) -> list[LedgerLine]:
-    """The run ledger, in input order: handed-off batches and failed ones."""
+    """The run ledger, in input order: handed-off batches and failed ones.
+
+    `earlier` names the receipts an earlier run (or pass) of the run id persisted.
+    """
     lines: list[LedgerLine] = []
+    before = set(earlier)
     for receipt in receipts:
         retire = retirements.get(receipt.receipt_key, RetireOutcome(receipt_key=""))
-        lines.extend(_handed_off_lines(receipt, retire))
+        lines.extend(_handed_off_lines(receipt, retire, receipt.receipt_key in before))
     for outcomes, error in failed_batches.values():
         lines.extend(
             LedgerLine(
@@ -142,10 +150,11 @@ def ledger_lines(
 class RunTally(BaseModel):
     """Each batch's fate in one finalize run, reported in input order, and the mask gate.
 
-    `abort` is set once the gate trips; no batch is handed off after it.
+    `abort` is set once the gate trips; no batch is handed off after it. `earlier` holds the
+    receipt keys of batches an earlier run (or another pass) handed off.
     """
 
-    earlier: int = 0
+    earlier: list[str] = Field(default_factory=list)
     receipts: list[HandoffReceipt] = Field(default_factory=list)
     retirements: dict[str, RetireOutcome] = Field(default_factory=dict)
     failed: dict[int, tuple[list[RolloutOutcome], str]] = Field(default_factory=dict)
@@ -192,7 +201,7 @@ class RunTally(BaseModel):
         )
 
     def ledger(self) -> list[LedgerLine]:
-        return ledger_lines(self.receipts, self.retirements, self.failed)
+        return ledger_lines(self.receipts, self.retirements, self.failed, self.earlier)
 
     def all_errors(self) -> list[str]:
         """The run's errors, the abort reason last."""

@@ -124,6 +124,7 @@ def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
         masked=len(masked),
         mask_reasons=_by_count(reasons),
         handed_off=sum(1 for line in ledger if line.handed_off),
+        already_handed_off=sum(1 for line in ledger if line.handed_off and line.earlier),
         retired=sum(1 for line in ledger if line.retired),
         retire_failed=sum(map(retirement_failed, ledger)),
         failed=sum(1 for line in ledger if line.finalized and not line.handed_off),
@@ -244,7 +245,7 @@ def _delivered(delivered: list[float]) -> list[str]:
     lines = ["", "## Delivered fraction (unmasked rollouts)", ""]
     if not delivered:
         return [*lines, "No unmasked rollout."]
-    quantiles = statistics.quantiles(delivered, n=10) if len(delivered) > 1 else delivered * 9
+    quantiles = percentiles(delivered)
     return [
         *lines,
         "| min | p10 | p50 | p90 | max |",
@@ -252,6 +253,14 @@ def _delivered(delivered: list[float]) -> list[str]:
         f"| {min(delivered):.4f} | {quantiles[0]:.4f} | {statistics.median(delivered):.4f}"
         f" | {quantiles[-1]:.4f} | {max(delivered):.4f} |",
     ]
+
+
+def percentiles(sample: list[float]) -> list[float]:
+    """The nine deciles of `sample`, interpolated inside it: never below its min or above its
+    max (the default method extrapolates on small samples)."""
+    if len(sample) < 2:
+        return sample * 9
+    return statistics.quantiles(sample, n=10, method="inclusive")
 
 
 def _traces(summary: RunSummary, ledger: list[LedgerLine]) -> list[str]:
