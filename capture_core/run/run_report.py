@@ -13,6 +13,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
+from capture_core.builder.terminal import UNATTRIBUTED
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.run.run_layout import LEDGER, RECORDS, LedgerLine, run_location
 
@@ -108,14 +109,14 @@ def _by_count(counts: Counter) -> dict[str, int]:
 def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
     """Counts and mask reasons of a run, from its ledger; the first malformed lines' errors.
 
-    Terminal attribution: rollouts per method (`none` when unattributed) and the most
-    frequent abstention reasons of the witnesses.
+    Terminal attribution: rollouts per method (`none` when unattributed; ledgers written
+    before it was named say `""`) and the most frequent abstention reasons of the witnesses.
     """
     masked = [line for line in ledger if line.masked and line.finalized]
     reasons = Counter(reason_category(line.mask_reason) for line in masked)
     malformed = [line for line in ledger if is_malformed(line)]
     built = [line for line in ledger if line.terminal_method is not None]
-    methods = Counter(line.terminal_method or "none" for line in built)
+    methods = Counter(line.terminal_method or UNATTRIBUTED for line in built)
     abstentions = Counter(code for line in built for code in line.terminal_abstentions)
     return RunSummary(
         run_id=run_id,
