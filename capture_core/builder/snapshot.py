@@ -221,8 +221,8 @@ def build_from_snapshot(
     without inventing an `error`; its reasons are the build's `mask_reason`. With no entry
     left they are also the failed build's error. It does not log a mask: its caller warns
     once per masked rollout (`warn_masked`), or reports it with the input line. `terminal`
-    (from the finished record) anchors the build to the scored call. `delivery="all_traces"` builds the envelope instead
-    of the main chain (an incomplete snapshot never carries one).
+    (from the finished record) anchors the build to the scored call. `delivery="all_traces"`
+    builds the envelope instead of the main chain (an incomplete snapshot never carries one).
     """
     rollout_id = str(getattr(snapshot, "rollout_id", ""))
     try:
