@@ -66,6 +66,17 @@ class RunSummary(BaseModel):
         return self.ok and self.awaiting_consumer == 0
 
 
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 capture`, `2 captures`; `many` for an irregular plural (`batch`, `batches`)."""
+    return f"{count} {noun if count == 1 else many or noun + 's'}"
+
+
+def masked_line(line: int, rollout_id: str | None, reason: str | None) -> str:
+    """How logs name one masked rollout: its input line, its id, its one reason."""
+    named = f" (rollout {rollout_id})" if rollout_id else ""
+    return f"line {line}{named} masked: {reason or 'masked'}"
+
+
 def reason_category(reason: str | None) -> str:
     """Group mask reasons by their leading phrase: exception names, ids and details dropped.
 
@@ -195,10 +206,10 @@ def markdown_report(
     """Counts, mask reasons, masked and failed rollouts, delivered fraction, slowest batches."""
     lines = [f"# tokcap run `{summary.run_id}`", ""]
     lines += [
-        f"{summary.handed_off}/{summary.rollouts} rollouts handed off, "
-        f"{summary.masked} masked, {summary.retired} captures retired, "
-        f"{summary.retire_failed} retirements failed, "
-        f"{summary.failed} failed, {summary.malformed_lines} malformed input lines.",
+        f"{summary.handed_off}/{plural(summary.rollouts, 'rollout')} handed off, "
+        f"{summary.masked} masked, {plural(summary.retired, 'capture')} retired, "
+        f"{plural(summary.retire_failed, 'retirement')} failed, "
+        f"{summary.failed} failed, {plural(summary.malformed_lines, 'malformed input line')}.",
         "",
         "## Mask reasons",
         "",
