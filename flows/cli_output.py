@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from capture_core.run.run_report import plural, trace_counts
+from capture_core.run.run_report import plural, stopped_counts, trace_counts
 from flows.runners import script
 
 MAX_FAILURE_LINES = 20
@@ -43,6 +43,7 @@ def print_summary(summary: Any) -> None:
         ("retired", summary.retired),
         ("retirement failed", summary.retire_failed),
         ("failed", summary.failed),
+        *stopped_counts(summary),
         ("malformed input lines", summary.malformed_lines),
         ("duplicate rollout id lines", summary.duplicate_lines),
     ]

@@ -123,6 +123,8 @@ class RunSteps:
                 finalizing.refill()
             else:
                 finalizing.stop()
+        else:
+            tally.not_started(batch.first_line, batch.lines)
         if receipt is not None:
             self.retire(receipt, tally)
         tally.seconds[batch.index] = time.perf_counter() - started

@@ -114,8 +114,9 @@ class LedgerLine(BaseModel):
     with it derived from their error text, the way they were interpreted then.
     `awaiting_consumer` names the row consumer whose acknowledgement its retirement waits for.
     `earlier` marks a rollout whose batch an earlier run (or pass) of this run id handed off;
-    `not_started` an input line the run never finalized (it stopped first). Both are written
-    only when set, so other ledgers are unchanged.
+    `gated` one finalized but not handed off because the mask gate stopped the run there;
+    `not_started` an input line the run never finalized (it stopped first). They are
+    written only when set, so other ledgers are unchanged.
     """
 
     rollout_id: str | None
@@ -136,6 +137,7 @@ class LedgerLine(BaseModel):
     owned_calls: int | None = None
     tokens_trained: int | None = None
     earlier: bool = False
+    gated: bool = False
     not_started: bool = False
 
     @model_validator(mode="before")
@@ -147,7 +149,7 @@ class LedgerLine(BaseModel):
 
 
 TRACE_COUNTS = ("traces", "owned_calls", "tokens_trained")
-FLAGS_WHEN_SET = ("earlier", "not_started")
+FLAGS_WHEN_SET = ("earlier", "gated", "not_started")
 
 
 def _unset(line: LedgerLine) -> set[str]:
@@ -157,7 +159,7 @@ def _unset(line: LedgerLine) -> set[str]:
 
 def encode_ledger(lines: list[LedgerLine]) -> bytes:
     """One JSON line per rollout; trace counts only where a build counted them, the
-    `earlier` and `not_started` flags only where set."""
+    `earlier`, `gated` and `not_started` flags only where set."""
     return b"".join(orjson.dumps(line.model_dump(exclude=_unset(line))) + b"\n" for line in lines)
 
 

@@ -7,6 +7,7 @@ This module does not import Prefect.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Generic, TypeVar
@@ -81,11 +82,34 @@ class MaskGate:
         if self.limit is None or self.seen < self.min_samples or masked <= self.limit * self.seen:
             return None
         reasons = ", ".join(f"{reason} ({count})" for reason, count in self.reasons.most_common())
+        needed = math.ceil(1000 * masked / self.seen) / 1000
         return (
             f"masked fraction {masked}/{self.seen} = {masked / self.seen:.3f} exceeds "
-            f"max_mask_fraction {self.limit}; reasons: {reasons}. Nothing masked was retired; "
-            "fix the capture and rerun the same run id"
+            f"max_mask_fraction {self.limit}; reasons: {reasons}. Nothing finalized from this batch "
+            "on was handed off or retired. To hand the run off with its masks (masked "
+            "records carry mask_sample: true and trainers skip them), finalize again with the "
+            f"same run id and --max-mask-fraction {needed:g} or more (tokcap retrigger keeps "
+            "the recorded one)" + "".join(_remedy(reason) for reason in self.reasons) + "."
         )
+
+
+REMEDIES = {
+    "unresolved retries": (
+        "; an unresolved retry is in the capture as it was served, so capturing again cannot "
+        "resolve it: have the harness name the scored call in the record "
+        "(_ng_terminal_model_call_id or terminal_response_id) and finalize that rollout file "
+        "under a new run id"
+    ),
+    "capture incomplete": (
+        "; a lost call is lost for good: collect those rollouts again and finalize the new "
+        "rollout file under a new run id"
+    ),
+}
+
+
+def _remedy(reason: str) -> str:
+    """What lowers the masked fraction for one reason category, if anything is known to."""
+    return REMEDIES.get(reason, "")
 
 
 def _handed_off_lines(
@@ -116,15 +140,22 @@ def _handed_off_lines(
         )
 
 
+GATED = "not handed off: the mask gate stopped the run at this batch"
+NOT_STARTED = "not started: the run stopped before this batch"
+
+
 def ledger_lines(
     receipts: list[HandoffReceipt],
     retirements: Mapping[str, RetireOutcome],
     failed_batches: Mapping[int, tuple[list[RolloutOutcome], str]],
     earlier: Iterable[str] = (),
+    unstarted: Iterable[tuple[int, int]] = (),
 ) -> list[LedgerLine]:
-    """The run ledger, in input order: handed-off batches and failed ones.
+    """The run ledger, in input order: handed-off, failed, gated and unstarted batches.
 
-    `earlier` names the receipts an earlier run (or pass) of the run id persisted.
+    `earlier` names the receipts an earlier run (or pass) of the run id persisted;
+    `unstarted` holds the first line and line count of each batch the run never started.
+    A gated batch's lines carry `GATED`: the gate's reason is the run's error, once.
     """
     lines: list[LedgerLine] = []
     before = set(earlier)
@@ -141,8 +172,22 @@ def ledger_lines(
                 masked=rollout.masked,
                 mask_reason=rollout.mask_reason,
                 error=rollout.error or error,
+                gated=error == GATED and rollout.emitted,
             )
             for rollout in outcomes
+        )
+    for first, count in unstarted:
+        lines.extend(
+            LedgerLine(
+                rollout_id=None,
+                line=n,
+                finalized=False,
+                handed_off=False,
+                masked=False,
+                error=NOT_STARTED,
+                not_started=True,
+            )
+            for n in range(first, first + count)
         )
     return sorted(lines, key=lambda line: line.line)
 
@@ -155,6 +200,8 @@ class RunTally(BaseModel):
     """
 
     earlier: list[str] = Field(default_factory=list)
+    unstarted: list[tuple[int, int]] = Field(default_factory=list)
+    """First line and line count of each batch the run never started (it stopped first)."""
     receipts: list[HandoffReceipt] = Field(default_factory=list)
     retirements: dict[str, RetireOutcome] = Field(default_factory=dict)
     failed: dict[int, tuple[list[RolloutOutcome], str]] = Field(default_factory=dict)
@@ -173,8 +220,12 @@ class RunTally(BaseModel):
         gate.add(outcomes)
         self.abort = gate.exceeded()
         if self.abort is not None:
-            self.failed[index] = (outcomes, "not handed off: run aborted, " + self.abort)
+            self.failed[index] = (outcomes, GATED)
         return self.abort is None
+
+    def not_started(self, first_line: int, lines: int) -> None:
+        """A batch the run never finalized: its lines go to the ledger as not started."""
+        self.unstarted.append((first_line, lines))
 
     def retired(self, receipt: HandoffReceipt, outcome: RetireOutcome) -> None:
         """Record a batch's retirement; a receipt its part refutes is an error of the run."""
@@ -201,7 +252,9 @@ class RunTally(BaseModel):
         )
 
     def ledger(self) -> list[LedgerLine]:
-        return ledger_lines(self.receipts, self.retirements, self.failed, self.earlier)
+        return ledger_lines(
+            self.receipts, self.retirements, self.failed, self.earlier, self.unstarted
+        )
 
     def all_errors(self) -> list[str]:
         """The run's errors, the abort reason last."""

@@ -34,6 +34,10 @@ class RunSummary(BaseModel):
     retire_failed: int = 0
     failed: int = 0
     """Rollouts finalized but not handed off: their batch failed."""
+    gated: int = 0
+    """Rollouts finalized but not handed off: the mask gate stopped the run at their batch."""
+    not_started: int = 0
+    """Input lines the run never finalized: it stopped (the mask gate) before their batch."""
     malformed_lines: int = 0
     duplicate_lines: int = 0
     """Lines refused as input although they name a rollout: a rollout id repeated in the file."""
@@ -51,9 +55,12 @@ class RunSummary(BaseModel):
 
     @property
     def ok(self) -> bool:
-        """No failed rollout or retirement, no unreadable or duplicate input line, no error."""
+        """No failed, gated or unstarted rollout, no failed retirement, no unreadable or
+        duplicate input line, no error."""
         return (
             self.failed == 0
+            and self.gated == 0
+            and self.not_started == 0
             and self.retire_failed == 0
             and self.malformed_lines == 0
             and self.duplicate_lines == 0
@@ -100,8 +107,9 @@ TOP_ABSTENTIONS = 5
 
 
 def is_malformed(line: LedgerLine) -> bool:
-    """An input line that yielded no record and no rollout id: unreadable, not a rollout."""
-    return not line.finalized and line.rollout_id is None
+    """An input line that yielded no record and no rollout id: unreadable, not a rollout
+    (a line the run never started is not malformed)."""
+    return not line.finalized and line.rollout_id is None and not line.not_started
 
 
 def retirement_failed(line: LedgerLine) -> bool:
@@ -139,7 +147,11 @@ def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
         already_handed_off=sum(1 for line in ledger if line.handed_off and line.earlier),
         retired=sum(1 for line in ledger if line.retired),
         retire_failed=sum(map(retirement_failed, ledger)),
-        failed=sum(1 for line in ledger if line.finalized and not line.handed_off),
+        failed=sum(
+            1 for line in ledger if line.finalized and not line.handed_off and not line.gated
+        ),
+        gated=sum(1 for line in ledger if line.gated),
+        not_started=sum(1 for line in ledger if line.not_started),
         malformed_lines=len(malformed),
         malformed_line_errors=[
             line.error or f"line {line.line}: unreadable" for line in malformed[:MAX_LISTED]
@@ -173,6 +185,15 @@ def trace_counts(summary: RunSummary) -> list[tuple[str, object]]:
     ]
 
 
+def stopped_counts(summary: RunSummary) -> list[tuple[str, int]]:
+    """The lines a stopped run left: gated and never started (none for a run that ran on)."""
+    counts = [
+        ("not handed off (mask gate)", summary.gated),
+        ("not started (run stopped)", summary.not_started),
+    ]
+    return [(name, value) for name, value in counts if value]
+
+
 def summary_table(summary: RunSummary) -> list[dict[str, object]]:
     return [
         *({"metric": name, "value": value} for name, value in trace_counts(summary)),
@@ -184,6 +205,7 @@ def summary_table(summary: RunSummary) -> list[dict[str, object]]:
         {"metric": "retired", "value": summary.retired},
         {"metric": "retirement failed", "value": summary.retire_failed},
         {"metric": "failed", "value": summary.failed},
+        *({"metric": name, "value": value} for name, value in stopped_counts(summary)),
         {"metric": "malformed input lines", "value": summary.malformed_lines},
         {"metric": "duplicate rollout id lines", "value": summary.duplicate_lines},
         *(
@@ -209,7 +231,9 @@ def markdown_report(
         f"{summary.handed_off}/{plural(summary.rollouts, 'rollout')} handed off, "
         f"{summary.masked} masked, {plural(summary.retired, 'capture')} retired, "
         f"{plural(summary.retire_failed, 'retirement')} failed, "
-        f"{summary.failed} failed, {plural(summary.malformed_lines, 'malformed input line')}.",
+        f"{summary.failed} failed, {plural(summary.malformed_lines, 'malformed input line')}"
+        + "".join(f", {value} {name}" for name, value in stopped_counts(summary))
+        + ".",
         "",
         "## Mask reasons",
         "",
@@ -222,7 +246,11 @@ def markdown_report(
     masked = [
         (line, line.mask_reason or "masked") for line in ledger if line.masked and line.finalized
     ]
-    failed = [(line, line.error or "failed") for line in ledger if not line.handed_off]
+    failed = [
+        (line, line.error or "failed")
+        for line in ledger
+        if not line.handed_off and not line.not_started
+    ]
     lines += _rollout_table("Masked rollouts", masked)
     lines += _rollout_table("Failed rollouts and malformed lines", failed)
     unretired = [(line, line.error or "") for line in ledger if retirement_failed(line)]
