@@ -85,8 +85,8 @@ class MaskGate:
         needed = math.ceil(1000 * masked / self.seen) / 1000
         return (
             f"masked fraction {masked}/{self.seen} = {masked / self.seen:.3f} exceeds "
-            f"max_mask_fraction {self.limit}; reasons: {reasons}. Nothing finalized from this batch "
-            "on was handed off or retired. To hand the run off with its masks (masked "
+            f"max_mask_fraction {self.limit}; reasons: {reasons}. Nothing finalized from "
+            "this batch on was handed off or retired. To hand the run off with its masks (masked "
             "records carry mask_sample: true and trainers skip them), finalize again with the "
             f"same run id and --max-mask-fraction {needed:g} or more (tokcap retrigger keeps "
             "the recorded one)" + "".join(_remedy(reason) for reason in self.reasons) + "."
