@@ -241,11 +241,16 @@ def retire_batch(
     )
     if outcome.failed:
         error = TransientStoreError if outcome.transient else RetirementFailedError
-        raise error(
-            f"batch {receipt.batch}: {len(outcome.failed)} retirements failed, captures kept: "
-            + "; ".join(f"{k}: {v}" for k, v in sorted(outcome.failed.items())[:5])
-        )
+        raise error(f"batch {receipt.batch}: {retirement_failures(outcome.failed)}")
     return outcome
+
+
+def retirement_failures(failed: Mapping[str, str]) -> str:
+    """Why a batch's retirements failed, in words every batch of one outage shares: the
+    distinct errors, not the rollouts (the ledger names each one with its error)."""
+    errors = sorted(set(failed.values()))
+    more = f" (and {len(errors) - 3} other errors)" if len(errors) > 3 else ""
+    return "retirements failed, captures kept: " + "; ".join(errors[:3]) + more
 
 
 def publish_receipt(receipt: HandoffReceipt) -> None:

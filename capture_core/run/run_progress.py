@@ -8,6 +8,7 @@ This module does not import Prefect.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Generic, TypeVar
@@ -23,7 +24,7 @@ from capture_core.run.handoff import (
     marked_retirable,
 )
 from capture_core.run.run_layout import LedgerLine
-from capture_core.run.run_report import reason_category
+from capture_core.run.run_report import reason_category, spans
 
 Item = TypeVar("Item")
 Started = TypeVar("Started")
@@ -241,13 +242,14 @@ class RunTally(BaseModel):
 
     def retire_failed(self, receipt: HandoffReceipt, error: str) -> RetireOutcome:
         """A retirement that raised: each retirable rollout of the receipt failed with it."""
-        self.errors.append(f"batch {receipt.batch}: retirement failed: {error}")
+        reason = _without_batch(error)
+        if "retirement" not in reason:
+            reason = f"retirement failed: {reason}"
+        self.errors.append(f"batch {receipt.batch}: {reason}")
         return RetireOutcome(
             receipt_key=receipt.receipt_key,
             failed={
-                r.rollout_id: f"retirement failed: {error}"
-                for r in receipt.rollouts
-                if r.rollout_id and r.can_retire
+                r.rollout_id: reason for r in receipt.rollouts if r.rollout_id and r.can_retire
             },
         )
 
@@ -257,8 +259,33 @@ class RunTally(BaseModel):
         )
 
     def all_errors(self) -> list[str]:
-        """The run's errors, the abort reason last."""
-        return self.errors + ([self.abort] if self.abort else [])
+        """The run's errors, each once (batches failing alike are one line), the abort last."""
+        return group_batch_errors(self.errors) + ([self.abort] if self.abort else [])
+
+
+BATCH_PREFIX = re.compile(r"^batch (\d+): ")
+
+
+def _without_batch(error: str) -> str:
+    return BATCH_PREFIX.sub("", error, count=1)
+
+
+def group_batch_errors(errors: list[str]) -> list[str]:
+    """One line per distinct error: `batches 0-2, 5: <error>` for batches that failed alike
+    (a store outage fails every batch the same way), in order of first appearance."""
+    grouped: dict[str, list[int]] = {}
+    for error in errors:
+        found = BATCH_PREFIX.match(error)
+        key = _without_batch(error) if found else error
+        grouped.setdefault(key, []).extend([int(found.group(1))] if found else [])
+    return [
+        f"{_batches(indexes)}: {text}" if indexes else text for text, indexes in grouped.items()
+    ]
+
+
+def _batches(indexes: list[int]) -> str:
+    """`batch 3`, `batches 0-2, 5`."""
+    return ("batch " if len(indexes) == 1 else "batches ") + spans(indexes, most=len(indexes))
 
 
 class RetriggerReport(BaseModel):

@@ -252,9 +252,9 @@ def markdown_report(
         if not line.handed_off and not line.not_started
     ]
     lines += _rollout_table("Masked rollouts", masked)
-    lines += _rollout_table("Failed rollouts and malformed lines", failed)
+    lines += _reason_table("Failed rollouts and malformed lines", failed)
     unretired = [(line, line.error or "") for line in ledger if retirement_failed(line)]
-    lines += _rollout_table("Handed off, retirement failed (captures kept)", unretired)
+    lines += _reason_table("Handed off, retirement failed (captures kept)", unretired)
     lines += ["", "## Terminal attribution", "", *_terminal_lines(summary)]
     lines += _traces(summary, ledger) if summary.delivery != MAIN_CHAIN else _delivered(delivered)
     lines += ["", "## Slowest batches", "", "| batch | seconds |", "|---|---|"]
@@ -279,6 +279,37 @@ def _rollout_table(title: str, rows: list[tuple[LedgerLine, str]]) -> list[str]:
     if len(rows) > MAX_LISTED:
         out += ["", f"... and {len(rows) - MAX_LISTED} more; the run ledger lists every one."]
     return out
+
+
+def _reason_table(title: str, rows: list[tuple[LedgerLine, str]]) -> list[str]:
+    """A section with one row per distinct reason: how many rollouts, their lines, the reason.
+
+    A failed batch (a store outage, say) gives its reason once, not once per rollout; the
+    run ledger names every rollout.
+    """
+    if not rows:
+        return []
+    grouped: dict[str, list[int]] = {}
+    for line, reason in rows:
+        grouped.setdefault(_cell(reason), []).append(line.line)
+    out = ["", f"## {title} ({len(rows)})", "", "| rollouts | lines | reason |", "|---|---|---|"]
+    for reason, numbers in list(grouped.items())[:MAX_LISTED]:
+        out.append(f"| {len(numbers)} | {spans(numbers)} | {reason} |")
+    if len(grouped) > MAX_LISTED:
+        out += ["", f"... and {len(grouped) - MAX_LISTED} more reasons; see the run ledger."]
+    return out
+
+
+def spans(numbers: list[int], most: int = 10) -> str:
+    """`1-6, 9`: numbers as runs of consecutive ones (the first `most` runs)."""
+    runs: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    text = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs[:most])
+    return text + (", ..." if len(runs) > most else "")
 
 
 def _delivered(delivered: list[float]) -> list[str]:
