@@ -33,6 +33,7 @@ from capture_core.run.handoff import (
 )
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
+from capture_core.run.run_progress import RETIREMENTS_FAILED
 from capture_core.run.run_report import masked_line, plural
 from capture_core.storage import open_byte_store
 from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async
@@ -250,7 +251,7 @@ def retirement_failures(failed: Mapping[str, str]) -> str:
     distinct errors, not the rollouts (the ledger names each one with its error)."""
     errors = sorted(set(failed.values()))
     more = f" (and {len(errors) - 3} other errors)" if len(errors) > 3 else ""
-    return "retirements failed, captures kept: " + "; ".join(errors[:3]) + more
+    return RETIREMENTS_FAILED + "; ".join(errors[:3]) + more
 
 
 def publish_receipt(receipt: HandoffReceipt) -> None:

@@ -242,10 +242,12 @@ class RunTally(BaseModel):
 
     def retire_failed(self, receipt: HandoffReceipt, error: str) -> RetireOutcome:
         """A retirement that raised: each retirable rollout of the receipt failed with it."""
-        reason = _without_batch(error)
-        if "retirement" not in reason:
-            reason = f"retirement failed: {reason}"
-        self.errors.append(f"batch {receipt.batch}: {reason}")
+        inner = _without_batch(error)
+        cause = inner.removeprefix(RETIREMENTS_FAILED)
+        self.errors.append(
+            f"batch {receipt.batch}: {inner if cause != inner else RETIREMENT_FAILED + cause}"
+        )
+        reason = RETIREMENT_FAILED + cause  # the same words for every rollout of an outage
         return RetireOutcome(
             receipt_key=receipt.receipt_key,
             failed={
@@ -264,6 +266,9 @@ class RunTally(BaseModel):
 
 
 BATCH_PREFIX = re.compile(r"^batch (\d+): ")
+RETIREMENTS_FAILED = "retirements failed, captures kept: "
+"""How a retire task's error begins; the distinct causes follow (no rollout ids)."""
+RETIREMENT_FAILED = "retirement failed: "
 
 
 def _without_batch(error: str) -> str:
