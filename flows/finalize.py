@@ -377,7 +377,8 @@ def retire_uploaded(
     counts = retire_counts(receipts, outcomes)
     get_run_logger().info("run %s: %s", run_id, counts)
     if tally.errors:
-        raise RunFailedError("; ".join(tally.errors), tally.errors)
+        errors = group_batch_errors(tally.errors)
+        raise RunFailedError("; ".join(errors), errors)
     return counts
 
 
