@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from capture_core.builder.build_result import BuildResult
-from capture_core.builder.snapshot import build_from_snapshot
+from capture_core.builder.snapshot import build_from_snapshot, warn_masked
 from capture_core.builder.terminal import TerminalInputs
 from capture_core.config import TokenIdCaptureConfig
 from capture_core.errors import InvalidRecordError, error_text
@@ -30,14 +30,17 @@ logger = logging.getLogger(__name__)
 
 def _freeze_failed(rollout_id: str, builder: str, exc: Exception) -> dict:
     error = f"freeze failed: {error_text(exc)}"
-    return BuildResult.failed(rollout_id, builder, error).to_dict()
+    built = BuildResult.failed(rollout_id, builder, error)
+    warn_masked(built)
+    return built.to_dict()
 
 
 def _seed_build(snapshot: Any, builder: str, model: str, record: Mapping[str, Any] | None) -> dict:
-    """A seed function's build of a frozen snapshot, anchored by the finished `record`."""
-    return build_from_snapshot(
-        snapshot, builder, model, TerminalInputs.from_record(record)
-    ).to_dict()
+    """A seed function's build of a frozen snapshot, anchored by the finished `record`; a
+    masked build is one warning."""
+    built = build_from_snapshot(snapshot, builder, model, TerminalInputs.from_record(record))
+    warn_masked(built)
+    return built.to_dict()
 
 
 async def trajectories_from_source(

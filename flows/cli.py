@@ -20,6 +20,7 @@ import orjson
 from capture_core.builder import BUILDERS
 from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.run.run_layout import ROW_FORMATS
+from capture_core.run.run_report import plural
 from flows.cli_checks import (
     UnavailableError,
     UsageError,
@@ -338,10 +339,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         }
         print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
     else:
-        print(
-            f"run {args.run_id} ({manifest.rollouts}, {manifest.batches} batches, "
-            f"delivery {manifest.delivery})"
-        )
+        batches = plural(manifest.batches, "batch", "batches")
+        print(f"run {args.run_id} ({manifest.rollouts}, {batches}, delivery {manifest.delivery})")
         print_summary(summary)
         print_consumers(consumers, manifest.retire_after_consumer)
     return 0 if summary.ok else 1

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from capture_core.run.run_report import trace_counts
+from capture_core.run.run_report import plural, stopped_counts, trace_counts
 from flows.runners import script
 
 MAX_FAILURE_LINES = 20
@@ -17,7 +17,8 @@ MAX_FAILURE_LINES = 20
 def print_retired(run_id: str, counts: dict[str, int]) -> None:
     total = counts["retired"] + counts["retired_earlier"]
     print(
-        f"run {run_id}: {total} captures retired from {counts['receipts']} receipts "
+        f"run {run_id}: {plural(total, 'capture')} retired from "
+        f"{plural(counts['receipts'], 'receipt')} "
         f"({counts['retired']} now, {counts['retired_earlier']} by an earlier run against this "
         f"store; {counts['kept']} kept as evidence)"
         + (f"; {counts['waiting']} waiting for the consumer's ack" if counts.get("waiting") else "")
@@ -42,6 +43,7 @@ def print_summary(summary: Any) -> None:
         ("retired", summary.retired),
         ("retirement failed", summary.retire_failed),
         ("failed", summary.failed),
+        *stopped_counts(summary),
         ("malformed input lines", summary.malformed_lines),
         ("duplicate rollout id lines", summary.duplicate_lines),
     ]

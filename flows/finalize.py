@@ -35,10 +35,11 @@ from capture_core.run.run_progress import (
     MaskGate,
     RetriggerReport,
     RunTally,
+    group_batch_errors,
     ledger_changes,
     retire_counts,
 )
-from capture_core.run.run_report import RunSummary
+from capture_core.run.run_report import RunSummary, plural
 from flows.alerts import alert_on_masks
 from tasks.batches import (
     describe_batch,
@@ -123,6 +124,8 @@ class RunSteps:
                 finalizing.refill()
             else:
                 finalizing.stop()
+        else:
+            tally.not_started(batch.first_line, batch.lines)
         if receipt is not None:
             self.retire(receipt, tally)
         tally.seconds[batch.index] = time.perf_counter() - started
@@ -174,7 +177,7 @@ class RunSteps:
         get_run_logger().info(
             "batch %d was handed off by another pass meanwhile; its receipt stands", receipt.batch
         )
-        tally.earlier += 1
+        tally.earlier.append(receipt.receipt_key)
         gate.add(receipt.rollouts)
         return receipt
 
@@ -285,7 +288,7 @@ def finalize_run(
     keys = [receipt_key(b) for b in plan.batches]
     earlier = find_receipts(dest, run_id, keys, options, hand_off_unrecorded=True)
     tally = RunTally(
-        earlier=len(earlier),
+        earlier=list(earlier),
         errors=list(filter(None, [plan.duplicates_error()])),
         delivery=delivery,
     )
@@ -298,16 +301,49 @@ def finalize_run(
         update_progress_artifact(progress, 100.0 * done / max(1, len(plan.batches)))
     summary = write_run_report(run_id, dest, quote(tally), options, claim)  # quote: see hand_off
     alert_on_masks(summary, mask_alert_fraction)
-    raise_if_failed(summary, tally)
+    raise_if_failed(summary, tally, steps)
     return summary
 
 
-def raise_if_failed(summary: RunSummary, tally: RunTally) -> None:
-    """Fail the flow run, naming each failure, unless every rollout completed."""
+def raise_if_failed(summary: RunSummary, tally: RunTally, steps: RunSteps | None = None) -> None:
+    """Fail the flow run, naming each failure, unless every rollout completed.
+
+    The message names each distinct failure once and, with `steps`, the command that
+    completes the run: `tokcap retrigger` when batches were not handed off, `tokcap retire`
+    when only retirements failed (a gated run has the gate's own advice).
+    """
     failures = summary.errors + summary.malformed_line_errors
     if failures or not summary.ok:
-        message = tally.abort or "; ".join(tally.errors) or _malformed_message(summary)
+        grouped = "; ".join(group_batch_errors(tally.errors))
+        message = tally.abort or grouped or _malformed_message(summary)
+        if steps is not None and tally.abort is None:
+            message += completion(summary, steps)
         raise RunFailedError(message, failures, summary)
+
+
+def completion(summary: RunSummary, steps: RunSteps) -> str:
+    """What the run left undone and the one command that completes it (or nothing)."""
+    left = []
+    if summary.retire_failed:
+        left.append(f"{plural(summary.retire_failed, 'handed-off rollout')} left unretired")
+    if summary.failed:
+        left.append(f"{plural(summary.failed, 'rollout')} not handed off")
+    if not left:
+        return ""
+    command = "retrigger" if summary.failed else "retire"
+    where = f"--dest {steps.dest} --run-id {steps.run_id} --store {steps.store}"
+    extra = [flag for flag, given in EXTRA_FLAGS if given(steps)]
+    also = f" (with the run's {' and '.join(extra)} values)" if extra else ""
+    return (
+        f". {' and '.join(left)} (their captures are kept); once the cause is fixed, complete "
+        f"the run with: tokcap {command} {where}{also}"
+    )
+
+
+EXTRA_FLAGS = (
+    ("--source-kwarg", lambda steps: bool(steps.source_kwargs)),
+    ("--storage-option", lambda steps: bool(steps.options)),
+)
 
 
 def _malformed_message(summary: RunSummary) -> str:
@@ -341,7 +377,8 @@ def retire_uploaded(
     counts = retire_counts(receipts, outcomes)
     get_run_logger().info("run %s: %s", run_id, counts)
     if tally.errors:
-        raise RunFailedError("; ".join(tally.errors), tally.errors)
+        errors = group_batch_errors(tally.errors)
+        raise RunFailedError("; ".join(errors), errors)
     return counts
 
 

@@ -33,6 +33,8 @@ from capture_core.run.handoff import (
 )
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
+from capture_core.run.run_progress import RETIREMENTS_FAILED
+from capture_core.run.run_report import masked_line, plural
 from capture_core.storage import open_byte_store
 from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async
 from tasks.receipts import UnrecordedReceiptError, read_receipt, set_aside_unrecorded
@@ -65,7 +67,10 @@ def plan_rollouts(
     """Stream the rollout file once into batch byte ranges."""
     plan = plan_rollout_file(rollouts, batch_size, storage_options)
     get_run_logger().info(
-        "planned %d rollouts of %s into %d batches", plan.rollouts, rollouts, len(plan.batches)
+        "planned %s of %s into %s",
+        plural(plan.rollouts, "rollout"),
+        rollouts,
+        plural(len(plan.batches), "batch", "batches"),
     )
     return plan
 
@@ -142,9 +147,20 @@ def finalize_batch(
     meanwhile = None if dest is None else _receipt_meanwhile(dest, run_id, batch, storage_options)
     if meanwhile is not None:
         return meanwhile
-    masked = sum(o.masked and o.emitted for o in finalized.outcomes)
+    masked = [o for o in finalized.outcomes if o.masked and o.emitted]
     logger = get_run_logger()
-    logger.info("batch %d: finalized %d rollouts (%d masked)", batch.index, len(lines), masked)
+    logger.info(
+        "batch %d: finalized %s (%d masked)",
+        batch.index,
+        plural(len(lines), "rollout"),
+        len(masked),
+    )
+    for outcome in masked:
+        logger.warning(
+            "batch %d: %s",
+            batch.index,
+            masked_line(outcome.line, outcome.rollout_id, outcome.mask_reason),
+        )
     for parsed in lines:
         if parsed.error:
             logger.warning("batch %d: %s; no record for this line", batch.index, parsed.error)
@@ -236,20 +252,25 @@ def retire_batch(
         )
     logger = get_run_logger()
     logger.info(
-        "batch %d: retired %d captures; kept %d masked or unfinished as evidence and %d "
-        "changed since frozen",
+        "batch %d: retired %s; kept %d masked or unfinished as evidence and %d changed since "
+        "frozen",
         receipt.batch,
-        len(outcome.retired),
+        plural(len(outcome.retired), "capture"),
         kept_as_evidence(persisted),
         len(outcome.kept),
     )
     if outcome.failed:
         error = TransientStoreError if outcome.transient else RetirementFailedError
-        raise error(
-            f"batch {receipt.batch}: {len(outcome.failed)} retirements failed, captures kept: "
-            + "; ".join(f"{k}: {v}" for k, v in sorted(outcome.failed.items())[:5])
-        )
+        raise error(f"batch {receipt.batch}: {retirement_failures(outcome.failed)}")
     return outcome
+
+
+def retirement_failures(failed: Mapping[str, str]) -> str:
+    """Why a batch's retirements failed, in words every batch of one outage shares: the
+    distinct errors, not the rollouts (the ledger names each one with its error)."""
+    errors = sorted(set(failed.values()))
+    more = f" (and {len(errors) - 3} other errors)" if len(errors) > 3 else ""
+    return RETIREMENTS_FAILED + "; ".join(errors[:3]) + more
 
 
 def publish_receipt(receipt: HandoffReceipt) -> None:

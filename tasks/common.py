@@ -1,9 +1,10 @@
-"""Retry policy and helpers shared by the tasks."""
+"""Retry policy and helpers shared by the tasks, and the quiet task-run log of tokcap's flows."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -12,6 +13,41 @@ from capture_core.run.inbox import Claim, check_claim
 from capture_core.storage import open_byte_store
 
 T = TypeVar("T")
+TASK_RUN_LOGGER = "prefect.task_runs"
+
+
+def in_tokcap_flow() -> bool:
+    """Whether the calling code runs inside a flow run of one of tokcap's flows."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    flow = getattr(context, "flow", None)
+    return getattr(getattr(flow, "fn", None), "__module__", "").startswith("flows.")
+
+
+class QuietCompletions(logging.Filter):
+    """Drops a task run's "Finished in state Completed()" (or Cached) line in tokcap's flows.
+
+    A run of many batches would log one per task (half of its lines in the UI); the task's
+    own lines say what it did, and a failed task's state is still logged. Other flows in
+    the same process keep Prefect's lines.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        routine = record.levelno == logging.INFO and record.module == "task_engine"
+        if not routine or not str(record.msg).startswith("Finished in state "):
+            return True
+        return not in_tokcap_flow()
+
+
+def quiet_task_completions() -> None:
+    """Install `QuietCompletions` on Prefect's task-run logger, once per process."""
+    logger = logging.getLogger(TASK_RUN_LOGGER)
+    if not any(isinstance(f, QuietCompletions) for f in logger.filters):
+        logger.addFilter(QuietCompletions())
+
+
+quiet_task_completions()
 
 
 def retry_transient(task: Any, task_run: Any, state: Any) -> bool:

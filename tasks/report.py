@@ -47,7 +47,6 @@ def write_run_report(
     ledger = tally.ledger()
     RunLayout(open_byte_store(dest, storage_options), run_id).write_ledger(ledger)
     summary = summarize(run_id, ledger)
-    summary.already_handed_off = tally.earlier
     summary.delivery = tally.delivery
     summary.errors = tally.all_errors()
     locate(summary, dest)

@@ -36,6 +36,11 @@ INCOMPLETE_REASON = (
 )
 
 
+def incomplete_reason(reasons: tuple[str, ...] = ()) -> str:
+    """Why an incomplete capture masks: the snapshot's own reasons, else the generic one."""
+    return f"capture incomplete: {'; '.join(reasons)}" if reasons else INCOMPLETE_REASON
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotIdentity:
     """The frozen snapshot a build consumed; retirement names exactly this one.
@@ -186,7 +191,9 @@ class BuildResult:
     """What building one rollout gave; see the module docstring for the four kinds.
 
     `rollout_id` and `builder` are `None` only on unusable and redundant results, and
-    `unresolved_retries` is set only on a projected trajectory.
+    `unresolved_retries` is set only on a projected trajectory. `incomplete_reasons` holds
+    an incomplete snapshot's reasons for `mask_reason`; the dict carries only
+    `capture_incomplete` (NeMo Gym's keys), so a dict read back gives the generic reason.
     """
 
     rebuilt_response: dict[str, Any] | None
@@ -199,6 +206,7 @@ class BuildResult:
     metrics: BuildMetrics | None = None
     snapshot: SnapshotIdentity | None = None
     training_traces: dict[str, Any] | None = None
+    incomplete_reasons: tuple[str, ...] = ()
 
     @classmethod
     def trajectory(
@@ -263,8 +271,11 @@ class BuildResult:
         """A record that already carries token ids; its frozen capture may retire later."""
         return cls(None, False, redundant_capture=True, snapshot=snapshot)
 
-    def of_snapshot(self, snapshot: SnapshotIdentity, incomplete: bool) -> BuildResult:
-        """This build as made from `snapshot`; an incomplete snapshot masks it (no envelope)."""
+    def of_snapshot(
+        self, snapshot: SnapshotIdentity, incomplete: bool, reasons: tuple[str, ...] = ()
+    ) -> BuildResult:
+        """This build as made from `snapshot`; an incomplete snapshot masks it (no envelope),
+        for `reasons`."""
         if not incomplete:
             return dataclasses.replace(self, snapshot=snapshot)
         metrics = self.metrics or BuildMetrics(0)
@@ -274,6 +285,7 @@ class BuildResult:
             metrics=dataclasses.replace(metrics, capture_incomplete=True),
             snapshot=snapshot,
             training_traces=None,
+            incomplete_reasons=reasons,
         )
 
     @property
@@ -285,14 +297,19 @@ class BuildResult:
         return delivered or self.redundant_capture
 
     def mask_reason(self) -> str | None:
-        """A short reason for a masked build, for logs, ledgers and reports; else `None`."""
+        """The one reason a masked build gives in logs, ledgers and reports; else `None`.
+
+        The root cause comes first: an incomplete capture (a lost call) explains whatever
+        the build then failed at (a broken chain, a contradicted lineage), so it wins over
+        the build's error.
+        """
         if not self.mask_sample:
             return None
-        if self.error:
-            return self.error
         metrics = self.metrics or BuildMetrics(0)
         if metrics.capture_incomplete:
-            return INCOMPLETE_REASON
+            return incomplete_reason(self.incomplete_reasons)
+        if self.error:
+            return self.error
         blocked = blocking_reason(metrics.terminal)
         if blocked:
             return blocked

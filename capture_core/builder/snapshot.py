@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from capture_core.builder.build_result import BuildResult, SnapshotIdentity
+from capture_core.builder.build_result import BuildResult, SnapshotIdentity, incomplete_reason
 from capture_core.builder.chain import BuildOutput
 from capture_core.builder.projection import assert_prefix_contiguity, project_main_chain_response
 from capture_core.builder.registry import run_builder
@@ -70,7 +70,7 @@ def assemble(
     try:
         return _build_and_project(rollout_id, entries, builder, model, terminal, progress)
     except Exception as exc:
-        logger.warning("rollout %s: build failed: %s", rollout_id, exc)
+        logger.debug("rollout %s: build failed: %s", rollout_id, exc, exc_info=True)
         error = error_text(exc)
         metrics = progress.terminal_metrics()
         return BuildResult.failed(
@@ -97,7 +97,6 @@ def _build_and_project(
     progress.chain = built.notes.terminal_chain
     refused = _refusal(progress.attribution, built)
     if refused is not None:
-        logger.warning("rollout %s: %s", rollout_id, refused)
         metrics = progress.terminal_metrics()
         return BuildResult.failed(
             rollout_id, builder, refused, n_calls=len(entries), terminal=metrics
@@ -202,7 +201,7 @@ def assemble_traces(
     try:
         return BuildResult.traced(build_training_traces(rollout_id, entries, builder, terminal))
     except Exception as exc:
-        logger.warning("rollout %s: traces build failed: %s", rollout_id, exc)
+        logger.debug("rollout %s: traces build failed: %s", rollout_id, exc, exc_info=True)
         error = f"{type(exc).__name__}: {exc}"
         return BuildResult.failed(rollout_id, builder, error, n_calls=len(entries))
 
@@ -219,28 +218,35 @@ def build_from_snapshot(
     `snapshot` is a `TokenCaptureSnapshot` or another library's snapshot type with the same
     fields (`rollout_id`, `entries`, `incomplete`, `snapshot_id`, `version`); one that cannot
     be read is a failed build, never an exception. An incomplete snapshot masks the build
-    without inventing an `error`; its reasons are logged. With no entry left its reasons are
-    the cause, so they become the failed build's error. `terminal` (from the finished record)
-    anchors the build to the scored call. `delivery="all_traces"` builds the envelope instead
-    of the main chain (an incomplete snapshot never carries one).
+    without inventing an `error`; its reasons are the build's `mask_reason`. With no entry
+    left they are also the failed build's error. It does not log a mask: its caller warns
+    once per masked rollout (`warn_masked`), or reports it with the input line. `terminal`
+    (from the finished record) anchors the build to the scored call. `delivery="all_traces"`
+    builds the envelope instead of the main chain (an incomplete snapshot never carries one).
     """
     rollout_id = str(getattr(snapshot, "rollout_id", ""))
     try:
         entries = list(snapshot.entries)
         incomplete = bool(snapshot.incomplete)
         identity = SnapshotIdentity(snapshot.snapshot_id, snapshot.version)
-        reasons = "; ".join(getattr(snapshot, "incomplete_reasons", ())) or "a call was lost"
+        reasons = tuple(map(str, getattr(snapshot, "incomplete_reasons", ()))) or (
+            "a call was lost",
+        )
     except Exception as exc:
-        logger.warning("rollout %s: unreadable snapshot: %s", rollout_id, exc)
         error = f"unreadable snapshot: {error_text(exc)}"
         return BuildResult.failed(rollout_id, builder, error)
     if not entries:
-        error = f"capture incomplete: {reasons}" if incomplete else EMPTY_CAPTURE_ERROR
+        error = incomplete_reason(reasons) if incomplete else EMPTY_CAPTURE_ERROR
         built = BuildResult.failed(rollout_id, builder, error)
     elif delivery == MAIN_CHAIN:
         built = assemble(rollout_id, entries, builder, model, terminal)
     else:
         built = assemble_traces(rollout_id, entries, builder, terminal)
-    if incomplete:
-        logger.warning("rollout %s masked: capture incomplete: %s", rollout_id, reasons)
-    return built.of_snapshot(identity, incomplete)
+    return built.of_snapshot(identity, incomplete, reasons)
+
+
+def warn_masked(built: BuildResult, rollout: str | None = None) -> None:
+    """The one warning of a masked build, with its one reason (`mask_reason`)."""
+    if built.mask_sample:
+        name = built.rollout_id or rollout or "without a rollout id"
+        logger.warning("rollout %s masked: %s", name, built.mask_reason())

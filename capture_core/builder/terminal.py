@@ -31,6 +31,8 @@ CHAIN_NONE, CHAIN_DELIVERED, CHAIN_BROKEN, CHAIN_NOT_CAPTURED = (
     "broken",
     "not_captured",
 )
+UNATTRIBUTED = "none"
+"""The method ledgers and reports name for a build that attributed no call (its metric's `"")."""
 DISAGREEMENT = "witness_disagreement"
 # The record's own declarations: an abstention of one of these masks the rollout.
 DECLARING = ("explicit:", "declared:")

@@ -22,7 +22,7 @@ from capture_core.builder.build_result import (
     BuildResult,
     SnapshotIdentity,
 )
-from capture_core.builder.snapshot import build_from_snapshot
+from capture_core.builder.snapshot import build_from_snapshot, warn_masked
 from capture_core.builder.terminal import TerminalInputs
 from capture_core.builder.trace_envelope import DELIVERIES, ENVELOPE_KEY, MAIN_CHAIN
 from capture_core.errors import error_text
@@ -32,8 +32,11 @@ from capture_core.records import TOKEN_FIELDS, check_response_token_arrays, resp
 
 logger = logging.getLogger(__name__)
 
+NO_CAPTURE_KEY = "no capture key"
+"""The error of a record that names no rollout (NeMo Gym's words): its capture has no key."""
 
-def _mask_unusable(result: dict, error: str, message: str) -> BuildResult:
+
+def _mask_unusable(result: dict, error: str) -> BuildResult:
     """Mask a rollout that needed token ids and could not get them; the record keeps why.
 
     An unmasked rollout would appear healthy until it reaches the trainer.
@@ -41,7 +44,6 @@ def _mask_unusable(result: dict, error: str, message: str) -> BuildResult:
     built = BuildResult.unusable(error)
     result[MASK_SAMPLE_KEY] = True
     result[TOKEN_CAPTURE_KEY] = built.record_metrics()
-    logger.warning(message)
     return built
 
 
@@ -81,7 +83,23 @@ async def finalize_rollout(
     rollout. `None` when there is no source (or a record that already carries token ids
     cannot be frozen). With `delivery="all_traces"` it keeps `response` and adds the checked
     `training_traces` envelope instead (docs/traces.md); a masked record carries none.
+    A masked rollout is one warning, with its `mask_reason`.
     """
+    built = await finalize_record(result, source, builder=builder, delivery=delivery)
+    if built is not None:
+        warn_masked(built, plain_rollout_id(result))
+    return built
+
+
+async def finalize_record(
+    result: dict,
+    source: TokenSource | None,
+    *,
+    builder: str = "prefix_merging",
+    delivery: str = MAIN_CHAIN,
+) -> BuildResult | None:
+    """`finalize_rollout` without its mask warning: for a caller that reports each masked
+    rollout itself, with its input line (a run's batch)."""
     if source is None:
         return None
     if delivery != MAIN_CHAIN:
@@ -91,11 +109,15 @@ async def finalize_rollout(
             return await _finalize(result, source, builder)
         return await _finalize_traces(result, source, builder, delivery)
     except Exception as exc:
-        return _mask_unusable(
-            result,
-            error_text(exc),
-            f"token capture finalize failed unexpectedly: {exc}",
-        )
+        return _mask_unusable(result, error_text(exc))
+
+
+def plain_rollout_id(result: dict) -> str | None:
+    """The record's rollout id, or `None` when it has none or a malformed one."""
+    try:
+        return maybe_rollout_id_from_run_body(result)
+    except ValueError:
+        return None
 
 
 async def _finalize_traces(
@@ -108,19 +130,17 @@ async def _finalize_traces(
     """
     if delivery not in DELIVERIES:
         error = f"unknown delivery {delivery!r}; use one of {', '.join(DELIVERIES)}"
-        return _mask_unusable(result, error, f"rollout masked: {error}")
+        return _mask_unusable(result, error)
     try:
         rollout_id = maybe_rollout_id_from_run_body(result)
     except ValueError as exc:
-        return _mask_unusable(result, f"malformed rollout id: {exc}", f"rollout masked: {exc}")
+        return _mask_unusable(result, f"malformed rollout id: {exc}")
     if rollout_id is None:
-        return _mask_unusable(result, "no capture key", "rollout masked: no capture key")
+        return _mask_unusable(result, NO_CAPTURE_KEY)
     try:
         snapshot = await source.freeze(rollout_id)
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        message = f"rollout {rollout_id} masked: capture unreadable: {error}"
-        return _mask_unusable(result, error, message)
+        return _mask_unusable(result, f"{type(exc).__name__}: {exc}")
     terminal = TerminalInputs.from_record(result)
     built = build_from_snapshot(snapshot, builder, "", terminal, delivery)
     _apply(result, built)
@@ -131,7 +151,7 @@ async def _finalize(result: dict, source: TokenSource, builder: str) -> BuildRes
     try:
         rollout_id = maybe_rollout_id_from_run_body(result)
     except ValueError as exc:
-        return _mask_unusable(result, f"malformed rollout id: {exc}", f"rollout masked: {exc}")
+        return _mask_unusable(result, f"malformed rollout id: {exc}")
     malformed = None
     if rollout_carries_token_ids(result):
         malformed = malformed_token_arrays(result)
@@ -139,14 +159,11 @@ async def _finalize(result: dict, source: TokenSource, builder: str) -> BuildRes
             return await _redundant_capture(rollout_id, source)
         logger.warning("rollout %s: rebuilding it from its capture: %s", rollout_id, malformed)
     if rollout_id is None:
-        error = _noting("no capture key", malformed)
-        return _mask_unusable(result, error, f"rollout masked: {error}")
+        return _mask_unusable(result, _noting(NO_CAPTURE_KEY, malformed))
     try:
         snapshot = await source.freeze(rollout_id)
     except Exception as exc:
-        error = _noting(error_text(exc), malformed)
-        message = f"rollout {rollout_id} masked: capture unreadable: {error}"
-        return _mask_unusable(result, error, message)
+        return _mask_unusable(result, _noting(error_text(exc), malformed))
     response = result.get("response")
     model = str(response.get("model") or "") if isinstance(response, dict) else ""
     built = build_from_snapshot(snapshot, builder, model, TerminalInputs.from_record(result))
@@ -221,4 +238,3 @@ def _apply(result: dict, built: BuildResult) -> None:
     result[TOKEN_CAPTURE_KEY] = built.record_metrics()
     if built.mask_sample:
         result[MASK_SAMPLE_KEY] = True
-        logger.warning("rollout %s masked: %s", built.rollout_id, built.mask_reason())

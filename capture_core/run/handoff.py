@@ -1,6 +1,7 @@
 """Batches of rollouts: finalize, durable handoff to a destination, and retirement by receipt.
 
-A batch is finalized through `finalize.finalize_rollout`, the one finalize path.
+A batch is finalized through `finalize.finalize_record`, the one finalize path (without
+its per-rollout warning: a run reports each masked rollout with its input line).
 Lines refused as input (unparsable, or a rollout id repeated in the file) are never finalized.
 A storage failure while freezing fails the batch (retry it); it never becomes a masked record.
 The part file is written create-only, durably, and verified by reading it back.
@@ -23,6 +24,7 @@ import orjson
 from pydantic import BaseModel, Field
 
 from capture_core.builder.build_result import MASK_SAMPLE_KEY, BuildResult
+from capture_core.builder.terminal import UNATTRIBUTED
 from capture_core.builder.trace_envelope import (
     ENVELOPE_KEY,
     MAIN_CHAIN,
@@ -36,7 +38,6 @@ from capture_core.errors import (
     TransientStoreError,
     is_transient,
 )
-from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import (
     DECIDED,
     DELETED,
@@ -47,7 +48,11 @@ from capture_core.protocols import (
 )
 from capture_core.run import run_layout
 from capture_core.run.crash_points import crash_point
-from capture_core.run.finalize import finalize_rollout, rollout_carries_token_ids
+from capture_core.run.finalize import (
+    finalize_record,
+    plain_rollout_id,
+    rollout_carries_token_ids,
+)
 from capture_core.run.rollout_io import BatchPlan, ParsedLine
 from capture_core.storage import ByteStore
 from capture_core.storage.io_pool import io_pool
@@ -192,7 +197,7 @@ def _outcome(line: int, result: dict, built: BuildResult | None) -> RolloutOutco
         snapshot_id=snapshot.snapshot_id if snapshot else None,
         version=snapshot.version if snapshot else None,
         delivered_fraction=counts.delivered_fraction if counts else None,
-        terminal_method=terminal.method if terminal else None,
+        terminal_method=(terminal.method or UNATTRIBUTED) if terminal else None,
         terminal_abstentions=terminal.abstentions if terminal else [],
         **_trace_counts(built),
     )
@@ -209,14 +214,6 @@ def _trace_counts(built: BuildResult | None) -> dict[str, int]:
         "owned_calls": counts.owned_calls if trained else 0,
         "tokens_trained": counts.tokens_trained if trained else 0,
     }
-
-
-def plain_rollout_id(result: dict) -> str | None:
-    """The record's rollout id, or `None` when it has none or a malformed one."""
-    try:
-        return maybe_rollout_id_from_run_body(result)
-    except ValueError:
-        return None
 
 
 def input_error(batch: BatchPlan, parsed: ParsedLine) -> RolloutOutcome | None:
@@ -253,7 +250,7 @@ async def finalize_batch(
         if parsed.record is None or input_error(batch, parsed) is not None:
             return None
         async with limit:
-            return await finalize_rollout(parsed.record, guard, builder=builder, delivery=delivery)
+            return await finalize_record(parsed.record, guard, builder=builder, delivery=delivery)
 
     built_all = await asyncio.gather(*(map(finalize_one, lines, guards)))
     outcomes: list[RolloutOutcome] = []

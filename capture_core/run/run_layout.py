@@ -114,6 +114,10 @@ class LedgerLine(BaseModel):
     a later retirement never clears its reason. Lines written before `kept` existed are read
     with it derived from their error text, the way they were interpreted then.
     `awaiting_consumer` names the row consumer whose acknowledgement its retirement waits for.
+    `earlier` marks a rollout whose batch an earlier run (or pass) of this run id handed off;
+    `gated` one finalized but not handed off because the mask gate stopped the run there;
+    `not_started` an input line the run never finalized (it stopped first). They are
+    written only when set, so other ledgers are unchanged.
     """
 
     rollout_id: str | None
@@ -133,6 +137,9 @@ class LedgerLine(BaseModel):
     """`all_traces` runs: the rollout's training rows, owned calls and tokens trained."""
     owned_calls: int | None = None
     tokens_trained: int | None = None
+    earlier: bool = False
+    gated: bool = False
+    not_started: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -143,15 +150,18 @@ class LedgerLine(BaseModel):
 
 
 TRACE_COUNTS = ("traces", "owned_calls", "tokens_trained")
+FLAGS_WHEN_SET = ("earlier", "gated", "not_started")
+
+
+def _unset(line: LedgerLine) -> set[str]:
+    absent = {n for n in TRACE_COUNTS if getattr(line, n) is None}
+    return absent | {n for n in FLAGS_WHEN_SET if not getattr(line, n)}
 
 
 def encode_ledger(lines: list[LedgerLine]) -> bytes:
-    """One JSON line per rollout; trace counts only where a build counted them."""
-    return b"".join(
-        orjson.dumps(line.model_dump(exclude={n for n in TRACE_COUNTS if getattr(line, n) is None}))
-        + b"\n"
-        for line in lines
-    )
+    """One JSON line per rollout; trace counts only where a build counted them, the
+    `earlier`, `gated` and `not_started` flags only where set."""
+    return b"".join(orjson.dumps(line.model_dump(exclude=_unset(line))) + b"\n" for line in lines)
 
 
 class RunLayout:

@@ -7,6 +7,8 @@ This module does not import Prefect.
 
 from __future__ import annotations
 
+import math
+import re
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Generic, TypeVar
@@ -22,7 +24,7 @@ from capture_core.run.handoff import (
     marked_retirable,
 )
 from capture_core.run.run_layout import LedgerLine
-from capture_core.run.run_report import reason_category
+from capture_core.run.run_report import reason_category, spans
 
 Item = TypeVar("Item")
 Started = TypeVar("Started")
@@ -81,14 +83,39 @@ class MaskGate:
         if self.limit is None or self.seen < self.min_samples or masked <= self.limit * self.seen:
             return None
         reasons = ", ".join(f"{reason} ({count})" for reason, count in self.reasons.most_common())
+        needed = math.ceil(1000 * masked / self.seen) / 1000
         return (
             f"masked fraction {masked}/{self.seen} = {masked / self.seen:.3f} exceeds "
-            f"max_mask_fraction {self.limit}; reasons: {reasons}. Nothing masked was retired; "
-            "fix the capture and rerun the same run id"
+            f"max_mask_fraction {self.limit}; reasons: {reasons}. Nothing finalized from "
+            "this batch on was handed off or retired. To hand the run off with its masks (masked "
+            "records carry mask_sample: true and trainers skip them), finalize again with the "
+            f"same run id and --max-mask-fraction {needed:g} or more (tokcap retrigger keeps "
+            "the recorded one)" + "".join(_remedy(reason) for reason in self.reasons) + "."
         )
 
 
-def _handed_off_lines(receipt: HandoffReceipt, retire: RetireOutcome) -> Iterable[LedgerLine]:
+REMEDIES = {
+    "unresolved retries": (
+        "; an unresolved retry is in the capture as it was served, so capturing again cannot "
+        "resolve it: have the harness name the scored call in the record "
+        "(_ng_terminal_model_call_id or terminal_response_id) and finalize that rollout file "
+        "under a new run id"
+    ),
+    "capture incomplete": (
+        "; a lost call is lost for good: collect those rollouts again and finalize the new "
+        "rollout file under a new run id"
+    ),
+}
+
+
+def _remedy(reason: str) -> str:
+    """What lowers the masked fraction for one reason category, if anything is known to."""
+    return REMEDIES.get(reason, "")
+
+
+def _handed_off_lines(
+    receipt: HandoffReceipt, retire: RetireOutcome, earlier: bool
+) -> Iterable[LedgerLine]:
     for rollout in receipt.rollouts:
         rid = rollout.rollout_id or ""
         kept = retire.kept.get(rid) or retire.disagreed.get(rid)
@@ -110,19 +137,32 @@ def _handed_off_lines(receipt: HandoffReceipt, retire: RetireOutcome) -> Iterabl
             traces=rollout.traces,
             owned_calls=rollout.owned_calls,
             tokens_trained=rollout.tokens_trained,
+            earlier=earlier and rollout.emitted,
         )
+
+
+GATED = "not handed off: the mask gate stopped the run at this batch"
+NOT_STARTED = "not started: the run stopped before this batch"
 
 
 def ledger_lines(
     receipts: list[HandoffReceipt],
     retirements: Mapping[str, RetireOutcome],
     failed_batches: Mapping[int, tuple[list[RolloutOutcome], str]],
+    earlier: Iterable[str] = (),
+    unstarted: Iterable[tuple[int, int]] = (),
 ) -> list[LedgerLine]:
-    """The run ledger, in input order: handed-off batches and failed ones."""
+    """The run ledger, in input order: handed-off, failed, gated and unstarted batches.
+
+    `earlier` names the receipts an earlier run (or pass) of the run id persisted;
+    `unstarted` holds the first line and line count of each batch the run never started.
+    A gated batch's lines carry `GATED`: the gate's reason is the run's error, once.
+    """
     lines: list[LedgerLine] = []
+    before = set(earlier)
     for receipt in receipts:
         retire = retirements.get(receipt.receipt_key, RetireOutcome(receipt_key=""))
-        lines.extend(_handed_off_lines(receipt, retire))
+        lines.extend(_handed_off_lines(receipt, retire, receipt.receipt_key in before))
     for outcomes, error in failed_batches.values():
         lines.extend(
             LedgerLine(
@@ -133,8 +173,22 @@ def ledger_lines(
                 masked=rollout.masked,
                 mask_reason=rollout.mask_reason,
                 error=rollout.error or error,
+                gated=error == GATED and rollout.emitted,
             )
             for rollout in outcomes
+        )
+    for first, count in unstarted:
+        lines.extend(
+            LedgerLine(
+                rollout_id=None,
+                line=n,
+                finalized=False,
+                handed_off=False,
+                masked=False,
+                error=NOT_STARTED,
+                not_started=True,
+            )
+            for n in range(first, first + count)
         )
     return sorted(lines, key=lambda line: line.line)
 
@@ -142,10 +196,13 @@ def ledger_lines(
 class RunTally(BaseModel):
     """Each batch's fate in one finalize run, reported in input order, and the mask gate.
 
-    `abort` is set once the gate trips; no batch is handed off after it.
+    `abort` is set once the gate trips; no batch is handed off after it. `earlier` holds the
+    receipt keys of batches an earlier run (or another pass) handed off.
     """
 
-    earlier: int = 0
+    earlier: list[str] = Field(default_factory=list)
+    unstarted: list[tuple[int, int]] = Field(default_factory=list)
+    """First line and line count of each batch the run never started (it stopped first)."""
     receipts: list[HandoffReceipt] = Field(default_factory=list)
     retirements: dict[str, RetireOutcome] = Field(default_factory=dict)
     failed: dict[int, tuple[list[RolloutOutcome], str]] = Field(default_factory=dict)
@@ -164,8 +221,12 @@ class RunTally(BaseModel):
         gate.add(outcomes)
         self.abort = gate.exceeded()
         if self.abort is not None:
-            self.failed[index] = (outcomes, "not handed off: run aborted, " + self.abort)
+            self.failed[index] = (outcomes, GATED)
         return self.abort is None
+
+    def not_started(self, first_line: int, lines: int) -> None:
+        """A batch the run never finalized: its lines go to the ledger as not started."""
+        self.unstarted.append((first_line, lines))
 
     def retired(self, receipt: HandoffReceipt, outcome: RetireOutcome) -> None:
         """Record a batch's retirement; a receipt its part refutes is an error of the run."""
@@ -181,22 +242,55 @@ class RunTally(BaseModel):
 
     def retire_failed(self, receipt: HandoffReceipt, error: str) -> RetireOutcome:
         """A retirement that raised: each retirable rollout of the receipt failed with it."""
-        self.errors.append(f"batch {receipt.batch}: retirement failed: {error}")
+        inner = _without_batch(error)
+        cause = inner.removeprefix(RETIREMENTS_FAILED)
+        self.errors.append(
+            f"batch {receipt.batch}: {inner if cause != inner else RETIREMENT_FAILED + cause}"
+        )
+        reason = RETIREMENT_FAILED + cause  # the same words for every rollout of an outage
         return RetireOutcome(
             receipt_key=receipt.receipt_key,
             failed={
-                r.rollout_id: f"retirement failed: {error}"
-                for r in receipt.rollouts
-                if r.rollout_id and r.can_retire
+                r.rollout_id: reason for r in receipt.rollouts if r.rollout_id and r.can_retire
             },
         )
 
     def ledger(self) -> list[LedgerLine]:
-        return ledger_lines(self.receipts, self.retirements, self.failed)
+        return ledger_lines(
+            self.receipts, self.retirements, self.failed, self.earlier, self.unstarted
+        )
 
     def all_errors(self) -> list[str]:
-        """The run's errors, the abort reason last."""
-        return self.errors + ([self.abort] if self.abort else [])
+        """The run's errors, each once (batches failing alike are one line), the abort last."""
+        return group_batch_errors(self.errors) + ([self.abort] if self.abort else [])
+
+
+BATCH_PREFIX = re.compile(r"^batch (\d+): ")
+RETIREMENTS_FAILED = "retirements failed, captures kept: "
+"""How a retire task's error begins; the distinct causes follow (no rollout ids)."""
+RETIREMENT_FAILED = "retirement failed: "
+
+
+def _without_batch(error: str) -> str:
+    return BATCH_PREFIX.sub("", error, count=1)
+
+
+def group_batch_errors(errors: list[str]) -> list[str]:
+    """One line per distinct error: `batches 0-2, 5: <error>` for batches that failed alike
+    (a store outage fails every batch the same way), in order of first appearance."""
+    grouped: dict[str, list[int]] = {}
+    for error in errors:
+        found = BATCH_PREFIX.match(error)
+        key = _without_batch(error) if found else error
+        grouped.setdefault(key, []).extend([int(found.group(1))] if found else [])
+    return [
+        f"{_batches(indexes)}: {text}" if indexes else text for text, indexes in grouped.items()
+    ]
+
+
+def _batches(indexes: list[int]) -> str:
+    """`batch 3`, `batches 0-2, 5`."""
+    return ("batch " if len(indexes) == 1 else "batches ") + spans(indexes, most=len(indexes))
 
 
 class RetriggerReport(BaseModel):

@@ -13,6 +13,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
+from capture_core.builder.terminal import UNATTRIBUTED
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.run.run_layout import LEDGER, RECORDS, LedgerLine, run_location
 
@@ -33,6 +34,10 @@ class RunSummary(BaseModel):
     retire_failed: int = 0
     failed: int = 0
     """Rollouts finalized but not handed off: their batch failed."""
+    gated: int = 0
+    """Rollouts finalized but not handed off: the mask gate stopped the run at their batch."""
+    not_started: int = 0
+    """Input lines the run never finalized: it stopped (the mask gate) before their batch."""
     malformed_lines: int = 0
     duplicate_lines: int = 0
     """Lines refused as input although they name a rollout: a rollout id repeated in the file."""
@@ -50,9 +55,12 @@ class RunSummary(BaseModel):
 
     @property
     def ok(self) -> bool:
-        """No failed rollout or retirement, no unreadable or duplicate input line, no error."""
+        """No failed, gated or unstarted rollout, no failed retirement, no unreadable or
+        duplicate input line, no error."""
         return (
             self.failed == 0
+            and self.gated == 0
+            and self.not_started == 0
             and self.retire_failed == 0
             and self.malformed_lines == 0
             and self.duplicate_lines == 0
@@ -63,6 +71,17 @@ class RunSummary(BaseModel):
     def complete(self) -> bool:
         """`ok`, and no capture waits for a row consumer's acknowledgement to be retired."""
         return self.ok and self.awaiting_consumer == 0
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 capture`, `2 captures`; `many` for an irregular plural (`batch`, `batches`)."""
+    return f"{count} {noun if count == 1 else many or noun + 's'}"
+
+
+def masked_line(line: int, rollout_id: str | None, reason: str | None) -> str:
+    """How logs name one masked rollout: its input line, its id, its one reason."""
+    named = f" (rollout {rollout_id})" if rollout_id else ""
+    return f"line {line}{named} masked: {reason or 'masked'}"
 
 
 def reason_category(reason: str | None) -> str:
@@ -88,8 +107,9 @@ TOP_ABSTENTIONS = 5
 
 
 def is_malformed(line: LedgerLine) -> bool:
-    """An input line that yielded no record and no rollout id: unreadable, not a rollout."""
-    return not line.finalized and line.rollout_id is None
+    """An input line that yielded no record and no rollout id: unreadable, not a rollout
+    (a line the run never started is not malformed)."""
+    return not line.finalized and line.rollout_id is None and not line.not_started
 
 
 def retirement_failed(line: LedgerLine) -> bool:
@@ -108,14 +128,14 @@ def _by_count(counts: Counter) -> dict[str, int]:
 def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
     """Counts and mask reasons of a run, from its ledger; the first malformed lines' errors.
 
-    Terminal attribution: rollouts per method (`none` when unattributed) and the most
-    frequent abstention reasons of the witnesses.
+    Terminal attribution: rollouts per method (`none` when unattributed; ledgers written
+    before it was named say `""`) and the most frequent abstention reasons of the witnesses.
     """
     masked = [line for line in ledger if line.masked and line.finalized]
     reasons = Counter(reason_category(line.mask_reason) for line in masked)
     malformed = [line for line in ledger if is_malformed(line)]
     built = [line for line in ledger if line.terminal_method is not None]
-    methods = Counter(line.terminal_method or "none" for line in built)
+    methods = Counter(line.terminal_method or UNATTRIBUTED for line in built)
     abstentions = Counter(code for line in built for code in line.terminal_abstentions)
     return RunSummary(
         run_id=run_id,
@@ -124,9 +144,14 @@ def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
         masked=len(masked),
         mask_reasons=_by_count(reasons),
         handed_off=sum(1 for line in ledger if line.handed_off),
+        already_handed_off=sum(1 for line in ledger if line.handed_off and line.earlier),
         retired=sum(1 for line in ledger if line.retired),
         retire_failed=sum(map(retirement_failed, ledger)),
-        failed=sum(1 for line in ledger if line.finalized and not line.handed_off),
+        failed=sum(
+            1 for line in ledger if line.finalized and not line.handed_off and not line.gated
+        ),
+        gated=sum(1 for line in ledger if line.gated),
+        not_started=sum(1 for line in ledger if line.not_started),
         malformed_lines=len(malformed),
         malformed_line_errors=[
             line.error or f"line {line.line}: unreadable" for line in malformed[:MAX_LISTED]
@@ -160,6 +185,15 @@ def trace_counts(summary: RunSummary) -> list[tuple[str, object]]:
     ]
 
 
+def stopped_counts(summary: RunSummary) -> list[tuple[str, int]]:
+    """The lines a stopped run left: gated and never started (none for a run that ran on)."""
+    counts = [
+        ("not handed off (mask gate)", summary.gated),
+        ("not started (run stopped)", summary.not_started),
+    ]
+    return [(name, value) for name, value in counts if value]
+
+
 def summary_table(summary: RunSummary) -> list[dict[str, object]]:
     return [
         *({"metric": name, "value": value} for name, value in trace_counts(summary)),
@@ -171,6 +205,7 @@ def summary_table(summary: RunSummary) -> list[dict[str, object]]:
         {"metric": "retired", "value": summary.retired},
         {"metric": "retirement failed", "value": summary.retire_failed},
         {"metric": "failed", "value": summary.failed},
+        *({"metric": name, "value": value} for name, value in stopped_counts(summary)),
         {"metric": "malformed input lines", "value": summary.malformed_lines},
         {"metric": "duplicate rollout id lines", "value": summary.duplicate_lines},
         *(
@@ -193,10 +228,12 @@ def markdown_report(
     """Counts, mask reasons, masked and failed rollouts, delivered fraction, slowest batches."""
     lines = [f"# tokcap run `{summary.run_id}`", ""]
     lines += [
-        f"{summary.handed_off}/{summary.rollouts} rollouts handed off, "
-        f"{summary.masked} masked, {summary.retired} captures retired, "
-        f"{summary.retire_failed} retirements failed, "
-        f"{summary.failed} failed, {summary.malformed_lines} malformed input lines.",
+        f"{summary.handed_off}/{plural(summary.rollouts, 'rollout')} handed off, "
+        f"{summary.masked} masked, {plural(summary.retired, 'capture')} retired, "
+        f"{plural(summary.retire_failed, 'retirement')} failed, "
+        f"{summary.failed} failed, {plural(summary.malformed_lines, 'malformed input line')}"
+        + "".join(f", {value} {name}" for name, value in stopped_counts(summary))
+        + ".",
         "",
         "## Mask reasons",
         "",
@@ -209,11 +246,15 @@ def markdown_report(
     masked = [
         (line, line.mask_reason or "masked") for line in ledger if line.masked and line.finalized
     ]
-    failed = [(line, line.error or "failed") for line in ledger if not line.handed_off]
+    failed = [
+        (line, line.error or "failed")
+        for line in ledger
+        if not line.handed_off and not line.not_started
+    ]
     lines += _rollout_table("Masked rollouts", masked)
-    lines += _rollout_table("Failed rollouts and malformed lines", failed)
+    lines += _reason_table("Failed rollouts and malformed lines", failed)
     unretired = [(line, line.error or "") for line in ledger if retirement_failed(line)]
-    lines += _rollout_table("Handed off, retirement failed (captures kept)", unretired)
+    lines += _reason_table("Handed off, retirement failed (captures kept)", unretired)
     lines += ["", "## Terminal attribution", "", *_terminal_lines(summary)]
     lines += _traces(summary, ledger) if summary.delivery != MAIN_CHAIN else _delivered(delivered)
     lines += ["", "## Slowest batches", "", "| batch | seconds |", "|---|---|"]
@@ -240,11 +281,42 @@ def _rollout_table(title: str, rows: list[tuple[LedgerLine, str]]) -> list[str]:
     return out
 
 
+def _reason_table(title: str, rows: list[tuple[LedgerLine, str]]) -> list[str]:
+    """A section with one row per distinct reason: how many rollouts, their lines, the reason.
+
+    A failed batch (a store outage, say) gives its reason once, not once per rollout; the
+    run ledger names every rollout.
+    """
+    if not rows:
+        return []
+    grouped: dict[str, list[int]] = {}
+    for line, reason in rows:
+        grouped.setdefault(_cell(reason), []).append(line.line)
+    out = ["", f"## {title} ({len(rows)})", "", "| rollouts | lines | reason |", "|---|---|---|"]
+    for reason, numbers in list(grouped.items())[:MAX_LISTED]:
+        out.append(f"| {len(numbers)} | {spans(numbers)} | {reason} |")
+    if len(grouped) > MAX_LISTED:
+        out += ["", f"... and {len(grouped) - MAX_LISTED} more reasons; see the run ledger."]
+    return out
+
+
+def spans(numbers: list[int], most: int = 10) -> str:
+    """`1-6, 9`: numbers as runs of consecutive ones (the first `most` runs)."""
+    runs: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    text = ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs[:most])
+    return text + (", ..." if len(runs) > most else "")
+
+
 def _delivered(delivered: list[float]) -> list[str]:
     lines = ["", "## Delivered fraction (unmasked rollouts)", ""]
     if not delivered:
         return [*lines, "No unmasked rollout."]
-    quantiles = statistics.quantiles(delivered, n=10) if len(delivered) > 1 else delivered * 9
+    quantiles = percentiles(delivered)
     return [
         *lines,
         "| min | p10 | p50 | p90 | max |",
@@ -252,6 +324,14 @@ def _delivered(delivered: list[float]) -> list[str]:
         f"| {min(delivered):.4f} | {quantiles[0]:.4f} | {statistics.median(delivered):.4f}"
         f" | {quantiles[-1]:.4f} | {max(delivered):.4f} |",
     ]
+
+
+def percentiles(sample: list[float]) -> list[float]:
+    """The nine deciles of `sample`, interpolated inside it: never below its min or above its
+    max (the default method extrapolates on small samples)."""
+    if len(sample) < 2:
+        return sample * 9
+    return statistics.quantiles(sample, n=10, method="inclusive")
 
 
 def _traces(summary: RunSummary, ledger: list[LedgerLine]) -> list[str]:

@@ -334,7 +334,7 @@ def test_tokcap_finalize_with_rows_then_retire_after_the_consumer(run_inputs, pr
     assert as_json["summary"]["awaiting_consumer"] == 3  # until a retire pass runs
     retired = run_cli([*receipt_args("retire", *run[1::2], run_inputs["store"])], prefect_api)
     assert retired.returncode == 0, retired.stderr
-    assert "1 captures retired" in retired.stdout, retired.stdout
+    assert "1 capture retired from 2 receipts" in retired.stdout, retired.stdout
     assert "2 waiting for the consumer's ack" in retired.stdout, retired.stdout
 
 

@@ -1,16 +1,20 @@
 """A mask gate that trips in the middle of a run, with later batches already finalizing.
 
 Nothing after the abort may be handed off or retired; what was handed off before it is
-retired as usual; and a re-run of the same run id produces the same records and ledger.
+retired as usual; and a re-run of the same run id produces the same records and ledger (which
+marks the batch the first run handed off as handed off earlier).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from capture_core.run.handoff import RolloutOutcome
 from capture_core.run.run_layout import read_ledger
+from capture_core.run.run_progress import MaskGate
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
+from flows.cli_checks import known_run
 from flows.finalize import RunFailedError, finalize_run
 from tests.support.pipeline_helpers import dest_records, make_batch, rollout_ids, write_rollouts
 from tests.support.reliability_figures import record_case
@@ -58,5 +62,44 @@ def test_a_gate_tripping_mid_run_hands_off_and_retires_nothing_after_it(tmp_path
         read_ledger(open_byte_store(dest), "gate-mid"),
     )
     assert again[0] == first[0]
-    assert [line.model_dump() for line in again[1]] == [line.model_dump() for line in first[1]]
+    same = {"exclude": {"earlier"}}
+    assert [x.model_dump(**same) for x in again[1]] == [x.model_dump(**same) for x in first[1]]
+    assert [x.rollout_id for x in again[1] if x.earlier] == ids[:2], "its first run handed them off"
     assert [rid for rid in ids if store.read_entries(rid)] == left
+
+
+def test_a_gated_run_accounts_for_every_input_line_and_its_advice_completes_it(tmp_path) -> None:
+    store_root, dest = str(tmp_path / "store"), str(tmp_path / "dest")
+    records = make_batch(TokenCaptureStore(store_root), 10, masked={0})
+    rollouts = write_rollouts(str(tmp_path / "in.jsonl"), records)
+    gate = {"max_mask_fraction": 0.02, "mask_fraction_min_samples": 2}
+    with pytest.raises(RunFailedError) as failed:
+        finalize_run(rollouts, store_root, dest, "gate-all", batch_size=2, **gate)
+    summary = failed.value.summary
+    counts = (summary.rollouts, summary.handed_off, summary.gated, summary.not_started)
+    assert counts == (10, 0, 2, 8), "every input line: gated, or never started"
+    assert summary.failed == 0 and summary.malformed_lines == 0 and not summary.ok
+    _manifest, status = known_run(dest, "gate-all", {})
+    assert status is not None and (status.gated, status.not_started) == (2, 8)
+    advice = str(failed.value)
+    assert "fix the capture" not in advice
+    assert "same run id" in advice and "--max-mask-fraction 0.5" in advice, advice
+    again = finalize_run(
+        rollouts, store_root, dest, "gate-all", batch_size=2, max_mask_fraction=0.5
+    )
+    assert (again.handed_off, again.masked, again.gated, again.not_started) == (10, 1, 0, 0)
+    assert again.ok, "the advice completes the run"
+
+
+def test_the_gate_advice_for_an_unresolved_retry_names_what_can_resolve_it() -> None:
+    gate = MaskGate(0.0, 1)
+    gate.add(
+        [
+            RolloutOutcome(
+                line=1, rollout_id="r", masked=True, mask_reason="unresolved retries ['c2']"
+            )
+        ]
+    )
+    advice = gate.exceeded() or ""
+    assert "fix the capture" not in advice
+    assert "_ng_terminal_model_call_id" in advice and "new run id" in advice, advice

@@ -99,3 +99,35 @@ def test_the_next_inbox_pass_finishes_a_failed_retirement(locations) -> None:
     dest = open_byte_store(locations["dest"], options)
     assert run_completed(dest, run_id_for_file(url))
     record_case("an inbox pass skips a file whose retirement failed")
+
+
+def test_a_store_that_refuses_every_retirement_is_reported_once_with_the_command_that_completes_it(
+    tmp_path,
+) -> None:
+    store, dest = str(tmp_path / "store"), str(tmp_path / "dest")
+    records = make_batch(TokenCaptureStore(store), 6)
+    rollouts = write_rollouts(str(tmp_path / "in.jsonl"), records)
+    with pytest.raises(RunFailedError) as failed:
+        finalize_run(
+            rollouts,
+            FAILING_DROP_SOURCE,
+            dest,
+            "outage",
+            batch_size=2,
+            source_kwargs={"root": store},
+        )
+    retirement = [line for line in failed.value.failures if "retirement" in line]
+    assert len(retirement) == 1, failed.value.failures
+    assert retirement[0].startswith("batches 0-2: "), retirement
+    message = str(failed.value)
+    assert "6 handed-off rollouts left unretired" in message, message
+    command = f"tokcap retire --dest {dest} --run-id outage --store {FAILING_DROP_SOURCE}"
+    assert command in message and "--source-kwarg" in message, message
+    ledger = read_ledger(open_byte_store(dest), "outage") or []
+    report = markdown_report(summarize("outage", ledger), ledger, [], {})
+    unretired = report.split("## Handed off, retirement failed (captures kept) (6)", 1)[1]
+    rows = [row for row in unretired.split("\n\n")[1].splitlines() if row.startswith("|")]
+    assert len(rows) == 3, "a header, a separator and one row for the one reason"
+    assert "| 6 | 1-6 |" in rows[2], rows
+    counts = retire_uploaded(dest, "outage", store)  # the store is back: the command completes it
+    assert counts["retired"] == 6 and captured({"store": store, "options": None}, 6) == [False] * 6

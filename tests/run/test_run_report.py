@@ -55,3 +55,24 @@ def test_markdown_lists_masked_and_failed_rollouts() -> None:
     assert "| r1 | 1 | lost \\| call |" in text
     assert "## Failed rollouts and malformed lines (1)" in text
     assert "| 0 | 1.25 |" in text
+
+
+def _delivered_row(text: str) -> list[float]:
+    rows = text.split("## Delivered fraction (unmasked rollouts)", 1)[1].splitlines()
+    return [float(cell) for cell in rows[4].strip("| ").split(" | ")]
+
+
+def test_delivered_percentiles_never_leave_the_sample_range() -> None:
+    for sample in ([0.8333, 1.0, 1.0, 1.0, 1.0], [1.0, 0.5], [0.2], [0.9, 1.0, 1.0]):
+        ledger = [line(n, delivered_fraction=f) for n, f in enumerate(sample, start=1)]
+        text = markdown_report(summarize("run", ledger), ledger, sample, {})
+        low, p10, p50, p90, high = _delivered_row(text)
+        assert (low, high) == (min(sample), max(sample))
+        assert all(low <= p <= high for p in (p10, p50, p90)), (sample, p10, p50, p90)
+        assert p10 <= p50 <= p90
+
+
+def test_rollouts_handed_off_by_an_earlier_run_are_counted_from_the_ledger() -> None:
+    ledger = [line(n, earlier=n <= 4) for n in range(1, 8)]
+    summary = summarize("run", ledger)
+    assert (summary.already_handed_off, summary.handed_off) == (4, 7)
