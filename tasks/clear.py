@@ -15,16 +15,10 @@ from tasks.common import TRANSIENT_RETRIES
 
 
 @task(name="clear-captures", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
-def clear_captures(
-    rollout_ids: list[str],
-    store: str,
-    storage_options: Mapping[str, Any] | None = None,
-    source_kwargs: Mapping[str, Any] | None = None,
-) -> int:
+def clear_captures(rollout_ids: list[str], source: capture_source.SourceSpec) -> int:
     """Delete each rollout's capture, tombstone included; safe to repeat. Returns the count."""
-    source = capture_source.open_source(store, storage_options, source_kwargs)
-    cleared = capture_source.clear_captures(source, rollout_ids, store)
-    get_run_logger().info("cleared captures of %d rollouts in %s", cleared, store)
+    cleared = capture_source.clear_captures(source.open(), rollout_ids, source.store)
+    get_run_logger().info("cleared captures of %d rollouts in %s", cleared, source.store)
     return cleared
 
 

@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
-from capture_core.run.capture_source import is_class_spec, open_source
+from capture_core.run.capture_source import SourceSpec, is_class_spec
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import RolloutFilePlan
 from capture_core.run.run_layout import MANIFEST, LedgerLine, RunLayout, RunManifest, run_location
@@ -20,17 +20,14 @@ from tasks.common import TRANSIENT_RETRIES, ensure_claim
 
 @task(name="check-locations", cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
 def check_locations(
-    store: str,
-    dest: str,
-    storage_options: Mapping[str, Any] | None = None,
-    source_kwargs: Mapping[str, Any] | None = None,
+    source: SourceSpec, dest: str, storage_options: Mapping[str, Any] | None = None
 ) -> None:
     """Fail before any work when the capture store or the destination cannot be used."""
-    source = open_source(store, storage_options, source_kwargs)
-    if isinstance(source, CaptureStore):
-        source.probe(must_exist=True)
-    elif not is_class_spec(store):
-        raise ValueError(f"store {store!r} is neither a location nor a source class")
+    opened = source.open()
+    if isinstance(opened, CaptureStore):
+        opened.probe(must_exist=True)
+    elif not is_class_spec(source.store):
+        raise ValueError(f"store {source.store!r} is neither a location nor a source class")
     open_byte_store(dest, storage_options).probe(must_exist=False)
 
 

@@ -94,22 +94,13 @@ def _handed_off_lines(receipt: HandoffReceipt, retire: RetireOutcome) -> Iterabl
         kept = retire.kept.get(rid) or retire.disagreed.get(rid)
         waits = rollout.can_retire and not rollout.masked and rid not in retire.retired
         yield LedgerLine(
-            rollout_id=rollout.rollout_id,
-            line=rollout.line,
+            **rollout.figures(),
             finalized=rollout.emitted,
             handed_off=rollout.emitted,
-            masked=rollout.masked,
-            mask_reason=rollout.mask_reason,
             retired=rid in retire.retired,
             kept=kept is not None and rollout.error is None,
             error=rollout.error or retire.failed.get(rid) or kept,
-            delivered_fraction=rollout.delivered_fraction,
-            terminal_method=rollout.terminal_method,
-            terminal_abstentions=rollout.terminal_abstentions,
             awaiting_consumer=retire.waiting_for if waits else None,
-            traces=rollout.traces,
-            owned_calls=rollout.owned_calls,
-            tokens_trained=rollout.tokens_trained,
         )
 
 
@@ -145,6 +136,7 @@ class RunTally(BaseModel):
     `abort` is set once the gate trips; no batch is handed off after it.
     """
 
+    run_id: str
     earlier: int = 0
     receipts: list[HandoffReceipt] = Field(default_factory=list)
     retirements: dict[str, RetireOutcome] = Field(default_factory=dict)

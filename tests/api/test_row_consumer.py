@@ -28,7 +28,7 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.cli import main
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
-from flows.inbox import finalize_inbox
+from flows.inbox import FileSettings, finalize_inbox
 from tests.support.pipeline_helpers import (
     REPO,
     dest_records,
@@ -295,22 +295,29 @@ def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(locatio
     options = locations["options"]
     records = make_batch(TokenCaptureStore(locations["store"], options), 4)
     inbox_file = write_rollouts(f"{locations['inbox']}/a.jsonl", records, options)
-    settings = {"batch_size": 2, "storage_options": options, "rows": "parquet"}
-    inbox = (locations["inbox"], locations["store"], locations["dest"])
-    finalize_inbox(*inbox, retire_after_consumer="trainer", **settings)
+    settings = FileSettings(
+        inbox=locations["inbox"],
+        store=locations["store"],
+        dest=locations["dest"],
+        batch_size=2,
+        storage_options=options,
+        rows="parquet",
+        retire_after_consumer="trainer",
+    )
+    finalize_inbox(settings)
     run_id = run_id_for_file(inbox_file)
     assert len(captured(locations)) == 4, "nothing retired before acknowledgement"
     reader = consumer(locations, run_id)
     first = next(iter(reader))
     reader.ack(first.key)
-    report = finalize_inbox(*inbox, retire_after_consumer="trainer", **settings)
+    report = finalize_inbox(settings)
     assert report.finalized == [inbox_file], "a run waiting for its consumer is not done"
     assert captured(locations) == ["7-2", "7-3"]
     for part in reader:
         reader.ack(part.key)
-    finalize_inbox(*inbox, retire_after_consumer="trainer", **settings)
+    finalize_inbox(settings)
     assert captured(locations) == []
-    report = finalize_inbox(*inbox, retire_after_consumer="trainer", **settings)
+    report = finalize_inbox(settings)
     assert report.already_done == [inbox_file]
     record_case("the inbox calls a run done while its consumer has not acknowledged it")
 

@@ -18,7 +18,7 @@ from capture_core.run.rollout_io import file_fingerprint, plan_rollout_file
 from capture_core.run.run_layout import RunLayout, read_manifest
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.inbox import InboxFailedError, finalize_inbox
+from flows.inbox import FileSettings, InboxFailedError, finalize_inbox
 from tasks.run_state import claim_run_id
 from tests.support.pipeline_helpers import dest_records, make_batch, rollout_ids, write_rollouts
 from tests.support.reliability_figures import record_case
@@ -43,7 +43,13 @@ def test_a_replaced_inbox_file_fails_the_pass_naming_it(locations) -> None:
 
     def inbox_pass():
         return finalize_inbox(
-            inbox, locations["store"], locations["dest"], batch_size=2, storage_options=options
+            FileSettings(
+                inbox=inbox,
+                store=locations["store"],
+                dest=locations["dest"],
+                batch_size=2,
+                storage_options=options,
+            )
         )
 
     assert inbox_pass().finalized == [url]

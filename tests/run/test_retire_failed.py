@@ -19,7 +19,7 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.cli import main
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
-from flows.inbox import InboxFailedError, finalize_inbox
+from flows.inbox import FileSettings, InboxFailedError, finalize_inbox
 from tests.support.pipeline_helpers import FAILING_DROP_SOURCE, make_batch, write_rollouts
 from tests.support.reliability_figures import record_case
 
@@ -83,16 +83,24 @@ def test_the_next_inbox_pass_finishes_a_failed_retirement(locations) -> None:
     )
     with pytest.raises(InboxFailedError, match="retirements failed"):
         finalize_inbox(
-            inbox,
-            FAILING_DROP_SOURCE,
-            locations["dest"],
-            batch_size=2,
-            storage_options=options,
-            source_kwargs=failing_drops(locations),
+            FileSettings(
+                inbox=inbox,
+                store=FAILING_DROP_SOURCE,
+                dest=locations["dest"],
+                batch_size=2,
+                storage_options=options,
+                source_kwargs=failing_drops(locations),
+            )
         )
     assert captured(locations, 4) == [True] * 4
     report = finalize_inbox(
-        inbox, locations["store"], locations["dest"], batch_size=2, storage_options=options
+        FileSettings(
+            inbox=inbox,
+            store=locations["store"],
+            dest=locations["dest"],
+            batch_size=2,
+            storage_options=options,
+        )
     )
     assert report.finalized == [url] and report.already_done == []
     assert captured(locations, 4) == [False] * 4
