@@ -28,11 +28,12 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.cli import main
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
-from flows.inbox import FileSettings, finalize_inbox
+from flows.inbox import finalize_inbox
 from tests.support.pipeline_helpers import (
     REPO,
     dest_records,
     finalize_args_for,
+    locations_inbox,
     make_batch,
     receipt_args,
     run_cli,
@@ -295,14 +296,8 @@ def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(locatio
     options = locations["options"]
     records = make_batch(TokenCaptureStore(locations["store"], options), 4)
     inbox_file = write_rollouts(f"{locations['inbox']}/a.jsonl", records, options)
-    settings = FileSettings(
-        inbox=locations["inbox"],
-        store=locations["store"],
-        dest=locations["dest"],
-        batch_size=2,
-        storage_options=options,
-        rows="parquet",
-        retire_after_consumer="trainer",
+    settings = locations_inbox(
+        locations, batch_size=2, rows="parquet", retire_after_consumer="trainer"
     )
     finalize_inbox(settings)
     run_id = run_id_for_file(inbox_file)

@@ -17,7 +17,13 @@ from flows.finalize import finalize_run
 from flows.inbox import FileSettings, InboxFailedError, finalize_inbox
 from flows.runners import task_runner_from_spec
 from tasks.receipts import read_receipt
-from tests.support.pipeline_helpers import dest_records, make_batch, run_cli, write_rollouts
+from tests.support.pipeline_helpers import (
+    dest_records,
+    locations_inbox,
+    make_batch,
+    run_cli,
+    write_rollouts,
+)
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -25,9 +31,7 @@ pytestmark = pytest.mark.usefixtures("prefect_api")
 def test_inbox_finalizes_new_files_once_and_picks_up_later_ones(locations) -> None:
     s = locations
     store = TokenCaptureStore(s["store"], s["options"])
-    settings = FileSettings(
-        inbox=s["inbox"], store=s["store"], dest=s["dest"], storage_options=s["options"]
-    )
+    settings = locations_inbox(s)
     first = write_rollouts(f"{s['inbox']}/a.jsonl", make_batch(store, 2, task=1), s["options"])
     report = finalize_inbox(settings)
     assert report.finalized == [first] and report.already_done == []
