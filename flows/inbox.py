@@ -165,17 +165,25 @@ class FileSettings(BaseModel):
     inbox: str = Field(description="Folder URL of the rollout files to finalize.")
     store: str = Field(description="Capture store: a path or URL, or a module.path:ClassName.")
     dest: str = Field(description="Destination of the runs' records, receipts and ledgers.")
-    batch_size: int = 500
-    max_mask_fraction: float | None = None
+    batch_size: int = Field(500, description="Rollouts per batch of each file's run.")
+    max_mask_fraction: float | None = Field(
+        None, description="A file's run stops handing off above this masked fraction."
+    )
     max_attempts: int = Field(3, description="Failed attempts after which a file is given up.")
-    storage_options: dict[str, Any] | None = None
-    source_kwargs: dict[str, Any] | None = None
+    storage_options: dict[str, Any] | None = Field(
+        None, description="Public fsspec options of inbox, store and destination."
+    )
+    source_kwargs: dict[str, Any] | None = Field(
+        None, description="Arguments of a module.path:ClassName store."
+    )
     claim_lease_seconds: float = Field(
         300.0, description="How long a file's claim outlives the pass that stopped renewing it."
     )
-    delivery: str = MAIN_CHAIN
-    rows: str = "none"
-    retire_after_consumer: str | None = None
+    delivery: str = Field(MAIN_CHAIN, description="main_chain, or all_traces for envelopes.")
+    rows: str = Field("none", description="parquet: trainer rows beside each part.")
+    retire_after_consumer: str | None = Field(
+        None, description="The row consumer whose acknowledgement retirement waits for."
+    )
 
     def checked(self) -> FileSettings:
         """These settings with public storage options only, once inbox, store and destination
