@@ -165,9 +165,10 @@ def run_inbox(work: str, batch_size: int) -> tuple[float, bool]:
     dest = open_byte_store(os.path.join(work, "dest"))
     inbox = os.path.join(work, "inbox")
     urls = [os.path.join(inbox, name) for name in sorted(os.listdir(inbox))]
-    params = {"inbox": inbox, "store": os.path.join(work, "store"), "dest": dest.url}
+    store = os.path.join(work, "store")
+    settings = {"inbox": inbox, "store": store, "dest": dest.url, "batch_size": batch_size}
     started = time.perf_counter()
-    run_deployment(INBOX, parameters={**params, "batch_size": batch_size}, timeout=0)
+    run_deployment(INBOX, parameters={"settings": settings}, timeout=0)
     wait_for(lambda: all(run_completed(dest, run_id_for_file(u)) for u in urls), 3600, "the inbox")
     seconds = time.perf_counter() - started
     return seconds, overlapped([run_id_for_file(u) for u in urls])

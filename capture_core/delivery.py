@@ -15,7 +15,7 @@ from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.protocols import TokenSource
 
 # A NeMo Gym seed name, so importable from here; it lives with the finalizer that uses it.
-from capture_core.run.finalize import finalize_rollout
+from capture_core.run.finalize import BuildOptions, finalize_rollout
 from capture_core.run.finalize import rollout_carries_token_ids as rollout_carries_token_ids
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ async def finalize_rollout_token_capture(
     (`prefix_merging` or `per_request`), also for a record that already carries token ids
     (docs/traces.md); a masked record never carries one.
     """
-    built = await finalize_rollout(result, source, builder=builder, delivery=delivery)
+    built = await finalize_rollout(result, source, BuildOptions(builder, delivery))
     return None if built is None else built.to_dict()
 
 

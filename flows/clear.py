@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from capture_core.config import public_storage_options
 from capture_core.consumer import rollout_ids_of
+from capture_core.run.capture_source import SourceSpec
 from tasks.clear import clear_captures, read_rollout_ids
 
 
@@ -44,7 +45,8 @@ def dispatch_clear(
         ids, malformed, without_id = read_rollout_ids(rollouts, options)
     else:
         ids, malformed, without_id = rollout_ids_of(rollouts)
-    cleared = clear_captures(ids, store, options, source_kwargs)
+    source = SourceSpec(store=store, storage_options=options, source_kwargs=source_kwargs)
+    cleared = clear_captures(ids, source)
     summary = ClearSummary(cleared=cleared, without_id=without_id, malformed=len(malformed))
     get_run_logger().info("dispatch clear of %s: %s", _describe(rollouts), summary.model_dump())
     if malformed:

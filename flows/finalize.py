@@ -23,7 +23,7 @@ from capture_core.builder import BUILDERS
 from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.config import public_storage_options
 from capture_core.errors import ClaimLostError
-from capture_core.run.capture_source import check_separate_locations
+from capture_core.run.capture_source import SourceSpec, check_separate_locations
 from capture_core.run.crash_points import crash_point
 from capture_core.run.handoff import FinalizedBatch, HandoffReceipt, RetireOutcome, receipt_key
 from capture_core.run.inbox import Claim
@@ -80,9 +80,8 @@ class RunSteps:
 
     run_id: str
     dest: str
-    store: str
+    source: SourceSpec
     options: dict[str, Any]
-    source_kwargs: dict[str, Any] | None
     rollouts: str = ""
     builder: str = "prefix_merging"
     claim: Claim | None = None
@@ -98,7 +97,7 @@ class RunSteps:
         self.retire_task = retire_batch.with_options(result_storage=storage)
 
     def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch | HandoffReceipt]:
-        args = (self.run_id, self.rollouts, batch, self.store, self.options, self.source_kwargs)
+        args = (self.run_id, self.rollouts, batch, self.source, self.options)
         return finalize_batch.submit(
             *args, self.builder, self.dest, rows=self.rows, delivery=self.delivery
         )
@@ -187,7 +186,7 @@ class RunSteps:
         An acknowledgement that cannot be trusted (unreadable, or naming other bytes) fails
         the batch's retirement like any other retire error: nothing of it is retired.
         """
-        args = (quote(receipt), self.dest, self.store, self.options, self.source_kwargs)
+        args = (quote(receipt), self.dest, self.source, self.options)
         try:
             if self.retire_after_consumer is not None and not self.consumed(receipt):
                 waiting = self.retire_after_consumer
@@ -278,16 +277,18 @@ def finalize_run(
     options = public_storage_options(storage_options)
     check_arguments(run_id, builder, delivery, rows, retire_after_consumer)
     check_separate_locations({"store": store, "dest": dest})
-    check_locations(store, dest, options, source_kwargs)
+    source = SourceSpec(store=store, storage_options=options, source_kwargs=source_kwargs)
+    check_locations(source, dest, options)
     plan = plan_rollouts(rollouts, batch_size, options)
     settings = (store, builder, batch_size, max_mask_fraction, mask_fraction_min_samples)
     consumer = {"rows": rows, "retire_after_consumer": retire_after_consumer}
     claim_run_id(dest, run_id, plan, *settings, options, claim, delivery=delivery, **consumer)
-    steps = RunSteps(run_id, dest, store, options, source_kwargs, rollouts, builder, claim)
+    steps = RunSteps(run_id, dest, source, options, rollouts, builder, claim)
     steps.delivery, steps.rows, steps.retire_after_consumer = delivery, rows, retire_after_consumer
     keys = [receipt_key(b) for b in plan.batches]
     earlier = find_receipts(dest, run_id, keys, options, hand_off_unrecorded=True)
     tally = RunTally(
+        run_id=run_id,
         earlier=list(earlier),
         errors=list(filter(None, [plan.duplicates_error()])),
         delivery=delivery,
@@ -299,7 +300,7 @@ def finalize_run(
     for done, batch in enumerate(plan.batches, start=1):
         steps.run_batch(batch, earlier.get(receipt_key(batch)), finalizing, tally, gate)
         update_progress_artifact(progress, 100.0 * done / max(1, len(plan.batches)))
-    summary = write_run_report(run_id, dest, quote(tally), options, claim)  # quote: see hand_off
+    summary = write_run_report(dest, quote(tally), options, claim)  # quote: see hand_off
     alert_on_masks(summary, mask_alert_fraction)
     raise_if_failed(summary, tally, steps)
     return summary
@@ -370,7 +371,8 @@ def retire_uploaded(
     check_separate_locations({"store": store, "dest": dest})
     manifest = load_manifest(dest, run_id, options)
     receipts = list(find_receipts(dest, run_id, None, options).values())
-    steps, tally = RunSteps(run_id, dest, store, options, source_kwargs), RunTally()
+    source = SourceSpec(store=store, storage_options=options, source_kwargs=source_kwargs)
+    steps, tally = RunSteps(run_id, dest, source, options), RunTally(run_id=run_id)
     steps.retire_after_consumer = manifest.retire_after_consumer
     outcomes = [steps.retire(receipt, tally) for receipt in receipts]
     mark_retired(dest, run_id, [rid for o in outcomes for rid in o.retired], options)

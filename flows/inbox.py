@@ -33,6 +33,7 @@ from capture_core.run.capture_source import check_separate_locations
 from capture_core.run.inbox import (
     Claim,
     ClaimDecision,
+    InboxEntry,
     claim_is_live,
     claim_numbers,
     keep_claim,
@@ -59,12 +60,10 @@ class InboxReport(BaseModel):
     dispatched: dict[str, str] = Field(default_factory=dict)
 
 
-class InboxFile(BaseModel):
+class InboxFile(InboxEntry):
     """A file of the inbox: its run, whether that completed, why the file was refused, and
     which pass holds it now (a live claim)."""
 
-    url: str
-    run_id: str
     done: bool
     attempts: int
     replaced: str | None = None
@@ -176,72 +175,68 @@ def inbox_markdown(inbox: str, report: InboxReport, failures: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@flow(name="finalize-inbox", flow_run_name="inbox {inbox}")
+class FileSettings(BaseModel):
+    """The inbox's settings: one object for a pass and for the run of each of its files.
+
+    A pass hands its settings whole to each file's run (`fan_out`), so both finalize a file
+    the same way and agree on its claim's lease and attempts.
+    """
+
+    inbox: str = Field(description="Folder URL of the rollout files to finalize.")
+    store: str = Field(description="Capture store: a path or URL, or a module.path:ClassName.")
+    dest: str = Field(description="Destination of the runs' records, receipts and ledgers.")
+    batch_size: int = Field(500, description="Rollouts per batch of each file's run.")
+    max_mask_fraction: float | None = Field(
+        None, description="A file's run stops handing off above this masked fraction."
+    )
+    max_attempts: int = Field(3, description="Failed attempts after which a file is given up.")
+    storage_options: dict[str, Any] | None = Field(
+        None, description="Public fsspec options of inbox, store and destination."
+    )
+    source_kwargs: dict[str, Any] | None = Field(
+        None, description="Arguments of a module.path:ClassName store."
+    )
+    claim_lease_seconds: float = Field(
+        300.0, description="How long a file's claim outlives the pass that stopped renewing it."
+    )
+    delivery: str = Field(MAIN_CHAIN, description="main_chain, or all_traces for envelopes.")
+    rows: str = Field("none", description="parquet: trainer rows beside each part.")
+    retire_after_consumer: str | None = Field(
+        None, description="The row consumer whose acknowledgement retirement waits for."
+    )
+
+    def checked(self) -> FileSettings:
+        """These settings with public storage options only, once inbox, store and destination
+        are found separate (raises otherwise)."""
+        options = public_storage_options(self.storage_options)
+        check_separate_locations({"inbox": self.inbox, "store": self.store, "dest": self.dest})
+        return self.model_copy(update={"storage_options": options})
+
+
+@flow(name="finalize-inbox", flow_run_name="inbox {settings.inbox}")
 def finalize_inbox(
-    inbox: str,
-    store: str,
-    dest: str,
-    pattern: str = "*.jsonl",
-    batch_size: int = 500,
-    max_mask_fraction: float | None = None,
-    max_attempts: int = 3,
-    storage_options: dict[str, Any] | None = None,
-    source_kwargs: dict[str, Any] | None = None,
-    claim_lease_seconds: float = 300.0,
-    fan_out: str | None = None,
-    delivery: str = MAIN_CHAIN,
-    rows: str = "none",
-    retire_after_consumer: str | None = None,
+    settings: FileSettings, pattern: str = "*.jsonl", fan_out: str | None = None
 ) -> InboxReport:
     """Finalize each inbox file whose run has not completed and no pass holds.
 
     Without `fan_out` this run finalizes the files one after the other. With `fan_out`, the
     name of a `finalize-inbox-file` deployment (`flow/deployment`), it starts one run of that
     deployment per file and returns: any worker of the pool takes each, and the file's claim
-    still lets exactly one of them hand it off. `delivery` is each run's (`main_chain`, or
-    `all_traces` for training_traces envelopes).
-    `rows` and `retire_after_consumer` go to each run; with a consumer, a run is complete
-    once it acknowledged every batch, and each pass retires what it acknowledged since.
+    still lets exactly one of them hand it off. `settings.delivery` is each run's
+    (`main_chain`, or `all_traces` for training_traces envelopes). `settings.rows` and
+    `settings.retire_after_consumer` go to each run; with a consumer, a run is complete once
+    it acknowledged every batch, and each pass retires what it acknowledged since.
     """
-    settings = FileSettings.of(locals())
-    options = settings.storage_options
+    settings = settings.checked()
     report = InboxReport()
-    for item in scan_inbox(inbox, pattern, dest, options):
+    for item in scan_inbox(settings.inbox, pattern, settings.dest, settings.storage_options):
         if fan_out is None:
             take_file(item, settings, report)
         elif settled(item, settings, report):
             continue
         else:
             report.dispatched[item.url] = dispatch_file(fan_out, item, settings)
-    return _conclude(inbox, report)
-
-
-class FileSettings(BaseModel):
-    """What a run of one inbox file needs besides the file: the pass's own parameters."""
-
-    inbox: str
-    store: str
-    dest: str
-    batch_size: int = 500
-    max_mask_fraction: float | None = None
-    max_attempts: int = 3
-    storage_options: dict[str, Any] | None = None
-    source_kwargs: dict[str, Any] | None = None
-    claim_lease_seconds: float = 300.0
-    delivery: str = MAIN_CHAIN
-    rows: str = "none"
-    retire_after_consumer: str | None = None
-
-    @classmethod
-    def of(cls, parameters: dict[str, Any]) -> FileSettings:
-        """The settings among a flow's parameters, checked: public storage options only,
-        and inbox, store and destination separate."""
-        settings = cls(**{name: parameters[name] for name in cls.model_fields})
-        settings.storage_options = public_storage_options(settings.storage_options)
-        check_separate_locations(
-            {"inbox": settings.inbox, "store": settings.store, "dest": settings.dest}
-        )
-        return settings
+    return _conclude(settings.inbox, report)
 
 
 def settled(item: InboxFile, settings: FileSettings, report: InboxReport) -> bool:
@@ -269,7 +264,7 @@ def dispatch_file(deployment: str, item: InboxFile, settings: FileSettings) -> s
     share one run per file attempt (the idempotency key), so a run not started yet is not
     doubled by every pass; one that died before claiming is replaced a lease later.
     """
-    parameters = {"rollouts": item.url, "run_id": item.run_id, **settings.model_dump()}
+    parameters = {"rollouts": item.url, "run_id": item.run_id, "settings": settings.model_dump()}
     window = int(time.time() // settings.claim_lease_seconds)
     flow_run = run_deployment(
         deployment,
@@ -323,31 +318,17 @@ def _give_up(url: str, run_id: str, tries: int, report: InboxReport) -> None:
 
 
 @flow(name="finalize-inbox-file", flow_run_name="inbox file {run_id}")
-def finalize_inbox_file(
-    rollouts: str,
-    run_id: str,
-    inbox: str,
-    store: str,
-    dest: str,
-    batch_size: int = 500,
-    max_mask_fraction: float | None = None,
-    max_attempts: int = 3,
-    storage_options: dict[str, Any] | None = None,
-    source_kwargs: dict[str, Any] | None = None,
-    claim_lease_seconds: float = 300.0,
-    delivery: str = MAIN_CHAIN,
-    rows: str = "none",
-    retire_after_consumer: str | None = None,
-) -> InboxReport:
+def finalize_inbox_file(rollouts: str, run_id: str, settings: FileSettings) -> InboxReport:
     """Finalize one file of the inbox under its claim, as an inbox pass would.
 
-    `run_id` must be the file's own (`run_id_for_file`) and the file must lie in `inbox`:
+    `run_id` must be the file's own (`run_id_for_file`) and the file must lie in the inbox:
     an event naming anything else is refused, so no event can finalize a file elsewhere.
     """
-    settings = FileSettings.of(locals())
-    check_inbox_file(rollouts, run_id, inbox)
+    settings = settings.checked()
+    check_inbox_file(rollouts, run_id, settings.inbox)
     report = InboxReport()
-    take_file(inspect_inbox_file(rollouts, dest, settings.storage_options), settings, report)
+    inspected = inspect_inbox_file(rollouts, settings.dest, settings.storage_options)
+    take_file(inspected, settings, report)
     return _conclude(rollouts, report)
 
 

@@ -16,9 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel
-
-from capture_core.run.inbox import run_id_for_file
+from capture_core.run.inbox import InboxEntry, run_id_for_file
 from capture_core.storage import filesystem_for, open_byte_store
 
 SUBMITTED = "tokcap.inbox.file.submitted"
@@ -30,13 +28,11 @@ class SubmitRefusedError(ValueError):
     """A file could not be placed into the inbox; the message names it and what to do."""
 
 
-class Submitted(BaseModel):
+class Submitted(InboxEntry):
     """One submitted file: where it is now, the run it is finalized into, and whether this
     call placed it (False: the same content was already there) and announced it."""
 
     source: str
-    url: str
-    run_id: str
     placed: bool
     announced: bool
     event_id: str | None = None

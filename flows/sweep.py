@@ -16,6 +16,7 @@ from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel
 
 from capture_core.config import public_storage_options
+from capture_core.run.capture_source import SourceSpec
 from capture_core.store.retirement import DEFAULT_SWEEP_AGE, sweep_age_seconds
 from tasks.sweep import sweep_retired
 
@@ -40,7 +41,8 @@ def sweep_retired_captures(
     """Remove the tombstones of rollouts retired more than `older_than` ago (`36h`, `2d`...)."""
     seconds = sweep_age_seconds(older_than)
     options = public_storage_options(storage_options)
-    swept = sweep_retired(store, seconds, options, source_kwargs)
+    source = SourceSpec(store=store, storage_options=options, source_kwargs=source_kwargs)
+    swept = sweep_retired(source, seconds)
     summary = SweepSummary(store=store, older_than=older_than, swept=swept)
     create_table_artifact(
         key=ARTIFACT_KEY,

@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.errors import RetirementFailedError, TransientStoreError
 from capture_core.run import handoff
-from capture_core.run.capture_source import open_source, store_identity
+from capture_core.run.capture_source import SourceSpec
 from capture_core.run.crash_points import crash_point
 from capture_core.run.handoff import (
     FinalizedBatch,
@@ -121,9 +121,8 @@ def finalize_batch(
     run_id: str,
     rollouts: str,
     batch: BatchPlan,
-    store: str,
+    source: SourceSpec,
     storage_options: Mapping[str, Any] | None = None,
-    source_kwargs: Mapping[str, Any] | None = None,
     builder: str = "prefix_merging",
     dest: str | None = None,
     rows: str = "none",
@@ -137,11 +136,10 @@ def finalize_batch(
     masked "already retired", is dropped, never delivered or counted against the mask gate.
     """
     lines = read_batch(rollouts, batch, storage_options)
-    source = open_source(store, storage_options, source_kwargs)
     with store_requests():
         finalized = run_async(
             handoff.finalize_batch(
-                run_id, batch, lines, source, builder, delivery=delivery, rows=rows
+                run_id, batch, lines, source.open(), builder, delivery=delivery, rows=rows
             )
         )
     meanwhile = None if dest is None else _receipt_meanwhile(dest, run_id, batch, storage_options)
@@ -220,20 +218,20 @@ def upload_batch(
 
 
 def _retired_key(context: Any, parameters: Mapping[str, Any]) -> str:
-    """A retirement is valid for this receipt against this capture store only."""
-    store = store_identity(
-        parameters["store"], parameters.get("storage_options"), parameters.get("source_kwargs")
-    )
-    return f"{parameters['receipt'].receipt_key}-retired-{store}"
+    """A retirement is valid for this receipt against this capture store only.
+
+    The key is the one earlier runs persisted their retirements under (`SourceSpec.identity`
+    digests what `store`, `storage_options` and `source_kwargs` named then), so they are reused.
+    """
+    return f"{parameters['receipt'].receipt_key}-retired-{parameters['source'].identity()}"
 
 
 @persisted_task("retire-batch", retire_run_name, _retired_key)
 def retire_batch(
     receipt: HandoffReceipt,
     dest: str,
-    store: str,
+    source: SourceSpec,
     storage_options: Mapping[str, Any] | None = None,
-    source_kwargs: Mapping[str, Any] | None = None,
     claim: Claim | None = None,
 ) -> RetireOutcome:
     """Retire the batch's retirable captures once its receipt is persisted and its part matches."""
@@ -245,10 +243,9 @@ def retire_batch(
             f"batch {receipt.batch}: no persisted receipt {receipt.receipt_key}; nothing "
             "retired. Rerun the run (tokcap retrigger) to persist it, then retire"
         )
-    source = open_source(store, storage_options, source_kwargs)
     with store_requests():
         outcome = run_async(
-            retire_receipt(persisted, source, open_byte_store(dest, storage_options))
+            retire_receipt(persisted, source.open(), open_byte_store(dest, storage_options))
         )
     logger = get_run_logger()
     logger.info(

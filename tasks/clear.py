@@ -11,12 +11,13 @@ from prefect.cache_policies import NO_CACHE
 from capture_core.consumer import rollout_ids_of
 from capture_core.run import capture_source
 from capture_core.run.rollout_io import read_records
+from capture_core.run.run_report import plural
 from tasks.common import TRANSIENT_RETRIES
 
 
 def clear_run_name(parameters: Mapping[str, Any]) -> str:
     count = len(parameters["rollout_ids"])
-    return f"clear captures of {count} rollout{'' if count == 1 else 's'} in {parameters['store']}"
+    return f"clear captures of {plural(count, 'rollout')} in {parameters['source'].store}"
 
 
 @task(
@@ -25,16 +26,10 @@ def clear_run_name(parameters: Mapping[str, Any]) -> str:
     cache_policy=NO_CACHE,
     **TRANSIENT_RETRIES,
 )
-def clear_captures(
-    rollout_ids: list[str],
-    store: str,
-    storage_options: Mapping[str, Any] | None = None,
-    source_kwargs: Mapping[str, Any] | None = None,
-) -> int:
+def clear_captures(rollout_ids: list[str], source: capture_source.SourceSpec) -> int:
     """Delete each rollout's capture, tombstone included; safe to repeat. Returns the count."""
-    source = capture_source.open_source(store, storage_options, source_kwargs)
-    cleared = capture_source.clear_captures(source, rollout_ids, store)
-    get_run_logger().info("cleared captures of %d rollouts in %s", cleared, store)
+    cleared = capture_source.clear_captures(source.open(), rollout_ids, source.store)
+    get_run_logger().info("cleared captures of %d rollouts in %s", cleared, source.store)
     return cleared
 
 

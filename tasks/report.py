@@ -31,18 +31,18 @@ def artifact_key(run_id: str, kind: str) -> str:
 
 @task(
     name="write-run-report",
-    task_run_name="write report of run {run_id}",
+    task_run_name="write report of run {tally.run_id}",
     cache_policy=NO_CACHE,
     **TRANSIENT_RETRIES,
 )
 def write_run_report(
-    run_id: str,
     dest: str,
     tally: RunTally,
     storage_options: Mapping[str, Any] | None = None,
     claim: Claim | None = None,
 ) -> RunSummary:
-    """Write the run's ledger from its tally, publish the table and markdown artifacts."""
+    """Write the tallied run's ledger, publish the table and markdown artifacts."""
+    run_id = tally.run_id
     ensure_claim(dest, claim, storage_options)
     ledger = tally.ledger()
     RunLayout(open_byte_store(dest, storage_options), run_id).write_ledger(ledger)

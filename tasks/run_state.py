@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
-from capture_core.run.capture_source import check_destination, check_source
+from capture_core.run.capture_source import SourceSpec, check_destination, check_source
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import RolloutFilePlan
 from capture_core.run.run_layout import MANIFEST, LedgerLine, RunLayout, RunManifest, run_location
@@ -19,18 +19,15 @@ from tasks.common import TRANSIENT_RETRIES, ensure_claim
 
 @task(
     name="check-locations",
-    task_run_name="check store {store} and destination {dest}",
+    task_run_name="check store {source.store} and destination {dest}",
     cache_policy=NO_CACHE,
     **TRANSIENT_RETRIES,
 )
 def check_locations(
-    store: str,
-    dest: str,
-    storage_options: Mapping[str, Any] | None = None,
-    source_kwargs: Mapping[str, Any] | None = None,
+    source: SourceSpec, dest: str, storage_options: Mapping[str, Any] | None = None
 ) -> None:
     """Fail before any work when the capture store or the destination cannot be used."""
-    check_source(store, storage_options, source_kwargs)
+    check_source(source.store, source.storage_options, source.source_kwargs)
     check_destination(dest, storage_options)
 
 

@@ -2,41 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from capture_core.run.capture_source import open_source
+from capture_core.run.capture_source import SourceSpec
 from tasks.common import TRANSIENT_RETRIES
 
 
 @task(
     name="sweep-retired",
-    task_run_name="sweep tombstones older than {older_than_seconds:.0f} s from {store}",
+    task_run_name="sweep tombstones older than {older_than_seconds:.0f} s from {source.store}",
     cache_policy=NO_CACHE,
     **TRANSIENT_RETRIES,
 )
-def sweep_retired(
-    store: str,
-    older_than_seconds: float,
-    storage_options: Mapping[str, Any] | None = None,
-    source_kwargs: Mapping[str, Any] | None = None,
-) -> int:
+def sweep_retired(source: SourceSpec, older_than_seconds: float) -> int:
     """Run the store's own `sweep_retired` (a NeMo Gym directory: its lock protocol); safe to
     repeat. Returns how many rollouts' tombstones were removed."""
-    source = open_source(store, storage_options, source_kwargs)
-    sweep = getattr(source, "sweep_retired", None)
+    sweep = getattr(source.open(), "sweep_retired", None)
     if sweep is None:
         raise ValueError(
-            f"source {store} has no sweep_retired(older_than_seconds); it cannot be swept"
+            f"source {source.store} has no sweep_retired(older_than_seconds); it cannot be swept"
         )
     swept = int(sweep(older_than_seconds))
     get_run_logger().info(
         "swept %d retired rollouts' tombstones older than %ds from %s",
         swept,
         older_than_seconds,
-        store,
+        source.store,
     )
     return swept

@@ -2,6 +2,7 @@
 
 A store is a path or URL (`store.open_capture_store`) or a `module.path:ClassName` class.
 Its identity digest keys results recorded against one store, such as a retirement.
+`SourceSpec` names one store as the tasks receive it.
 This module does not import Prefect.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
+from pydantic import BaseModel, ConfigDict
 
 from capture_core.errors import InvalidInputError
 from capture_core.protocols import TokenSource, load_capture_class
@@ -50,6 +52,26 @@ def check_destination(dest: str, storage_options: Mapping[str, Any] | None = Non
     """Fail now when the destination cannot be used: an unknown scheme, a missing bucket, an
     unreachable endpoint. A missing local directory is created by the first write."""
     open_byte_store(dest, storage_options).probe(must_exist=False)
+
+
+class SourceSpec(BaseModel):
+    """What names one capture store: its location or class, the storage options that open a
+    location, the arguments that build a class. A flow builds it once and hands it to each
+    task that opens the store, so every task opens, and keys results against, the same one.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    store: str
+    storage_options: dict[str, Any] | None = None
+    source_kwargs: dict[str, Any] | None = None
+
+    def open(self) -> TokenSource:
+        return open_source(self.store, self.storage_options, self.source_kwargs)
+
+    def identity(self) -> str:
+        """`store_identity` of this store."""
+        return store_identity(self.store, self.storage_options, self.source_kwargs)
 
 
 def check_separate_locations(named: Mapping[str, str | None]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from capture_core.builder.build_result import (
@@ -69,37 +69,42 @@ def rollout_carries_token_ids(result: dict) -> bool:
     return any(_carries_generated_ids(item) for item in response_items(response))
 
 
+@dataclass(frozen=True)
+class BuildOptions:
+    """How a rollout is built: the builder and the delivery (`main_chain` or `all_traces`).
+
+    They are not refused here: an unknown one masks each rollout, naming it, because the
+    finalizer never raises.
+    """
+
+    builder: str = "prefix_merging"
+    delivery: str = MAIN_CHAIN
+
+
 async def finalize_rollout(
-    result: dict,
-    source: TokenSource | None,
-    *,
-    builder: str = "prefix_merging",
-    delivery: str = MAIN_CHAIN,
+    result: dict, source: TokenSource | None, options: BuildOptions = BuildOptions()
 ) -> BuildResult | None:
     """Finalize `result` in place from its capture through `source`; the build, typed.
 
     It mutates `result`, replacing only `response.output` and adding the metrics and mask.
     It freezes and never retires. It never raises: missing or ambiguous tokens mask the
     rollout. `None` when there is no source (or a record that already carries token ids
-    cannot be frozen). With `delivery="all_traces"` it keeps `response` and adds the checked
+    cannot be frozen). With the `all_traces` delivery it keeps `response` and adds the checked
     `training_traces` envelope instead (docs/traces.md); a masked record carries none.
     A masked rollout is one warning, with its `mask_reason`.
     """
-    built = await finalize_record(result, source, builder=builder, delivery=delivery)
+    built = await finalize_record(result, source, options)
     if built is not None:
         warn_masked(built, plain_rollout_id(result))
     return built
 
 
 async def finalize_record(
-    result: dict,
-    source: TokenSource | None,
-    *,
-    builder: str = "prefix_merging",
-    delivery: str = MAIN_CHAIN,
+    result: dict, source: TokenSource | None, options: BuildOptions
 ) -> BuildResult | None:
     """`finalize_rollout` without its mask warning: for a caller that reports each masked
     rollout itself, with its input line (a run's batch)."""
+    builder, delivery = options.builder, options.delivery
     if source is None:
         return None
     if delivery != MAIN_CHAIN:

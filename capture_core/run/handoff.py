@@ -49,11 +49,13 @@ from capture_core.protocols import (
 from capture_core.run import run_layout
 from capture_core.run.crash_points import crash_point
 from capture_core.run.finalize import (
+    BuildOptions,
     finalize_record,
     plain_rollout_id,
     rollout_carries_token_ids,
 )
 from capture_core.run.rollout_io import BatchPlan, ParsedLine
+from capture_core.run.run_layout import RolloutFigures
 from capture_core.storage import ByteStore
 from capture_core.storage.io_pool import io_pool
 from capture_core.store.base import drop_each
@@ -61,24 +63,14 @@ from capture_core.store.base import drop_each
 logger = logging.getLogger(__name__)
 
 
-class RolloutOutcome(BaseModel):
-    """What finalization did with one input line."""
+class RolloutOutcome(RolloutFigures):
+    """What finalization did with one input line: its figures, whether its capture may be
+    retired and at which snapshot, and why the line was refused as input (`error`)."""
 
-    line: int
-    rollout_id: str | None = None
-    masked: bool = False
-    mask_reason: str | None = None
     can_retire: bool = False
     snapshot_id: str | None = None
     version: int | None = None
-    delivered_fraction: float | None = None
     error: str | None = None
-    terminal_method: str | None = None
-    terminal_abstentions: list[str] = Field(default_factory=list)
-    traces: int | None = None
-    """`all_traces` builds: training rows, owned calls and tokens trained of the envelope."""
-    owned_calls: int | None = None
-    tokens_trained: int | None = None
 
     @property
     def emitted(self) -> bool:
@@ -244,13 +236,14 @@ async def finalize_batch(
     in a way a retry may fix.
     """
     guards = [_TransientGuard(source) for _ in lines]
+    options = BuildOptions(builder, delivery)
     limit = asyncio.Semaphore(concurrency or store_concurrency())
 
     async def finalize_one(parsed: ParsedLine, guard: _TransientGuard) -> BuildResult | None:
         if parsed.record is None or input_error(batch, parsed) is not None:
             return None
         async with limit:
-            return await finalize_record(parsed.record, guard, builder=builder, delivery=delivery)
+            return await finalize_record(parsed.record, guard, options)
 
     built_all = await asyncio.gather(*(map(finalize_one, lines, guards)))
     outcomes: list[RolloutOutcome] = []

@@ -41,6 +41,13 @@ def run_id_for_file(url: str) -> str:
     return f"{safe}-{hashlib.sha256(url.encode()).hexdigest()[:10]}"
 
 
+class InboxEntry(BaseModel):
+    """A rollout file of the inbox, by URL, and the run it is finalized into."""
+
+    url: str
+    run_id: str
+
+
 def run_completed(dest: ByteStore, run_id: str) -> bool:
     layout = RunLayout(dest, run_id)
     ledger = layout.read_ledger()

@@ -107,7 +107,31 @@ class RunManifest(BaseModel):
         return _encode(body)
 
 
-class LedgerLine(BaseModel):
+class RolloutFigures(BaseModel):
+    """What finalizing found of one input line: the rollout, its mask and its delivery figures.
+
+    A batch's outcome and the run ledger's line carry these under the same names, so the
+    ledger copies them whole (`figures`) rather than field by field.
+    """
+
+    rollout_id: str | None = None
+    line: int
+    masked: bool = False
+    mask_reason: str | None = None
+    delivered_fraction: float | None = None
+    terminal_method: str | None = None
+    terminal_abstentions: list[str] = Field(default_factory=list)
+    traces: int | None = None
+    """`all_traces` builds: the rollout's training rows, owned calls and tokens trained."""
+    owned_calls: int | None = None
+    tokens_trained: int | None = None
+
+    def figures(self) -> dict[str, Any]:
+        """These fields alone, by name, to build another model that carries them."""
+        return {name: getattr(self, name) for name in RolloutFigures.model_fields}
+
+
+class LedgerLine(RolloutFigures):
     """One rollout's fate in a run.
 
     `kept` says the capture was deliberately not retired (it changed since it was frozen);
@@ -120,23 +144,12 @@ class LedgerLine(BaseModel):
     written only when set, so other ledgers are unchanged.
     """
 
-    rollout_id: str | None
-    line: int
     finalized: bool
     handed_off: bool
-    masked: bool
-    mask_reason: str | None = None
     retired: bool = False
     kept: bool = False
     error: str | None = None
-    delivered_fraction: float | None = None
-    terminal_method: str | None = None
-    terminal_abstentions: list[str] = Field(default_factory=list)
     awaiting_consumer: str | None = None
-    traces: int | None = None
-    """`all_traces` runs: the rollout's training rows, owned calls and tokens trained."""
-    owned_calls: int | None = None
-    tokens_trained: int | None = None
     earlier: bool = False
     gated: bool = False
     not_started: bool = False

@@ -121,22 +121,13 @@ def _handed_off_lines(
         kept = retire.kept.get(rid) or retire.disagreed.get(rid)
         waits = rollout.can_retire and not rollout.masked and rid not in retire.retired
         yield LedgerLine(
-            rollout_id=rollout.rollout_id,
-            line=rollout.line,
+            **rollout.figures(),
             finalized=rollout.emitted,
             handed_off=rollout.emitted,
-            masked=rollout.masked,
-            mask_reason=rollout.mask_reason,
             retired=rid in retire.retired,
             kept=kept is not None and rollout.error is None,
             error=rollout.error or retire.failed.get(rid) or kept,
-            delivered_fraction=rollout.delivered_fraction,
-            terminal_method=rollout.terminal_method,
-            terminal_abstentions=rollout.terminal_abstentions,
             awaiting_consumer=retire.waiting_for if waits else None,
-            traces=rollout.traces,
-            owned_calls=rollout.owned_calls,
-            tokens_trained=rollout.tokens_trained,
             earlier=earlier and rollout.emitted,
         )
 
@@ -200,6 +191,7 @@ class RunTally(BaseModel):
     receipt keys of batches an earlier run (or another pass) handed off.
     """
 
+    run_id: str
     earlier: list[str] = Field(default_factory=list)
     unstarted: list[tuple[int, int]] = Field(default_factory=list)
     """First line and line count of each batch the run never started (it stopped first)."""

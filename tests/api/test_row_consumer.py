@@ -33,6 +33,7 @@ from tests.support.pipeline_helpers import (
     REPO,
     dest_records,
     finalize_args_for,
+    locations_inbox,
     make_batch,
     receipt_args,
     run_cli,
@@ -295,22 +296,23 @@ def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(locatio
     options = locations["options"]
     records = make_batch(TokenCaptureStore(locations["store"], options), 4)
     inbox_file = write_rollouts(f"{locations['inbox']}/a.jsonl", records, options)
-    settings = {"batch_size": 2, "storage_options": options, "rows": "parquet"}
-    inbox = (locations["inbox"], locations["store"], locations["dest"])
-    finalize_inbox(*inbox, retire_after_consumer="trainer", **settings)
+    settings = locations_inbox(
+        locations, batch_size=2, rows="parquet", retire_after_consumer="trainer"
+    )
+    finalize_inbox(settings)
     run_id = run_id_for_file(inbox_file)
     assert len(captured(locations)) == 4, "nothing retired before acknowledgement"
     reader = consumer(locations, run_id)
     first = next(iter(reader))
     reader.ack(first.key)
-    report = finalize_inbox(*inbox, retire_after_consumer="trainer", **settings)
+    report = finalize_inbox(settings)
     assert report.finalized == [inbox_file], "a run waiting for its consumer is not done"
     assert captured(locations) == ["7-2", "7-3"]
     for part in reader:
         reader.ack(part.key)
-    finalize_inbox(*inbox, retire_after_consumer="trainer", **settings)
+    finalize_inbox(settings)
     assert captured(locations) == []
-    report = finalize_inbox(*inbox, retire_after_consumer="trainer", **settings)
+    report = finalize_inbox(settings)
     assert report.already_done == [inbox_file]
     record_case("the inbox calls a run done while its consumer has not acknowledged it")
 

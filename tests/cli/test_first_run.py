@@ -20,7 +20,7 @@ from capture_core.run.run_report import reason_category
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
-from flows.inbox import InboxFailedError, finalize_inbox
+from flows.inbox import FileSettings, InboxFailedError, finalize_inbox
 from flows.temporary_server import LOG_START, MAX_STARTS, error_lines
 from tests.conftest import make_bucket
 from tests.support.fault_proxy import FaultPlan, fault_proxy
@@ -130,7 +130,7 @@ def test_malformed_lines_fail_finalize_status_and_the_inbox_alike(tmp_path, pref
     assert "1 malformed input lines" in markdown and "| - | 3 |" in markdown
 
     with pytest.raises(InboxFailedError) as failed:
-        finalize_inbox(inbox, store, str(tmp_path / "dest2"))
+        finalize_inbox(FileSettings(inbox=inbox, store=store, dest=str(tmp_path / "dest2")))
     assert failed.value.failures[0].startswith(f"{bad}: ")
     assert "line 3: malformed JSON" in failed.value.failures[0]
 

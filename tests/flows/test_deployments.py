@@ -6,14 +6,17 @@ Deploying it and running it on a worker, from an installed wheel, is tests/packa
 from __future__ import annotations
 
 import inspect
+import typing
 from pathlib import Path
 
 import yaml
 from prefect import Flow
 from prefect.utilities.importtools import import_object
+from pydantic import BaseModel
 
 from capture_core.store.retirement import MIN_SWEEP_AGE_SECONDS, sweep_age_seconds
 from flows.cli import main
+from flows.inbox import FileSettings, finalize_inbox, finalize_inbox_file
 from tests.support.pipeline_helpers import REPO
 
 SOURCE = Path(REPO, "deployments", "prefect.yaml")
@@ -39,6 +42,19 @@ def test_every_deployment_names_an_installed_flow_and_its_real_parameters() -> N
         assert isinstance(flow, Flow) and flow.name == EXPECTED[deployment["name"]]
         accepted = inspect.signature(flow.fn).parameters
         assert set(deployment["parameters"]) <= set(accepted), deployment["name"]
+        for name, value in deployment["parameters"].items():
+            model = typing.get_type_hints(flow.fn).get(name)
+            if isinstance(model, type) and issubclass(model, BaseModel):
+                assert set(value) <= set(model.model_fields), (deployment["name"], name)
+                model.model_validate(value)  # the file's settings are valid as they stand
+
+
+def test_both_inbox_flows_take_the_inbox_settings_as_one_parameter() -> None:
+    """A pass hands its `settings` whole to each file's run: one model, never two lists."""
+    for flow in (finalize_inbox, finalize_inbox_file):
+        assert typing.get_type_hints(flow.fn)["settings"] is FileSettings
+    child = set(inspect.signature(finalize_inbox_file.fn).parameters)
+    assert child == {"rollouts", "run_id", "settings"}, "what an event and a fan-out fill in"
 
 
 def test_the_sweep_runs_daily_with_a_safe_age_on_the_store() -> None:

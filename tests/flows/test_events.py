@@ -54,8 +54,10 @@ def module_yaml(proxy: str, directory: Path) -> Path:
     spec = yaml.safe_load(Path(REPO, "deployments", "prefect.yaml").read_text())
     for deployment in spec["deployments"]:
         deployment["work_pool"]["name"] = POOL
-        if "store" in deployment["parameters"]:
-            deployment["parameters"]["storage_options"] = {"endpoint_url": proxy}
+        parameters = deployment["parameters"]
+        for holder in (parameters, parameters.get("settings") or {}):  # the inbox's settings
+            if "store" in holder:
+                holder["storage_options"] = {"endpoint_url": proxy}
         for trigger in deployment.get("triggers") or []:
             if trigger.get("schedule_after"):
                 trigger["schedule_after"] = 3

@@ -14,10 +14,16 @@ from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.finalize import finalize_run
-from flows.inbox import InboxFailedError, finalize_inbox
+from flows.inbox import FileSettings, InboxFailedError, finalize_inbox
 from flows.runners import task_runner_from_spec
 from tasks.receipts import read_receipt
-from tests.support.pipeline_helpers import dest_records, make_batch, run_cli, write_rollouts
+from tests.support.pipeline_helpers import (
+    dest_records,
+    locations_inbox,
+    make_batch,
+    run_cli,
+    write_rollouts,
+)
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -25,13 +31,14 @@ pytestmark = pytest.mark.usefixtures("prefect_api")
 def test_inbox_finalizes_new_files_once_and_picks_up_later_ones(locations) -> None:
     s = locations
     store = TokenCaptureStore(s["store"], s["options"])
+    settings = locations_inbox(s)
     first = write_rollouts(f"{s['inbox']}/a.jsonl", make_batch(store, 2, task=1), s["options"])
-    report = finalize_inbox(s["inbox"], s["store"], s["dest"], storage_options=s["options"])
+    report = finalize_inbox(settings)
     assert report.finalized == [first] and report.already_done == []
-    again = finalize_inbox(s["inbox"], s["store"], s["dest"], storage_options=s["options"])
+    again = finalize_inbox(settings)
     assert again.finalized == [] and again.already_done == [first]
     second = write_rollouts(f"{s['inbox']}/b.jsonl", make_batch(store, 3, task=2), s["options"])
-    later = finalize_inbox(s["inbox"], s["store"], s["dest"], storage_options=s["options"])
+    later = finalize_inbox(settings)
     assert later.finalized == [second] and later.already_done == [first]
     assert len(dest_records(s["dest"], run_id_for_file(second), s["options"])) == 3
 
@@ -40,14 +47,15 @@ def test_inbox_gives_up_on_a_file_that_keeps_failing(tmp_path) -> None:
     inbox, store, dest = str(tmp_path / "inbox"), str(tmp_path / "store"), str(tmp_path / "dest")
     os.makedirs(store)
     write_rollouts(f"{inbox}/bad.jsonl", [], extra_lines=[b"{broken\n"])
+    settings = FileSettings(inbox=inbox, store=store, dest=dest, max_attempts=2)
     for _ in range(2):
-        state = finalize_inbox(inbox, store, dest, max_attempts=2, return_state=True)
+        state = finalize_inbox(settings, return_state=True)
         assert state.is_failed(), "an inbox pass that failed a file is not Completed"
         failed = state.result(raise_on_failure=False)
         assert list(failed.summary.failed) == [f"{inbox}/bad.jsonl"]
         assert "line 1: malformed JSON" in failed.summary.failed[f"{inbox}/bad.jsonl"]
     with pytest.raises(InboxFailedError, match=r"bad\.jsonl: given up") as given_up:
-        finalize_inbox(inbox, store, dest, max_attempts=2)
+        finalize_inbox(settings)
     assert given_up.value.summary.given_up == [f"{inbox}/bad.jsonl"]
 
 

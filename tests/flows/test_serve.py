@@ -19,8 +19,8 @@ def test_served_deployments_are_the_files_deployments() -> None:
 
 def test_placeholders_are_filled_with_the_given_locations() -> None:
     inbox = next(d for d in deployment_specs() if d["name"] == "inbox")
-    parameters = served_deployment(inbox, ENV, None).parameters
-    assert (parameters["inbox"], parameters["store"], parameters["dest"]) == (
+    settings = served_deployment(inbox, ENV, None).parameters["settings"]
+    assert (settings["inbox"], settings["store"], settings["dest"]) == (
         "/in",
         "/store",
         "/dest",

@@ -104,12 +104,16 @@ def test_two_workers_hand_each_file_off_once_and_finish_a_killed_workers_file(
         "TOKCAP_STORE": "tests.support.stalling_source:StallingStore",
         "TOKCAP_DEST": dest,
     }
-    params = {
-        "fan_out": None,  # each pass finalizes in-process: overlapping passes race for files
+    settings = {  # the whole `settings` parameter: `--params` replaces the file's
+        "inbox": env["TOKCAP_INBOX"],
+        "store": env["TOKCAP_STORE"],
+        "dest": dest,
         "batch_size": 2,
         "claim_lease_seconds": LEASE,
         "source_kwargs": {"root": root, "stall_rollout": "1-3", "flag": flag},
     }
+    # fan_out None: each pass finalizes in-process, so overlapping passes race for files
+    params = {"fan_out": None, "settings": settings}
     prefect_cli(["work-pool", "create", POOL, "--type", "process", "--overwrite"], env, tmp_path)
     deploy = ["--no-prompt", "deploy", "--prefect-file", f"{REPO}/deployments/prefect.yaml"]
     schedule = ["--name", "inbox", "--pool", POOL, "--interval", "4"]

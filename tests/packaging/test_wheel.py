@@ -141,7 +141,8 @@ def test_installed_tokcap_deploys_the_shipped_deployments_and_a_worker_runs_them
     assert all(not deployments[name].pull_steps for name in shipped), "no path to a checkout"
     inbox = deployments["finalize-inbox/inbox"]
     assert [s.schedule.cron for s in inbox.schedules] == ["*/10 * * * *"]
-    assert inbox.parameters["store"] == store and inbox.parameters["dest"] == dest
+    settings = inbox.parameters["settings"]
+    assert settings["store"] == store and settings["dest"] == dest
     sweep = deployments["sweep-retired/sweep-retired"]
     assert [s.schedule.cron for s in sweep.schedules] == ["17 3 * * *"]
     assert sweep.parameters == {"store": store, "older_than": "2d"}
@@ -179,7 +180,7 @@ def test_installed_tokcap_serves_the_scheduled_inbox(
     def inbox_cron() -> list[str]:
         assert served.poll() is None, f"serve exited: {log.read_text()[-2000:]}"
         found = registered().get("finalize-inbox/inbox")
-        if found is None or found.parameters.get("inbox") != inbox:
+        if found is None or found.parameters.get("settings", {}).get("inbox") != inbox:
             return []
         return [s.schedule.cron for s in found.schedules]
 

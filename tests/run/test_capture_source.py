@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture_core.run.capture_source import clear_captures, store_identity
+from capture_core.run.capture_source import SourceSpec, clear_captures, store_identity
 from capture_core.store import TokenCaptureStore
 from tests.store.test_torn_puts import turns
 
@@ -27,3 +27,23 @@ def test_spellings_of_one_location_are_one_store(tmp_path) -> None:
     root = str(tmp_path / "store")
     assert store_identity(root + "/") == store_identity(f"file://{root}") == store_identity(root)
     assert store_identity(root) != store_identity(str(tmp_path / "other"))
+
+
+@pytest.mark.parametrize(
+    ("spec", "digest"),
+    [
+        (
+            SourceSpec(store="/data/store/", storage_options={"endpoint_url": "http://minio:9000"}),
+            "1d45259be2195a76",
+        ),
+        (SourceSpec(store="pkg.mod:Source", source_kwargs={"root": "/r"}), "138141917daaf060"),
+    ],
+)
+def test_a_retirement_is_keyed_as_earlier_runs_persisted_it(spec: SourceSpec, digest: str) -> None:
+    """The retire task's result key, which earlier runs wrote retirements under, is stable:
+    the digests are those of the code that took store, options and arguments one by one."""
+    from tasks.batches import _retired_key
+
+    receipt = type("Receipt", (), {"receipt_key": "batch-00000-0123456789abcdef"})()
+    key = _retired_key(None, {"receipt": receipt, "source": spec})
+    assert key == f"batch-00000-0123456789abcdef-retired-{digest}"

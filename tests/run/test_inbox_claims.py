@@ -19,7 +19,7 @@ from capture_core.run.inbox import (
 )
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.inbox import finalize_inbox
+from flows.inbox import FileSettings, finalize_inbox
 from tests.support.pipeline_helpers import dest_records, make_batch, rollout_ids, write_rollouts
 from tests.support.reliability_figures import record_case
 from tests.support.servers import wait_until
@@ -85,7 +85,9 @@ def test_a_pass_leaves_a_file_that_another_live_pass_is_finalizing(tmp_path) -> 
     spec = "tests.support.stalling_source:StallingStore"
 
     def run_pass():
-        return finalize_inbox(inbox, spec, dest, batch_size=2, source_kwargs=source)
+        return finalize_inbox(
+            FileSettings(inbox=inbox, store=spec, dest=dest, batch_size=2, source_kwargs=source)
+        )
 
     report, second = run_while_stalled(run_pass, flag)
     assert second.busy == [url] and second.finalized == []

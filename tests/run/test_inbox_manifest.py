@@ -14,7 +14,7 @@ from capture_core.run.inbox import run_id_for_file
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.inbox import InboxFailedError, finalize_inbox
+from flows.inbox import FileSettings, InboxFailedError, finalize_inbox
 from tests.run.test_inbox_replaced import publish
 from tests.support.pipeline_helpers import dest_records, make_batch, rollout_ids
 from tests.support.reliability_figures import record_case
@@ -28,7 +28,11 @@ def test_a_torn_manifest_refuses_its_file_and_the_pass_goes_on(locations) -> Non
     first = publish(f"{inbox}/a.jsonl", make_batch(store, 2), options)
 
     def inbox_pass():
-        return finalize_inbox(inbox, locations["store"], dest_url, storage_options=options)
+        return finalize_inbox(
+            FileSettings(
+                inbox=inbox, store=locations["store"], dest=dest_url, storage_options=options
+            )
+        )
 
     assert inbox_pass().finalized == [first]
     layout = RunLayout(open_byte_store(dest_url, options), run_id_for_file(first))

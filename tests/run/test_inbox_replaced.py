@@ -20,7 +20,13 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.inbox import InboxFailedError, finalize_inbox
 from tasks.run_state import claim_run_id
-from tests.support.pipeline_helpers import dest_records, make_batch, rollout_ids, write_rollouts
+from tests.support.pipeline_helpers import (
+    dest_records,
+    locations_inbox,
+    make_batch,
+    rollout_ids,
+    write_rollouts,
+)
 from tests.support.reliability_figures import record_case
 
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
@@ -42,9 +48,7 @@ def test_a_replaced_inbox_file_fails_the_pass_naming_it(locations) -> None:
     url = publish(f"{inbox}/a.jsonl", first, options)
 
     def inbox_pass():
-        return finalize_inbox(
-            inbox, locations["store"], locations["dest"], batch_size=2, storage_options=options
-        )
+        return finalize_inbox(locations_inbox(locations, batch_size=2))
 
     assert inbox_pass().finalized == [url]
     run_id = run_id_for_file(url)

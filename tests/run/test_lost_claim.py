@@ -34,7 +34,7 @@ from capture_core.run.run_report import RunSummary, summarize
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.finalize import finalize_run
-from flows.inbox import finalize_inbox
+from flows.inbox import FileSettings, finalize_inbox
 from tasks.receipts import list_receipt_keys
 from tests.support.pipeline_helpers import (
     REPO,
@@ -129,7 +129,8 @@ def test_a_batch_handed_off_meanwhile_is_not_rebuilt_as_masked(locations, tmp_pa
 
 
 def start_inbox_pass(arguments: dict, api_url: str, log: BinaryIO) -> subprocess.Popen:
-    """`finalize_inbox` in a real subprocess against the session's Prefect server."""
+    """`finalize_inbox` of the settings `arguments` in a real subprocess against the session's
+    Prefect server."""
     code = "import sys; from tests.support.workers import inbox_pass; inbox_pass(sys.argv[1])"
     return subprocess.Popen(
         [sys.executable, "-c", code, orjson.dumps(arguments).decode()],
@@ -193,7 +194,7 @@ def pause_past_lease_then_resume(
         wait_until(
             lambda: not claim_is_live(dest, claim, time.time()), 4 * LEASE, "the lease to lapse"
         )
-        report = finalize_inbox(**arguments)
+        report = finalize_inbox(FileSettings(**arguments))
         assert report.finalized == [url]
         check_ledger_agrees_with_parts(locations, run_id, 60)
         ledger = dest.get(RunLayout(dest, run_id).ledger_key)

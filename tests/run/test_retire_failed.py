@@ -20,7 +20,12 @@ from capture_core.store import TokenCaptureStore
 from flows.cli import main
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
 from flows.inbox import InboxFailedError, finalize_inbox
-from tests.support.pipeline_helpers import FAILING_DROP_SOURCE, make_batch, write_rollouts
+from tests.support.pipeline_helpers import (
+    FAILING_DROP_SOURCE,
+    locations_inbox,
+    make_batch,
+    write_rollouts,
+)
 from tests.support.reliability_figures import record_case
 
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
@@ -82,18 +87,10 @@ def test_the_next_inbox_pass_finishes_a_failed_retirement(locations) -> None:
         f"{inbox}/a.jsonl", make_batch(TokenCaptureStore(locations["store"], options), 4), options
     )
     with pytest.raises(InboxFailedError, match="retirements failed"):
-        finalize_inbox(
-            inbox,
-            FAILING_DROP_SOURCE,
-            locations["dest"],
-            batch_size=2,
-            storage_options=options,
-            source_kwargs=failing_drops(locations),
-        )
+        failing = {"store": FAILING_DROP_SOURCE, "source_kwargs": failing_drops(locations)}
+        finalize_inbox(locations_inbox(locations, batch_size=2, **failing))
     assert captured(locations, 4) == [True] * 4
-    report = finalize_inbox(
-        inbox, locations["store"], locations["dest"], batch_size=2, storage_options=options
-    )
+    report = finalize_inbox(locations_inbox(locations, batch_size=2))
     assert report.finalized == [url] and report.already_done == []
     assert captured(locations, 4) == [False] * 4
     dest = open_byte_store(locations["dest"], options)

@@ -50,7 +50,7 @@ def test_gate_without_a_limit_never_trips() -> None:
 
 
 def test_a_tripped_gate_aborts_the_tally_and_fails_the_batch() -> None:
-    tally = RunTally()
+    tally = RunTally(run_id="r")
     assert not tally.may_hand_off(MaskGate(0.0, 1), 4, [outcome(1, masked=True)])
     assert tally.abort is not None and tally.failed[4][1].startswith("not handed off")
     assert tally.all_errors()[-1] == tally.abort
@@ -74,7 +74,7 @@ def test_a_stopped_lookahead_starts_nothing_more() -> None:
 
 
 def test_the_ledger_marks_kept_captures_typed() -> None:
-    tally = RunTally()
+    tally = RunTally(run_id="r")
     retire = RetireOutcome(receipt_key="k", retired=["r1"], kept={"r2": "not retired: changed"})
     tally.retired(receipt(outcome(1), outcome(2)), retire)
     first, second = tally.ledger()
@@ -83,7 +83,7 @@ def test_the_ledger_marks_kept_captures_typed() -> None:
 
 
 def test_the_ledger_lists_failed_batches_in_input_order() -> None:
-    tally = RunTally()
+    tally = RunTally(run_id="r")
     tally.batch_failed(1, [outcome(5)], "batch 1: upload failed: x")
     tally.retired(receipt(outcome(2)), RetireOutcome(receipt_key="k"))
     assert [(line.line, line.handed_off) for line in tally.ledger()] == [(2, True), (5, False)]
@@ -91,7 +91,7 @@ def test_the_ledger_lists_failed_batches_in_input_order() -> None:
 
 
 def test_a_failed_retirement_fails_each_retirable_rollout() -> None:
-    tally = RunTally()
+    tally = RunTally(run_id="r")
     failed = tally.retire_failed(receipt(outcome(1), outcome(2, masked=True)), "boom")
     assert failed.failed == {"r1": "retirement failed: boom"}
     assert tally.errors == ["batch 0: retirement failed: boom"]

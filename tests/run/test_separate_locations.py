@@ -15,7 +15,7 @@ from capture_core.errors import OverlappingLocationsError
 from capture_core.storage import locations_overlap
 from capture_core.store import TokenCaptureStore
 from flows.finalize import finalize_run, retire_uploaded, retrigger_failed
-from flows.inbox import finalize_inbox
+from flows.inbox import FileSettings, finalize_inbox
 from tests.support.pipeline_helpers import (
     finalize_args,
     make_batch,
@@ -104,7 +104,12 @@ def test_every_flow_refuses_overlapping_locations(captured: dict) -> None:
         lambda: retire_uploaded(inside, "run", store, options),
         lambda: retrigger_failed(store, "run", store, options),
         lambda: finalize_inbox(
-            captured["inbox"], store, captured["inbox"], storage_options=options
+            FileSettings(
+                inbox=captured["inbox"],
+                store=store,
+                dest=captured["inbox"],
+                storage_options=options,
+            )
         ),
     ]
     for run in runs:
@@ -125,4 +130,11 @@ def test_a_chained_url_names_the_place_it_reads(captured: dict) -> None:
         assert locations_overlap(f"{outer}{dest}/inbox", dest)
         assert not locations_overlap(f"{outer}{dest}", captured["store"])
     with pytest.raises(OverlappingLocationsError, match="one lies inside the other"):
-        finalize_inbox(f"simplecache::{dest}", captured["store"], dest, storage_options=options)
+        finalize_inbox(
+            FileSettings(
+                inbox=f"simplecache::{dest}",
+                store=captured["store"],
+                dest=dest,
+                storage_options=options,
+            )
+        )

@@ -18,6 +18,7 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from flows.finalize import finalize_run
+from flows.inbox import FileSettings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -96,6 +97,13 @@ def finalize_locations(locations: dict, run_id: str, **settings: Any) -> RunSumm
         storage_options=locations["options"],
         **settings,
     )
+
+
+def locations_inbox(locations: dict, **settings: Any) -> FileSettings:
+    """The inbox settings of a `locations` fixture (its inbox, store, destination and options),
+    each of `settings` in place of the fixture's or the default."""
+    named = {"inbox": locations["inbox"], "store": locations["store"], "dest": locations["dest"]}
+    return FileSettings(**{**named, "storage_options": locations["options"], **settings})
 
 
 def dest_records(dest: str, run_id: str, options: dict | None = None) -> list[dict]:

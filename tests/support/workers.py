@@ -86,15 +86,16 @@ def chain_entries(rollout_id: str, calls: int) -> list[TokenEntry]:
 
 
 def inbox_pass(arguments: str) -> None:
-    """One `finalize_inbox` pass with JSON `arguments`; prints its report as JSON.
+    """One `finalize_inbox` pass with JSON `arguments` (its `FileSettings`); prints its report
+    as JSON.
 
     Run as `python -c` by tests that pause and resume a pass (SIGSTOP, SIGCONT).
     """
     import orjson
 
-    from flows.inbox import finalize_inbox
+    from flows.inbox import FileSettings, finalize_inbox
 
-    report = finalize_inbox(**orjson.loads(arguments))
+    report = finalize_inbox(FileSettings(**orjson.loads(arguments)))
     print(orjson.dumps(report.model_dump()).decode(), flush=True)
 
 
