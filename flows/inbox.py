@@ -20,9 +20,8 @@ import time
 import uuid
 from typing import Any
 
-from prefect import flow, get_run_logger, runtime, task
+from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
 from prefect.deployments import run_deployment
 from pydantic import BaseModel, Field
 
@@ -46,7 +45,7 @@ from capture_core.run.inbox import (
 )
 from capture_core.storage import filesystem_for, open_byte_store, url_scheme
 from flows.finalize import finalize_run
-from tasks.common import TRANSIENT_RETRIES
+from tasks.common import tokcap_task
 
 
 class InboxReport(BaseModel):
@@ -70,12 +69,7 @@ class InboxFile(InboxEntry):
     held_by: str | None = None
 
 
-@task(
-    name="scan-inbox",
-    task_run_name="scan inbox {inbox}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("scan-inbox", "scan inbox {inbox}")
 def scan_inbox(
     inbox: str, pattern: str, dest: str, storage_options: dict[str, Any] | None = None
 ) -> list[InboxFile]:
@@ -110,12 +104,7 @@ def inspect_file(url: str, dest: str, storage_options: dict[str, Any] | None) ->
     )
 
 
-@task(
-    name="inspect-inbox-file",
-    task_run_name="inspect inbox file {url}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("inspect-inbox-file", "inspect inbox file {url}")
 def inspect_inbox_file(
     url: str, dest: str, storage_options: dict[str, Any] | None = None
 ) -> InboxFile:
@@ -123,12 +112,7 @@ def inspect_inbox_file(
     return inspect_file(url, dest, storage_options)
 
 
-@task(
-    name="claim-file",
-    task_run_name="claim attempt of run {run_id}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("claim-file", "claim attempt of run {run_id}")
 def claim_file(
     dest: str,
     run_id: str,
@@ -143,12 +127,7 @@ def claim_file(
     return take_claim(byte_store, run_id, owner, token, lease_seconds, max_attempts)
 
 
-@task(
-    name="release-claim",
-    task_run_name="release attempt {claim.number} of run {claim.run_id}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("release-claim", "release attempt {claim.number} of run {claim.run_id}")
 def end_claim(
     dest: str, claim: Claim, ok: bool, storage_options: dict[str, Any] | None = None
 ) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
-from prefect.cache_policies import NO_CACHE
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.errors import RetirementFailedError, TransientStoreError
@@ -36,7 +35,7 @@ from capture_core.run.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout
 from capture_core.run.run_progress import RETIREMENTS_FAILED
 from capture_core.run.run_report import masked_line, plural
 from capture_core.storage import open_byte_store
-from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async
+from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async, tokcap_task
 from tasks.receipts import UnrecordedReceiptError, read_receipt, set_aside_unrecorded
 from tasks.store_limit import store_requests
 
@@ -55,12 +54,7 @@ def persisted_task(name: str, run_name: Callable[..., str], key: Callable[..., s
     )
 
 
-@task(
-    name="plan-rollouts",
-    task_run_name="plan batches of {batch_size} from {rollouts}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("plan-rollouts", "plan batches of {batch_size} from {rollouts}")
 def plan_rollouts(
     rollouts: str, batch_size: int, storage_options: Mapping[str, Any] | None = None
 ) -> RolloutFilePlan:
@@ -111,12 +105,7 @@ def retire_run_name(parameters: Mapping[str, Any]) -> str:
     return f"retire batch {receipt.batch} ({line_range(receipt.rollouts)})"
 
 
-@task(
-    name="finalize-batch",
-    task_run_name=finalize_run_name,
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("finalize-batch", finalize_run_name)
 def finalize_batch(
     run_id: str,
     rollouts: str,
@@ -284,12 +273,7 @@ def publish_receipt(receipt: HandoffReceipt) -> None:
     )
 
 
-@task(
-    name="describe-failed-batch",
-    task_run_name=describe_run_name,
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("describe-failed-batch", describe_run_name)
 def describe_batch(
     rollouts: str, batch: BatchPlan, storage_options: Mapping[str, Any] | None = None
 ) -> list[RolloutOutcome]:

@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import get_run_logger
 
 from capture_core.consumer import rollout_ids_of
 from capture_core.run import capture_source
 from capture_core.run.rollout_io import read_records
 from capture_core.run.run_report import plural
-from tasks.common import TRANSIENT_RETRIES
+from tasks.common import tokcap_task
 
 
 def clear_run_name(parameters: Mapping[str, Any]) -> str:
@@ -20,12 +19,7 @@ def clear_run_name(parameters: Mapping[str, Any]) -> str:
     return f"clear captures of {plural(count, 'rollout')} in {parameters['source'].store}"
 
 
-@task(
-    name="clear-captures",
-    task_run_name=clear_run_name,
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("clear-captures", clear_run_name)
 def clear_captures(rollout_ids: list[str], source: capture_source.SourceSpec) -> int:
     """Delete each rollout's capture, tombstone included; safe to repeat. Returns the count."""
     cleared = capture_source.clear_captures(source.open(), rollout_ids, source.store)
@@ -33,12 +27,7 @@ def clear_captures(rollout_ids: list[str], source: capture_source.SourceSpec) ->
     return cleared
 
 
-@task(
-    name="read-rollout-ids",
-    task_run_name="read rollout ids of {rollouts}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("read-rollout-ids", "read rollout ids of {rollouts}")
 def read_rollout_ids(
     rollouts: str, storage_options: Mapping[str, Any] | None = None
 ) -> tuple[list[str], list[str], int]:

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Coroutine, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, ParamSpec, TypeVar
+
+from prefect import Task, task
+from prefect.cache_policies import NO_CACHE
 
 from capture_core.errors import is_transient
 from capture_core.run.inbox import Claim, check_claim
 from capture_core.storage import open_byte_store
 
 T = TypeVar("T")
+P = ParamSpec("P")
 TASK_RUN_LOGGER = "prefect.task_runs"
 
 
@@ -64,6 +68,15 @@ TRANSIENT_RETRIES: dict[str, Any] = {
     "retry_delay_seconds": [1, 4, 10],
     "retry_condition_fn": retry_transient,
 }
+
+
+def tokcap_task(
+    name: str, run_name: str | Callable[..., str]
+) -> Callable[[Callable[P, T]], Task[P, T]]:
+    """The decorator of tokcap's uncached tasks: `name` in the task list, each run named by
+    `run_name` (what it did to which batch, file or run), retried on transient errors only.
+    Tasks whose results are persisted as records of a handoff declare their own policy."""
+    return task(name=name, task_run_name=run_name, cache_policy=NO_CACHE, **TRANSIENT_RETRIES)
 
 
 def run_async(coroutine: Coroutine[Any, Any, T]) -> T:

@@ -9,22 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from capture_core.run.handoff import HandoffReceipt
 from capture_core.run.row_cursor import Cursor
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
-from tasks.common import TRANSIENT_RETRIES
+from tasks.common import tokcap_task
 
 
-@task(
-    name="check-acknowledged",
-    task_run_name="check consumer {consumer} acknowledged batch {receipt.batch}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("check-acknowledged", "check consumer {consumer} acknowledged batch {receipt.batch}")
 def acknowledged(
     dest: str,
     receipt: HandoffReceipt,

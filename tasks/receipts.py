@@ -23,8 +23,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 from prefect.filesystems import WritableFileSystem
 from prefect.results import ResultRecord
 from pydantic import Field
@@ -34,7 +32,7 @@ from capture_core.errors import TransientStoreError, UnreadableReceiptError
 from capture_core.run.handoff import RECEIPT_KEY, FinalizedBatch, HandoffReceipt
 from capture_core.run.run_layout import RECEIPTS, RunLayout, part_key, rows_key, run_location
 from capture_core.storage import open_byte_store
-from tasks.common import TRANSIENT_RETRIES
+from tasks.common import tokcap_task
 
 logger = logging.getLogger(__name__)
 
@@ -109,12 +107,7 @@ def _is_result_record(data: bytes) -> bool:
     return True
 
 
-@task(
-    name="prepare-receipt-storage",
-    task_run_name="prepare receipt storage of run {run_id}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("prepare-receipt-storage", "prepare receipt storage of run {run_id}")
 def receipt_storage(
     dest: str, run_id: str, storage_options: Mapping[str, Any] | None = None
 ) -> ReceiptStorage:
@@ -216,12 +209,7 @@ def list_receipt_keys(
     return sorted(name for name in names if RECEIPT_KEY.fullmatch(name))
 
 
-@task(
-    name="find-receipts",
-    task_run_name="find receipts of run {run_id}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("find-receipts", "find receipts of run {run_id}")
 def find_receipts(
     dest: str,
     run_id: str,

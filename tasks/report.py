@@ -6,9 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
 
 from capture_core.run.inbox import Claim
 from capture_core.run.run_layout import LedgerLine, RunLayout
@@ -21,7 +20,7 @@ from capture_core.run.run_report import (
     summary_table,
 )
 from capture_core.storage import open_byte_store
-from tasks.common import TRANSIENT_RETRIES, ensure_claim
+from tasks.common import ensure_claim, tokcap_task
 
 
 def artifact_key(run_id: str, kind: str) -> str:
@@ -29,12 +28,7 @@ def artifact_key(run_id: str, kind: str) -> str:
     return f"tokcap-{kind}-" + re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
 
 
-@task(
-    name="write-run-report",
-    task_run_name="write report of run {tally.run_id}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("write-run-report", "write report of run {tally.run_id}")
 def write_run_report(
     dest: str,
     tally: RunTally,

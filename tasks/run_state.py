@@ -5,24 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.run.capture_source import SourceSpec, check_destination, check_source
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import RolloutFilePlan
 from capture_core.run.run_layout import MANIFEST, LedgerLine, RunLayout, RunManifest, run_location
 from capture_core.storage import open_byte_store
-from tasks.common import TRANSIENT_RETRIES, ensure_claim
+from tasks.common import ensure_claim, tokcap_task
 
 
-@task(
-    name="check-locations",
-    task_run_name="check store {source.store} and destination {dest}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("check-locations", "check store {source.store} and destination {dest}")
 def check_locations(
     source: SourceSpec, dest: str, storage_options: Mapping[str, Any] | None = None
 ) -> None:
@@ -31,12 +23,7 @@ def check_locations(
     check_destination(dest, storage_options)
 
 
-@task(
-    name="claim-run-id",
-    task_run_name="claim run id {run_id} at {dest}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("claim-run-id", "claim run id {run_id} at {dest}")
 def claim_run_id(
     dest: str,
     run_id: str,
@@ -72,12 +59,7 @@ def claim_run_id(
     return RunLayout(open_byte_store(dest, storage_options), run_id).claim(manifest)
 
 
-@task(
-    name="load-manifest",
-    task_run_name="load manifest of run {run_id}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("load-manifest", "load manifest of run {run_id}")
 def load_manifest(
     dest: str, run_id: str, storage_options: Mapping[str, Any] | None = None
 ) -> RunManifest:
@@ -91,24 +73,14 @@ def load_manifest(
     return manifest
 
 
-@task(
-    name="load-ledger",
-    task_run_name="load ledger of run {run_id}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("load-ledger", "load ledger of run {run_id}")
 def load_ledger(
     dest: str, run_id: str, storage_options: Mapping[str, Any] | None = None
 ) -> list[LedgerLine]:
     return RunLayout(open_byte_store(dest, storage_options), run_id).read_ledger() or []
 
 
-@task(
-    name="mark-retired",
-    task_run_name="mark retired rollouts in ledger of run {run_id}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
-)
+@tokcap_task("mark-retired", "mark retired rollouts in ledger of run {run_id}")
 def mark_retired(
     dest: str, run_id: str, rollout_ids: list[str], storage_options: Mapping[str, Any] | None = None
 ) -> int:

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import get_run_logger
 
 from capture_core.run.capture_source import SourceSpec
-from tasks.common import TRANSIENT_RETRIES
+from tasks.common import tokcap_task
 
 
-@task(
-    name="sweep-retired",
-    task_run_name="sweep tombstones older than {older_than_seconds:.0f} s from {source.store}",
-    cache_policy=NO_CACHE,
-    **TRANSIENT_RETRIES,
+@tokcap_task(
+    "sweep-retired", "sweep tombstones older than {older_than_seconds:.0f} s from {source.store}"
 )
 def sweep_retired(source: SourceSpec, older_than_seconds: float) -> int:
     """Run the store's own `sweep_retired` (a NeMo Gym directory: its lock protocol); safe to

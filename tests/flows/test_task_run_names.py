@@ -14,7 +14,7 @@ import orjson
 from capture_core.store import TokenCaptureStore
 from flows.clear import dispatch_clear
 from flows.finalize import finalize_run, retire_uploaded
-from flows.inbox import finalize_inbox
+from flows.inbox import FileSettings, finalize_inbox
 from tests.support.pipeline_helpers import FAILING_FREEZE_SOURCE, make_batch, write_rollouts
 from tests.support.prefect_api_reads import eventually, task_runs_of
 
@@ -87,7 +87,7 @@ def test_clear_and_inbox_task_runs_name_their_file(tmp_path, prefect_api) -> Non
         f"clear captures of 1 rollout in {root}",
         f"read rollout ids of {tmp_path / 'other.jsonl'}",
     ], names
-    state = finalize_inbox(inbox, root, dest, return_state=True)
+    state = finalize_inbox(FileSettings(inbox=inbox, store=root, dest=dest), return_state=True)
     assert state.is_completed()
     names = task_run_names(state, 4)
     assert_one_style(names)
