@@ -9,6 +9,7 @@ and `capture_core.run.run_progress` keeps the run's tally, mask gate and ledger 
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,7 +199,7 @@ class RunSteps:
         except ClaimLostError:
             raise
         except Exception as exc:
-            outcome = tally.retire_failed(receipt, str(exc))
+            outcome = tally.retire_failed(receipt, str(exc), getattr(exc, "outcome", None))
         tally.retired(receipt, outcome)
         return outcome
 
@@ -332,7 +333,8 @@ def completion(summary: RunSummary, steps: RunSteps) -> str:
     if not left:
         return ""
     command = "retrigger" if summary.failed else "retire"
-    where = f"--dest {steps.dest} --run-id {steps.run_id} --store {steps.store}"
+    located = (("--dest", steps.dest), ("--run-id", steps.run_id), ("--store", steps.source.store))
+    where = " ".join(f"{flag} {shlex.quote(value)}" for flag, value in located)
     extra = [flag for flag, given in EXTRA_FLAGS if given(steps)]
     also = f" (with the run's {' and '.join(extra)} values)" if extra else ""
     return (
@@ -342,7 +344,7 @@ def completion(summary: RunSummary, steps: RunSteps) -> str:
 
 
 EXTRA_FLAGS = (
-    ("--source-kwarg", lambda steps: bool(steps.source_kwargs)),
+    ("--source-kwarg", lambda steps: bool(steps.source.source_kwargs)),
     ("--storage-option", lambda steps: bool(steps.options)),
 )
 

@@ -246,9 +246,25 @@ def retire_batch(
         len(outcome.kept),
     )
     if outcome.failed:
-        error = TransientStoreError if outcome.transient else RetirementFailedError
-        raise error(f"batch {receipt.batch}: {retirement_failures(outcome.failed)}")
+        error = TransientRetirementIncomplete if outcome.transient else RetirementIncomplete
+        raise error(f"batch {receipt.batch}: {retirement_failures(outcome.failed)}", outcome)
     return outcome
+
+
+class RetirementIncomplete(RetirementFailedError):
+    """Some retirements of a batch failed; `outcome` is what the task's last try did (the
+    retired ones stay retired), so the run's ledger says which rollouts still wait."""
+
+    def __init__(self, message: str, outcome: RetireOutcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.outcome))
+
+
+class TransientRetirementIncomplete(RetirementIncomplete, TransientStoreError):
+    """`RetirementIncomplete` from a failure a retry may fix (the task retries it)."""
 
 
 def retirement_failures(failed: Mapping[str, str]) -> str:

@@ -11,6 +11,7 @@ import math
 import re
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from fractions import Fraction
 from typing import Generic, TypeVar
 
 from pydantic import BaseModel, Field
@@ -77,10 +78,15 @@ class MaskGate:
                 if outcome.masked:
                     self.reasons[reason_category(outcome.mask_reason)] += 1
 
+    def within(self, masked: int) -> bool:
+        """Whether `masked` of the rollouts seen is at most the limit, compared exactly: the
+        limit as its decimal (0.29 is 29/100), so the advised threshold always passes."""
+        return self.seen == 0 or Fraction(masked, self.seen) <= Fraction(repr(self.limit))
+
     def exceeded(self) -> str | None:
         """Why the run must stop, or `None` while the masked fraction is within the limit."""
         masked = sum(self.reasons.values())
-        if self.limit is None or self.seen < self.min_samples or masked <= self.limit * self.seen:
+        if self.limit is None or self.seen < self.min_samples or self.within(masked):
             return None
         reasons = ", ".join(f"{reason} ({count})" for reason, count in self.reasons.most_common())
         needed = math.ceil(1000 * masked / self.seen) / 1000
@@ -232,14 +238,19 @@ class RunTally(BaseModel):
                 "receipt for edits or damage; the part's records are what was handed off"
             )
 
-    def retire_failed(self, receipt: HandoffReceipt, error: str) -> RetireOutcome:
-        """A retirement that raised: each retirable rollout of the receipt failed with it."""
+    def retire_failed(
+        self, receipt: HandoffReceipt, error: str, partial: RetireOutcome | None = None
+    ) -> RetireOutcome:
+        """A retirement that raised: each retirable rollout of the receipt failed with it, or,
+        given what the retirement did (`partial`), exactly the rollouts that it failed."""
         inner = _without_batch(error)
         cause = inner.removeprefix(RETIREMENTS_FAILED)
         self.errors.append(
             f"batch {receipt.batch}: {inner if cause != inner else RETIREMENT_FAILED + cause}"
         )
         reason = RETIREMENT_FAILED + cause  # the same words for every rollout of an outage
+        if partial is not None:
+            return partial.model_copy(update={"failed": dict.fromkeys(partial.failed, reason)})
         return RetireOutcome(
             receipt_key=receipt.receipt_key,
             failed={

@@ -154,7 +154,7 @@ async def drop_each(
 async def drop_in_phases(
     drops: Sequence[DropRequest],
     decide: Callable[[DropRequest], Any],
-    delete: Callable[[DropRequest, Any], None],
+    delete: Callable[[DropRequest, Any], bool],
     *,
     concurrency: int,
     checkpoint: DropCheckpoint = None,
@@ -162,9 +162,11 @@ async def drop_in_phases(
     """`drop_many` in two phases: every rollout's decision durable, then the deletions.
 
     `decide` takes one rollout's decision durably and returns what `delete` needs to delete
-    its capture, or None when the snapshot is not retired. Both run on the I/O pool, up to
-    `concurrency` at once; `DECIDED` is told once every decision returned, `DELETED` after
-    each deleted capture. No capture is deleted before its own decision is durable.
+    its capture, or None when the snapshot is not retired; `delete` returns whether it
+    deleted (False: the decision no longer stands, say the id was cleared meanwhile). Both
+    run on the I/O pool, up to `concurrency` at once; `DECIDED` is told once every decision
+    returned, `DELETED` after each deleted capture. No capture is deleted before its own
+    decision is durable.
     """
     limit = asyncio.Semaphore(concurrency)
 
@@ -184,11 +186,9 @@ async def drop_in_phases(
             return False
         if isinstance(listed, Exception):
             return listed
-        failed = await bounded(delete, request, listed)
-        if isinstance(failed, Exception):
-            return failed
-        if checkpoint is not None:
+        deleted = await bounded(delete, request, listed)
+        if deleted is True and checkpoint is not None:
             checkpoint(DELETED)
-        return True
+        return deleted
 
     return list(await asyncio.gather(*map(finish, drops, decided)))

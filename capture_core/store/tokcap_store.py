@@ -334,14 +334,15 @@ class TokenCaptureStore(CaptureStore):
         between the phases or during the second leaves tombstones above their payloads: a
         repeated drop (the re-run) deletes them, and until then they are fenced like any
         retired capture (docs/store.md, Retiring a batch). A subclass with its own `drop_now`
-        is retired through it, one drop per rollout: the two phases would bypass it.
+        or `drop` is retired through it, one drop per rollout: the two phases would bypass it.
         """
-        if type(self).drop_now is not TokenCaptureStore.drop_now:
+        own = type(self).drop_now, type(self).drop
+        if own != (TokenCaptureStore.drop_now, CaptureStore.drop):
             return await super().drop_many(drops, concurrency=concurrency, checkpoint=checkpoint)
         return await drop_in_phases(
             drops,
             lambda d: self._decide_drop(d.rollout_id, d.snapshot_id, d.version),
-            lambda d, listed: self._delete_payloads(d.rollout_id, listed),
+            self._delete_retired,
             concurrency=concurrency,
             checkpoint=checkpoint,
         )
@@ -364,6 +365,18 @@ class TokenCaptureStore(CaptureStore):
             return None
         self._parents.forget(rollout_id)
         return listed
+
+    def _delete_retired(self, request: DropRequest, listed: Sequence[str]) -> bool:
+        """Phase two of `drop_many` for one rollout: delete its payloads if its tombstone still
+        retires the snapshot. A clear that removed the tombstone while the batch was deciding
+        (the id dispatched again) leaves the new rollout's capture alone: False."""
+        decision = retirement.read_decision(self._bytes, request.rollout_id)
+        if decision is None or not retirement.retires(
+            decision, request.snapshot_id, request.version
+        ):
+            return False
+        self._delete_payloads(request.rollout_id, listed)
+        return True
 
     def _delete_payloads(self, rollout_id: str, listed: Sequence[str] = ()) -> None:
         """Delete every event object, then verify by listing; late objects go too.

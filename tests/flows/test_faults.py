@@ -15,7 +15,7 @@ from capture_core.records import TokenEntry
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import rollout_record
-from flows.finalize import RunFailedError, finalize_run, retrigger_failed
+from flows.finalize import RunFailedError, finalize_run, retire_uploaded, retrigger_failed
 from tests.conftest import make_bucket
 from tests.support import workers
 from tests.support.backends import PROCESS_SHARED_BACKENDS
@@ -257,3 +257,37 @@ def _prefect_api_dump() -> str:
         return "\n".join(parts)
 
     return asyncio.run(dump())
+
+
+def test_an_s3_outage_at_retirement_is_one_line_naming_the_command_that_completes_it(
+    tmp_path, s3_options
+) -> None:
+    """Every delete fails once the parts are handed off: the run fails with one line for the
+    three batches' retirements, counts the rollouts left unretired, keeps their captures and
+    names `tokcap retire`; that command, run once S3 is back, retires all of them."""
+    bucket = make_bucket(s3_options)
+    plan = FaultPlan(rate=0.0, kinds=("503",), operations=("delete",))
+    with fault_proxy(str(s3_options["endpoint_url"]), plan) as proxy:
+        options = {"endpoint_url": proxy}
+        store, dest = f"s3://{bucket}/store", f"s3://{bucket}/dest"
+        records = make_batch(TokenCaptureStore(store, options), 6)
+        rollouts = write_rollouts(f"s3://{bucket}/in.jsonl", records, options)
+        plan.rate = 1.0
+        with pytest.raises(RunFailedError) as failed:
+            finalize_run(rollouts, store, dest, "outage", batch_size=2, storage_options=options)
+        plan.rate = 0.0
+        assert plan.injected["delete:503"] > 0
+        retirement = [line for line in failed.value.failures if "retirement" in line]
+        assert len(retirement) == 1 and retirement[0].startswith("batches 0-2: "), retirement
+        message = str(failed.value)
+        assert "6 handed-off rollouts left unretired" in message, message
+        command = f"tokcap retire --dest {dest} --run-id outage --store {store}"
+        assert command in message and "--storage-option" in message, message
+        assert len(dest_records(dest, "outage", options)) == 6, "every record was handed off"
+        byte_store = TokenCaptureStore(store, options).byte_store
+        assert all(byte_store.list_prefix(f"7-{i}") for i in range(6)), "captures kept"
+        counts = retire_uploaded(dest, "outage", store, storage_options=options)
+        assert counts["retired"] + counts["retired_earlier"] == 6, counts
+        for i in range(6):
+            keys = byte_store.list_prefix(f"7-{i}")
+            assert f"7-{i}/RETIRED" in keys and not any("/e/" in k for k in keys), keys

@@ -7,6 +7,8 @@ marks the batch the first run handed off as handed off earlier).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from capture_core.run.handoff import RolloutOutcome
@@ -103,3 +105,21 @@ def test_the_gate_advice_for_an_unresolved_retry_names_what_can_resolve_it() -> 
     advice = gate.exceeded() or ""
     assert "fix the capture" not in advice
     assert "_ng_terminal_model_call_id" in advice and "new run id" in advice, advice
+
+
+def test_the_advised_threshold_always_passes_the_gate_it_was_advised_for() -> None:
+    """The advice rounds the masked fraction up to three decimals; the gate compares it
+    exactly, so 29 of 100 advised 0.29 passes at 0.29 (in floats 0.29 * 100 < 29)."""
+    masked_one = RolloutOutcome(line=1, rollout_id="r", masked=True)
+    plain_one = RolloutOutcome(line=1, rollout_id="r")
+    for seen in (50, 100, 137, 500):
+        for masked in range(1, seen + 1):
+            outcomes = [masked_one] * masked + [plain_one] * (seen - masked)
+            gate = MaskGate(0.0, 1)
+            gate.add(outcomes)
+            advice = gate.exceeded()
+            assert advice is not None
+            advised = float(re.search(r"--max-mask-fraction ([0-9.]+)", advice).group(1))
+            again = MaskGate(advised, 1)
+            again.add(outcomes)
+            assert again.exceeded() is None, (masked, seen, advised)

@@ -22,6 +22,7 @@ from flows.finalize import RunFailedError, finalize_run, retire_uploaded
 from flows.inbox import InboxFailedError, finalize_inbox
 from tests.support.pipeline_helpers import (
     FAILING_DROP_SOURCE,
+    ONE_DELETE_FAILS_SOURCE,
     locations_inbox,
     make_batch,
     write_rollouts,
@@ -128,3 +129,22 @@ def test_a_store_that_refuses_every_retirement_is_reported_once_with_the_command
     assert "| 6 | 1-6 |" in rows[2], rows
     counts = retire_uploaded(dest, "outage", store)  # the store is back: the command completes it
     assert counts["retired"] == 6 and captured({"store": store, "options": None}, 6) == [False] * 6
+
+
+@pytest.mark.integrity
+def test_a_batch_retired_but_for_one_rollout_ledgers_the_others_retired(tmp_path) -> None:
+    """One rollout's payloads cannot be deleted after its tombstone is durable: the run fails
+    naming that one rollout, and the ledger keeps the other three as retired, not failed."""
+    record_case("partly failed batch retirement")
+    store, dest = str(tmp_path / "store"), str(tmp_path / "dest")
+    records = make_batch(TokenCaptureStore(store), 4)
+    rollouts = write_rollouts(str(tmp_path / "in.jsonl"), records)
+    with pytest.raises(RunFailedError) as failed:
+        finalize_run(
+            rollouts, ONE_DELETE_FAILS_SOURCE, dest, "partly", source_kwargs={"root": store}
+        )
+    assert "1 handed-off rollout left unretired" in str(failed.value), str(failed.value)
+    ledger = {line.rollout_id: line for line in read_ledger(open_byte_store(dest), "partly") or []}
+    assert [rid for rid, line in ledger.items() if line.retired] == ["7-1", "7-2", "7-3"]
+    assert "retirement failed" in (ledger["7-0"].error or ""), ledger["7-0"]
+    assert summarize("partly", list(ledger.values())).retire_failed == 1

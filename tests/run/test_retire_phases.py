@@ -183,3 +183,27 @@ def test_a_subclass_with_its_own_drop_is_retired_through_it(tmp_path) -> None:
     assert asyncio.run(store.drop_many(drops, concurrency=2)) == [False, False]
     assert all(payloads(store, d.rollout_id) for d in drops), "its refusal keeps the captures"
     assert not any(store.byte_store.exists(f"{d.rollout_id}/RETIRED") for d in drops)
+
+
+@pytest.mark.integrity
+def test_a_rollout_cleared_and_captured_again_while_its_batch_decides_keeps_the_new_capture(
+    store,
+) -> None:
+    """The retiring process pauses after its decisions; meanwhile the dispatch-time clear
+    removes one rollout, tombstone included, and its id is captured again. The late second
+    phase deletes the other rollouts' payloads and leaves the new capture whole."""
+    record_case("late second phase of a batch retirement after a clear and a new capture")
+    drops = requests(receipt_for(store, COUNT))
+    reused = drops[0].rollout_id
+
+    def checkpoint(moment: str) -> None:
+        if moment == DECIDED:
+            store.delete(reused)
+            for item in turns(reused, 3):
+                store.put_now(item)
+
+    results = asyncio.run(store.drop_many(drops, concurrency=3, checkpoint=checkpoint))
+    assert results == [False] + [True] * (COUNT - 1), "the cleared rollout is not retired here"
+    assert len(store.read_entries(reused)) == 3, "the new capture is whole"
+    assert store.freeze_now(reused).version == 3
+    assert all(not payloads(store, d.rollout_id) for d in drops[1:])

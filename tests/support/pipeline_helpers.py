@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -32,6 +33,19 @@ class FailingDropStore(TokenCaptureStore):
 
 FAILING_DROP_SOURCE = "tests.support.pipeline_helpers:FailingDropStore"
 """The `source` spec that opens a `FailingDropStore` (pass its root in `source_kwargs`)."""
+
+
+class OneDeleteFailsStore(TokenCaptureStore):
+    """A source that cannot delete rollout `7-0`'s payloads: its retirement is decided (the
+    tombstone is durable) but fails, while the other rollouts of its batch retire."""
+
+    def _delete_payloads(self, rollout_id: str, listed: Sequence[str] = ()) -> None:
+        if rollout_id == "7-0":
+            raise PermissionError("deleting 7-0 is not allowed in this test")
+        super()._delete_payloads(rollout_id, listed)
+
+
+ONE_DELETE_FAILS_SOURCE = "tests.support.pipeline_helpers:OneDeleteFailsStore"
 
 
 class FailingFreezeStore(TokenCaptureStore):
