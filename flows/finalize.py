@@ -351,7 +351,8 @@ EXTRA_FLAGS = (
 
 def _malformed_message(summary: RunSummary) -> str:
     shown = "; ".join(summary.malformed_line_errors[:3])
-    return f"{summary.malformed_lines} malformed input lines ({shown}); see {summary.ledger}"
+    lines = plural(summary.malformed_lines, "malformed input line")
+    return f"{lines} ({shown}); see {summary.ledger}"
 
 
 @flow(name="retire-uploaded", flow_run_name="retire {run_id}")

@@ -127,7 +127,8 @@ def test_malformed_lines_fail_finalize_status_and_the_inbox_alike(tmp_path, pref
         "the run's markdown report",
     )
     markdown = next(a.data for a in report if a.type == "markdown")
-    assert "1 malformed input lines" in markdown and "| - | 3 |" in markdown
+    assert "1 malformed input line" in markdown and "1 malformed input lines" not in markdown
+    assert "| 1 | 3 | " in markdown and "line 3: malformed JSON" in markdown, markdown
 
     with pytest.raises(InboxFailedError) as failed:
         finalize_inbox(FileSettings(inbox=inbox, store=store, dest=str(tmp_path / "dest2")))

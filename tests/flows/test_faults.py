@@ -161,7 +161,7 @@ def test_non_utf8_and_huge_inputs(tmp_path) -> None:
     rollouts = write_rollouts(
         str(tmp_path / "in.jsonl"), records, extra_lines=[b'{"_ng_rollout_id": "\xff\xfe"}\n']
     )
-    with pytest.raises(RunFailedError, match="1 malformed input lines") as failed:
+    with pytest.raises(RunFailedError, match=r"1 malformed input line \(") as failed:
         finalize_run(rollouts, store_root, dest, "odd")
     summary = failed.value.summary
     assert summary.handed_off == 1 and summary.malformed_lines == 1 and summary.retired == 1
