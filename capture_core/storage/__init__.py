@@ -7,7 +7,13 @@ process's one thread pool for blocking store I/O awaited from async code. Other 
 import from this package (and `io_pool`) only; docs/store.md describes the contract.
 """
 
-from capture_core.storage.base import ByteStore, check_key, check_new_object, is_reserved
+from capture_core.storage.base import (
+    ByteStore,
+    StagedObject,
+    check_key,
+    check_new_object,
+    is_reserved,
+)
 from capture_core.storage.factory import open_byte_store
 from capture_core.storage.local import TMP_DIR, LocalStore, fsync_dir
 from capture_core.storage.locations import (
@@ -39,6 +45,7 @@ __all__ = [
     "ByteStore",
     "FsspecStore",
     "LocalStore",
+    "StagedObject",
     "check_key",
     "check_new_object",
     "filesystem_for",

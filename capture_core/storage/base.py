@@ -16,8 +16,10 @@ Two rules hold on every backend (the contract suite checks both):
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 from capture_core.errors import CaptureStoreError, InvalidInputError, error_text, is_transient
 
@@ -64,6 +66,17 @@ def is_reserved(name: str) -> bool:
     return name.startswith(".")
 
 
+@dataclass(frozen=True)
+class StagedObject:
+    """Bytes prepared once for several exclusive creates (`ByteStore.staged`).
+
+    `path` is the local backend's durable temporary copy of `data`; elsewhere `None`.
+    """
+
+    data: bytes
+    path: str | None = None
+
+
 class ByteStore(ABC):
     """Create-only object storage with durable writes and uncached listings."""
 
@@ -89,6 +102,23 @@ class ByteStore(ABC):
         A `False` may also mean our own earlier attempt landed; callers compare bytes.
         Empty `data` raises `ValueError` (see `check_new_object`).
         """
+
+    @contextlib.contextmanager
+    def staged(self, data: bytes) -> Iterator[StagedObject]:
+        """Prepare `data` once for several `create_staged` calls; released on exit.
+
+        Empty `data` raises `ValueError` here, before any create (see `check_new_object`).
+        """
+        check_new_object("a staged object", data)
+        yield StagedObject(data)
+
+    def create_staged(self, key: str, staged: StagedObject) -> bool:
+        """`create(key, staged.data)`, sharing the preparation between keys.
+
+        Every key gets the same bytes, each create exclusive and durable on its own; the
+        local backend links one durable file instead of writing and syncing each copy.
+        """
+        return self.create(key, staged.data)
 
     def create_in_place(self, key: str, data: bytes) -> bool:
         """`create`, allowed to write the final name directly (no temporary, no rename).

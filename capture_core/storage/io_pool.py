@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -41,6 +42,34 @@ async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
     would be left to do it.
     """
     return await asyncio.get_running_loop().run_in_executor(io_pool(), fn, *args)
+
+
+async def map_blocking(
+    fn: Callable[[T], Any], items: Sequence[T], concurrency: int
+) -> list[Any | Exception]:
+    """`fn` over `items` on the shared pool, at most `concurrency` at once; per item, in
+    order, what it returned or the exception it raised.
+
+    Each of the `concurrency` lanes is one hand-off to the pool that takes the next item as
+    it finishes one, so a batch of small blocking steps pays the event loop's round trip per
+    lane, not per item, and a slow item never holds up the items behind it.
+    """
+    results: list[Any | Exception] = [None] * len(items)
+    pending = deque(enumerate(items))
+
+    def lane() -> None:
+        while True:
+            try:
+                index, item = pending.popleft()
+            except IndexError:
+                return
+            try:
+                results[index] = fn(item)
+            except Exception as exc:
+                results[index] = exc
+
+    await asyncio.gather(*(run_blocking(lane) for _ in range(min(concurrency, len(items)))))
+    return results
 
 
 def _forget_after_fork() -> None:

@@ -28,7 +28,13 @@ from capture_core.errors import (
     StoreUnavailableError,
     UnreadableCaptureError,
 )
-from capture_core.storage.base import ByteStore, check_key, check_new_object, is_reserved
+from capture_core.storage.base import (
+    ByteStore,
+    StagedObject,
+    check_key,
+    check_new_object,
+    is_reserved,
+)
 
 TMP_DIR = ".tmp"
 
@@ -168,12 +174,26 @@ class LocalStore(ByteStore):
         return tmp
 
     def create(self, key: str, data: bytes) -> bool:
-        target = f"{self.root}/{check_new_object(key, data)}"
+        check_new_object(key, data)
+        with self.staged(data) as staged:
+            return self.create_staged(key, staged)
+
+    @contextlib.contextmanager
+    def staged(self, data: bytes) -> Iterator[StagedObject]:
+        """A durable temporary file holding `data`; each `create_staged` links it."""
+        check_new_object("a staged object", data)
         tmp = self._write_temporary(data)
         try:
-            return self._publish(tmp, target, os.path.dirname(target))
+            yield StagedObject(data, tmp)
         finally:
             _remove_quietly(tmp)
+
+    def create_staged(self, key: str, staged: StagedObject) -> bool:
+        """Link the staged file as `key`, then sync its folder: no data write, no data fsync."""
+        target = f"{self.root}/{check_new_object(key, staged.data)}"
+        if staged.path is None:
+            raise ValueError(f"{key}: not staged by this store; use its staged()")
+        return self._publish(staged.path, target, os.path.dirname(target))
 
     def create_in_place(self, key: str, data: bytes) -> bool:
         """O_EXCL create of the final name, write, fsync, fsync of the folder (grouped).

@@ -25,7 +25,7 @@ from capture_core.protocols import (
     TokenSource,
 )
 from capture_core.records import TokenEntry
-from capture_core.storage.io_pool import run_blocking
+from capture_core.storage.io_pool import map_blocking, run_blocking
 
 
 class CaptureStore(ABC):
@@ -168,27 +168,19 @@ async def drop_in_phases(
     returned, `DELETED` after each deleted capture. No capture is deleted before its own
     decision is durable.
     """
-    limit = asyncio.Semaphore(concurrency)
-
-    async def bounded(fn: Callable[..., Any], *args: Any) -> Any:
-        async with limit:
-            try:
-                return await run_blocking(fn, *args)
-            except Exception as exc:
-                return exc
-
-    decided = await asyncio.gather(*(bounded(decide, request) for request in drops))
+    decided = await map_blocking(decide, drops, concurrency)
     if checkpoint is not None:
         checkpoint(DECIDED)
 
-    async def finish(request: DropRequest, listed: Any) -> bool | Exception:
+    def finish(index: int) -> bool | Exception:
+        listed = decided[index]
         if listed is None:
             return False
         if isinstance(listed, Exception):
             return listed
-        deleted = await bounded(delete, request, listed)
+        deleted = delete(drops[index], listed)
         if deleted is True and checkpoint is not None:
             checkpoint(DELETED)
         return deleted
 
-    return list(await asyncio.gather(*map(finish, drops, decided)))
+    return await map_blocking(finish, range(len(drops)), concurrency)

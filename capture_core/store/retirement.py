@@ -4,14 +4,19 @@
 `RETIRED` holds the one retirement decision: a tombstone (drop retired exactly that
 snapshot) or a refusal (a loss was reported after the freeze). Both are proposed by a
 create of one key, so exactly one outcome holds for every client, without a lock service.
+A tombstone is written for a group of rollouts at once (`staged_tombstones`): one object
+names each rollout's snapshot, and each rollout's `RETIRED` is an exclusive create of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
 import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -24,7 +29,8 @@ from capture_core.errors import (
     is_transient,
 )
 from capture_core.ids import ROLLOUT_ID_PATTERN
-from capture_core.storage import ByteStore
+from capture_core.protocols import DropRequest
+from capture_core.storage import ByteStore, StagedObject
 from capture_core.store.capture_layout import FROZEN, MARKER, RETIRED, frozen_key, retired_key
 from capture_core.store.stored_json import encode_json
 
@@ -39,6 +45,16 @@ MIN_SWEEP_AGE_SECONDS = 3600.0
 _AGE = re.compile(r"([0-9]+)([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 SWEEP_CHUNK = 500  # rollouts whose decisions are read, and whose captures deleted, together
+TOMBSTONE_GROUP = 64  # rollouts whose tombstones are one staged object (bounds its size)
+GROUP_KEY = "retired"  # a group tombstone: {"retired": {rollout_id: {snapshot_id, version}}}
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A decision offered for one rollout's `RETIRED`, its bytes staged for the create."""
+
+    decision: dict[str, Any]
+    staged: StagedObject
 
 
 def claim_freeze(byte_store: ByteStore, rollout_id: str) -> str:
@@ -79,7 +95,7 @@ def read_decision(byte_store: ByteStore, rollout_id: str) -> dict[str, Any] | No
     return None if data is None else parse_decision(rollout_id, data)
 
 
-def decide(byte_store: ByteStore, rollout_id: str, proposal: dict[str, Any]) -> dict[str, Any]:
+def decide(byte_store: ByteStore, rollout_id: str, proposal: Proposal) -> dict[str, Any]:
     """Propose a decision for `RETIRED`; the first create wins, and everyone follows it.
 
     Drop proposes a tombstone, a loss reported after the freeze proposes a refusal.
@@ -87,8 +103,8 @@ def decide(byte_store: ByteStore, rollout_id: str, proposal: dict[str, Any]) -> 
     """
     key = retired_key(rollout_id)
     for _attempt in range(5):
-        if byte_store.create(key, encode_json(proposal)):
-            return proposal
+        if byte_store.create_staged(key, proposal.staged):
+            return proposal.decision
         winner = read_decision(byte_store, rollout_id)
         if winner is not None:
             return winner
@@ -98,26 +114,77 @@ def decide(byte_store: ByteStore, rollout_id: str, proposal: dict[str, Any]) -> 
     )
 
 
-def tombstone(snapshot_id: str, version: int) -> dict[str, Any]:
-    return {"snapshot_id": snapshot_id, "version": version, "retired_at": time.time()}
+@contextlib.contextmanager
+def staged_tombstones(byte_store: ByteStore, drops: Sequence[DropRequest]) -> Iterator[dict]:
+    """A tombstone proposal for each drop, keyed by the request; staged objects released after.
+
+    Up to `TOMBSTONE_GROUP` rollouts share one group tombstone naming each one's snapshot, so
+    the local backend writes and syncs one file per group and links it as each `RETIRED`
+    (one fsync, of the folder, per rollout). Each create stays exclusive per rollout, and a
+    reader takes only its own rollout's line: a group object copied to another rollout
+    does not name it and is unreadable there.
+    """
+    retired_at = time.time()
+    proposals: dict[DropRequest, Proposal] = {}
+    with contextlib.ExitStack() as stack:
+        for group in _tombstone_groups(drops):
+            named = {d.rollout_id: _line(d) for d in group}
+            document = {GROUP_KEY: named, "retired_at": retired_at}
+            staged = stack.enter_context(byte_store.staged(encode_json(document)))
+            for d in group:
+                proposals[d] = Proposal(named[d.rollout_id] | {"retired_at": retired_at}, staged)
+        yield proposals
 
 
-def refusal(reason: str) -> dict[str, Any]:
-    return {"refused": f"a loss was reported after the freeze: {reason}", "at": time.time()}
+def _line(drop: DropRequest) -> dict[str, Any]:
+    return {"snapshot_id": drop.snapshot_id, "version": drop.version}
+
+
+def _tombstone_groups(drops: Sequence[DropRequest]) -> Iterator[list[DropRequest]]:
+    """Consecutive groups of distinct rollouts, at most `TOMBSTONE_GROUP` each."""
+    group: list[DropRequest] = []
+    for drop in dict.fromkeys(drops):
+        if len(group) == TOMBSTONE_GROUP or any(d.rollout_id == drop.rollout_id for d in group):
+            yield group
+            group = []
+        group.append(drop)
+    if group:
+        yield group
+
+
+@contextlib.contextmanager
+def staged_refusal(byte_store: ByteStore, reason: str) -> Iterator[Proposal]:
+    """A refusal proposal: a loss was reported after the freeze, so retirement is refused."""
+    decision = {"refused": f"a loss was reported after the freeze: {reason}", "at": time.time()}
+    with byte_store.staged(encode_json(decision)) as staged:
+        yield Proposal(decision, staged)
 
 
 def parse_decision(rollout_id: str, data: bytes) -> dict[str, Any]:
+    """One rollout's decision from its `RETIRED` bytes: a group tombstone's line for it, a
+    single tombstone (written before group tombstones), or a refusal."""
+    why = "unexpected content"
     try:
-        decision = orjson.loads(data)
+        decision: Any = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        decision = exc
+        decision, why = None, str(exc)
+    if isinstance(decision, dict) and GROUP_KEY in decision:
+        decision, why = _group_line(rollout_id, decision), "a group tombstone not naming it"
     if not isinstance(decision, dict) or not ("snapshot_id" in decision or "refused" in decision):
         raise UnreadableCaptureError(
             f"rollout {rollout_id}: object {rollout_id}/{RETIRED} is not a retirement decision "
-            f"({decision if isinstance(decision, Exception) else 'unexpected content'}); "
-            "inspect it, then delete the rollout's capture"
+            f"({why}); inspect it, then delete the rollout's capture"
         )
     return decision
+
+
+def _group_line(rollout_id: str, document: dict[str, Any]) -> dict[str, Any] | None:
+    """The rollout's line of a group tombstone, with the group's time; None if it has none."""
+    named = document[GROUP_KEY]
+    line = named.get(rollout_id) if isinstance(named, dict) else None
+    if not isinstance(line, dict) or "snapshot_id" not in line or "refused" in line:
+        return None
+    return {**line, "retired_at": document.get("retired_at")}
 
 
 def is_tombstone(decision: dict[str, Any] | None) -> bool:

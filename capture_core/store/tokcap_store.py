@@ -10,6 +10,7 @@ The guarantees are described in docs/store.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -31,11 +32,13 @@ from capture_core.protocols import (
 )
 from capture_core.records import TokenEntry, coerce_token_entry
 from capture_core.storage import ByteStore, open_byte_store
+from capture_core.storage.io_pool import run_blocking
 from capture_core.store import capture_entries, compact, parent_index, retirement
 from capture_core.store import capture_layout as layout
 from capture_core.store.base import CaptureStore, drop_in_phases
 from capture_core.store.capture_layout import call_key
 from capture_core.store.nemo_gym_store import nemo_gym_store_for
+from capture_core.store.retirement import Proposal
 from capture_core.store.stored_json import encode_json
 
 SETTLE_SECONDS = 5.0
@@ -243,8 +246,8 @@ class TokenCaptureStore(CaptureStore):
         self._write_marker(rollout_id, model_call_id, reason)
         if not self._fence(rollout_id):
             return False
-        refusal = retirement.refusal(reason)
-        return retirement.is_tombstone(retirement.decide(self._bytes, rollout_id, refusal))
+        with retirement.staged_refusal(self._bytes, reason) as refusal:
+            return retirement.is_tombstone(retirement.decide(self._bytes, rollout_id, refusal))
 
     def _write_marker(self, rollout_id: str, model_call_id: str, reason: str) -> None:
         marker = {"model_call_id": model_call_id, "reason": reason, "at": time.time()}
@@ -318,7 +321,10 @@ class TokenCaptureStore(CaptureStore):
         Safe to repeat, also after a crash part-way: the tombstone names the snapshot.
         Call only after the finalized record was durably handed off.
         """
-        listed = self._decide_drop(rollout_id, snapshot_id, version)
+        validate_rollout_id(rollout_id)
+        request = DropRequest(rollout_id, snapshot_id=snapshot_id, version=version)
+        with retirement.staged_tombstones(self._bytes, [request]) as proposals:
+            listed = self._decide_drop(request, proposals[request])
         if listed is not None:
             self._delete_payloads(rollout_id, listed)
         return listed is not None
@@ -339,17 +345,25 @@ class TokenCaptureStore(CaptureStore):
         own = type(self).drop_now, type(self).drop
         if own != (TokenCaptureStore.drop_now, CaptureStore.drop):
             return await super().drop_many(drops, concurrency=concurrency, checkpoint=checkpoint)
-        return await drop_in_phases(
-            drops,
-            lambda d: self._decide_drop(d.rollout_id, d.snapshot_id, d.version),
-            self._delete_retired,
-            concurrency=concurrency,
-            checkpoint=checkpoint,
-        )
+        stack = contextlib.ExitStack()
+        try:
+            staged = retirement.staged_tombstones(self._bytes, drops)
+            proposals = await run_blocking(stack.enter_context, staged)
+            return await drop_in_phases(
+                drops,
+                lambda d: self._decide_drop(d, proposals[d]),
+                self._delete_retired,
+                concurrency=concurrency,
+                checkpoint=checkpoint,
+            )
+        finally:
+            await run_blocking(stack.close)
 
-    def _decide_drop(self, rollout_id: str, snapshot_id: str, version: int) -> list[str] | None:
-        """Take the retirement decision durably; the listing it was taken from when it
-        retires the snapshot (empty when an earlier drop decided), else `None`."""
+    def _decide_drop(self, request: DropRequest, tombstone: Proposal) -> list[str] | None:
+        """Take the retirement decision durably, proposing `tombstone`; the listing it was
+        taken from when it retires the snapshot (empty when an earlier drop decided), else
+        `None`."""
+        rollout_id, snapshot_id, version = request.rollout_id, request.snapshot_id, request.version
         validate_rollout_id(rollout_id)
         decision = retirement.read_decision(self._bytes, rollout_id)
         listed: list[str] = []
@@ -359,8 +373,7 @@ class TokenCaptureStore(CaptureStore):
             listed = self._bytes.list_prefix(rollout_id)
             if layout.version_of(layout.group_events(rollout_id, listed)) != version:
                 return None
-            proposal = retirement.tombstone(snapshot_id, version)
-            decision = retirement.decide(self._bytes, rollout_id, proposal)
+            decision = retirement.decide(self._bytes, rollout_id, tombstone)
         if not retirement.retires(decision, snapshot_id, version):
             return None
         self._parents.forget(rollout_id)

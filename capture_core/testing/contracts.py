@@ -12,6 +12,7 @@ This module imports no test framework: skips raise `unittest.SkipTest`, which py
 from __future__ import annotations
 
 import asyncio
+import time
 import unittest
 from collections.abc import Callable
 from typing import Any
@@ -100,6 +101,21 @@ class ByteStoreContract:
         assert not store.create("r/e/a", b"three")
         assert store.get("r/e/a") == b"one"
 
+    def test_staged_creates_are_exclusive_per_key_and_leave_no_temporary(self) -> None:
+        store = self.make_store()
+        assert store.create("r2/RETIRED", b"earlier")
+        with store.staged(b"shared") as staged:
+            assert store.create_staged("r1/RETIRED", staged)
+            assert not store.create_staged("r2/RETIRED", staged), "r2 existed"
+            assert store.create_staged("r3/RETIRED", staged)
+            assert not store.create_staged("r1/RETIRED", staged), "r1 was just created"
+        other = self.make_store()
+        read = [other.get(f"r{i}/RETIRED") for i in (1, 2, 3)]
+        assert read == [b"shared", b"earlier", b"shared"], read
+        assert store.list_children("") == ["r1", "r2", "r3"]
+        leftovers = store.remove_stale_temporaries(-1.0, time.time() + 60)
+        assert leftovers == 0, "the staged copy is released on exit"
+
     def test_empty_create_is_refused(self) -> None:
         store = self.make_store()
         for create in (store.create, store.create_in_place):
@@ -109,6 +125,11 @@ class ByteStoreContract:
                 assert "empty object r/e/empty" in str(exc)
             else:
                 raise ConformanceError(f"{create.__name__} accepted an empty object")
+        try:
+            with store.staged(b""):
+                raise ConformanceError("staged accepted an empty object")
+        except ValueError as exc:
+            assert "empty object" in str(exc)
         assert not store.exists("r/e/empty")
 
     def test_replace_overwrites(self) -> None:

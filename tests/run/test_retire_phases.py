@@ -21,7 +21,7 @@ from capture_core.protocols import DECIDED, DELETED, DropRequest
 from capture_core.run.crash_points import CRASH_ENV
 from capture_core.run.handoff import HandoffReceipt, retire_receipt
 from capture_core.storage import ByteStore, open_byte_store
-from capture_core.store import TokenCaptureStore
+from capture_core.store import TokenCaptureStore, retirement
 from capture_core.store.nemo_gym_store import NemoGymFileStore
 from tests.run.test_batch_concurrency import finalized_part, receipt_for
 from tests.store.test_torn_puts import turns
@@ -89,7 +89,7 @@ def test_a_retirement_killed_in_either_phase_fences_late_writers_and_its_rerun_c
 
     left = {f"r{i}": payloads(store, f"r{i}") for i in range(COUNT)}
     for rollout in receipt.rollouts:
-        decision = orjson.loads(store.byte_store.get(f"{rollout.rollout_id}/RETIRED") or b"{}")
+        decision = retirement.read_decision(store.byte_store, rollout.rollout_id) or {}
         assert (decision.get("snapshot_id"), decision.get("version")) == (
             rollout.snapshot_id,
             rollout.version,
