@@ -31,20 +31,24 @@ import logging
 import shutil
 import tempfile
 import time
-from array import array
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import orjson
+import pyarrow as pa
+from prefect.results import ResultRecord, ResultRecordMetadata
+from prefect.serializers import JSONSerializer
 
 from bench.ratios import alternate_sides, describe_seconds, median
+from capture_core.dataset import RowConsumer
 from capture_core.run.handoff import FinalizedBatch, finalize_batch, handoff_batch
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
 from capture_core.run.trainer_rows import batch_rows, read_rows, record_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from tasks.receipts import ReceiptStorage
 
 COLUMNS = ("token_ids", "generation_logprobs", "loss_mask")
 
@@ -91,10 +95,14 @@ def json_rows(finalized: FinalizedBatch) -> bytes:
 
 
 def parquet_tokens(data: bytes) -> list[list[np.ndarray]]:
-    """Every token id, log prob and mask position of a part as numpy arrays: `read_rows`
-    (what the consumer decodes), then each row group's list values (views, no copy; a row's
-    tokens are the slice its list offsets give)."""
-    table = read_rows(data)
+    """Every token id, log prob and mask position of a part as numpy arrays, decoded on the
+    calling thread (the work figure): `read_rows`, then `table_tokens`."""
+    return table_tokens(read_rows(data, use_threads=False))
+
+
+def table_tokens(table: pa.Table) -> list[list[np.ndarray]]:
+    """Each row group's list values as arrays: views of what pyarrow decoded, no copy (a
+    row's tokens are the slice its list offsets give)."""
     return [[chunk.flatten().to_numpy() for chunk in table.column(c).chunks] for c in COLUMNS]
 
 
@@ -104,18 +112,41 @@ def verified_parquet_tokens(data: bytes, sha256: str) -> list[list[np.ndarray]]:
     return parquet_tokens(data)
 
 
+def consumer_tokens(consumer: RowConsumer) -> list[list[np.ndarray]]:
+    """What a trainer does for a part: one pass of `RowConsumer` over the run (its receipt
+    listed and read, its cursor checked, its part read from the destination, verified and
+    decoded), then `table_tokens` of the part it yields."""
+    (part,) = list(consumer)
+    return table_tokens(part.table)
+
+
 def json_tokens(data: bytes, arrays: bool = True) -> list[dict]:
     """The JSON lines parsed with orjson (lists of Python numbers) and, with `arrays`, each
-    row's three columns as numpy arrays, each by the fastest conversion measured (an int8
-    mask through `bytes`, float32 log probs through `array("f")`)."""
+    row's three columns as numpy arrays, each by the fastest conversion measured (ids and
+    log probs through `np.fromiter` with their count, an int8 mask through `bytes`)."""
     rows = [orjson.loads(line) for line in data.splitlines()]
     if arrays:
         for r in rows:
-            r["token_ids"] = np.asarray(r["token_ids"], dtype=np.int32)
-            logprobs = array("f", r["generation_logprobs"])
-            r["generation_logprobs"] = np.frombuffer(logprobs, np.float32)
+            ids, logprobs = r["token_ids"], r["generation_logprobs"]
+            r["token_ids"] = np.fromiter(ids, np.int32, len(ids))
+            r["generation_logprobs"] = np.fromiter(logprobs, np.float32, len(logprobs))
             r["loss_mask"] = np.frombuffer(bytes(r["loss_mask"]), np.int8)
     return rows
+
+
+def json_file_tokens(path: str) -> list[dict]:
+    """`json_tokens` of the JSON lines read from a file (a trainer reading them from disk)."""
+    with open(path, "rb") as f:
+        return json_tokens(f.read())
+
+
+def handed_off(finalized: FinalizedBatch, dest: str) -> None:
+    """Hand the batch off to `dest` and persist its receipt as the upload task does (its
+    Prefect result record, through the run's receipt storage), so `RowConsumer` reads it."""
+    receipt = handoff_batch("bench", finalized, open_byte_store(dest))
+    metadata = ResultRecordMetadata(serializer=JSONSerializer(), storage_key=receipt.receipt_key)
+    record = ResultRecord(result=receipt, metadata=metadata)
+    ReceiptStorage(dest=dest, run_id="bench").write_path(receipt.receipt_key, record.serialize())
 
 
 @dataclasses.dataclass
@@ -160,6 +191,26 @@ class Clocks:
 
     def seconds(self, clock: str, side: str) -> str:
         return describe_seconds((self.cpu if clock == "cpu" else self.wall)[side])
+
+
+def trainer_reads(finalized: FinalizedBatch, as_json: bytes, dest: str, pairs: int) -> Clocks:
+    """Wall and process CPU seconds of a trainer's read of the part from a local destination,
+    `RowConsumer` with pyarrow's threads and on one thread, against reading the same rows'
+    JSON lines file from the same disk; sides alternated, each timed after an untimed call."""
+    handed_off(finalized, dest)
+    path = f"{dest}/rows.jsonl"
+    with open(path, "wb") as f:
+        f.write(as_json)
+    threaded = RowConsumer(dest, "bench", "bench")
+    single = RowConsumer(dest, "bench", "bench", use_threads=False)
+    sides = {
+        "JSON lines file": lambda: json_file_tokens(path),
+        "consumer": lambda: consumer_tokens(threaded),
+        "consumer, one thread": lambda: consumer_tokens(single),
+    }
+    clocks = Clocks()
+    alternate_sides({side: clocks.timed(side, fn, warm=True) for side, fn in sides.items()}, pairs)
+    return clocks
 
 
 def main() -> None:
@@ -214,6 +265,18 @@ def main() -> None:
                     f"  {side} faster than {baseline}: CPU {reads.ratio('cpu', baseline, side)}"
                     f"{goal}; wall {reads.ratio('wall', baseline, side)}"
                 )
+        trainer = trainer_reads(finalized, as_json, f"{work}/read", 3 * args.repetitions)
+        for side in trainer.wall:
+            print(
+                f"a trainer's read, {side}: wall {trainer.seconds('wall', side)}, "
+                f"CPU {trainer.seconds('cpu', side)}"
+            )
+        for side in ("consumer", "consumer, one thread"):
+            print(
+                f"  {side} faster than the JSON lines file: wall "
+                f"{trainer.ratio('wall', 'JSON lines file', side)}; goal >= 10x; CPU "
+                f"{trainer.ratio('cpu', 'JSON lines file', side)}"
+            )
         delivered = emitted(finalized)
         encode = Clocks(time.thread_time)
         alternate_sides({"encode": encode.timed("encode", lambda: batch_rows(delivered))}, 5)
