@@ -109,8 +109,8 @@ def parquet_tokens(data: bytes) -> list[list[np.ndarray]]:
 
 
 def table_tokens(table: pa.Table) -> list[list[np.ndarray]]:
-    """Each row group's list values as arrays: views of what pyarrow decoded, no copy (a
-    row's tokens are the slice its list offsets give)."""
+    """Each chunk's list values as arrays (a part's read gives one chunk per column): views
+    of what pyarrow decoded, no copy (a row's tokens are the slice its list offsets give)."""
     return [[chunk.flatten().to_numpy() for chunk in table.column(c).chunks] for c in COLUMNS]
 
 
