@@ -3,21 +3,28 @@
 For one batch of synthetic agent rollouts finalized from a local store:
 - bytes: the batch's Parquet rows part against the same rows (same columns, the records'
   own log probs) as orjson JSON lines; the JSONL records part is printed for context;
-- read every token: from bytes in memory to every token id, log prob and mask position of
-  every row in memory as numpy arrays (int32, float32, int8). Parquet: `read_rows` (what
-  `RowConsumer` decodes, on one thread) and each row group's list values as arrays, views
-  of what pyarrow decoded; "verified" adds the sha256 check the consumer makes first. JSON
-  lines: each line parsed with orjson into lists, then each row's three arrays made from
-  the lists; "json" is the parse alone. Sides alternate, each timed right after an untimed
-  call of its own, and what it made is freed after its clocks are read. The goal figure is
-  the median of the per-repetition ratios of the reading thread's CPU seconds (the work
-  done, less stretched by other processes' load than wall seconds), wall seconds beside;
+- read every token, a trainer's read (the goal figure): wall seconds from a local
+  destination holding the handed-off batch and its persisted receipt to every token id,
+  log prob and mask position of every row as numpy arrays (int32, float32, int8).
+  Parquet: one pass of `RowConsumer` (receipt listed and read, cursor checked, part read,
+  its sha256 checked, then decoded with pyarrow's default threading), then each row
+  group's list values as arrays, views of what pyarrow decoded; "one thread" is the same
+  consumer decoding on the iterating thread. JSON: the same rows' JSON lines file read from
+  the same disk, each line parsed with orjson into lists, then each row's three arrays made
+  by the fastest conversion measured. The goal figure is the median of the per-pair ratios
+  of wall seconds (what a trainer waits for), process CPU beside;
+- read every token, the work figure: the same from the part's bytes in memory, on one
+  thread (`read_rows(use_threads=False)`; "verified" adds the sha256 check the consumer
+  makes first; "json" is the parse alone), as the median of the per-pair ratios of the
+  reading thread's CPU seconds (the work done, less stretched by the shared machine's load
+  than wall seconds), wall beside. In both, sides alternate, each timed right after an
+  untimed call of its own, and what it made is freed after its clocks are read;
 - write: finalize and hand off the batch (freeze, rebuild, encode, create-only upload and
   read-back, as the upload task does) with `rows="parquet"` against `rows="none"`, sides
   alternated, each run to a fresh destination; the goal figure is the median of the
   per-pair ratios of wall seconds, CPU beside, and the rows' own CPU cost alone.
-Goals: bytes at most 0.35x, reading at least 10x faster, writing rows adds at most 15%.
-Prints medians, ranges and ratios; asserts nothing.
+Goals: bytes at most 0.35x, a trainer's read at least 10x faster, writing rows adds at most
+15%. Prints the load, medians, ranges and ratios; asserts nothing.
 Usage: .venv/bin/python -m bench.rows_bench [--rollouts N] [--turns T] [--repetitions R]
 """
 
@@ -28,23 +35,28 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
+import os
 import shutil
 import tempfile
 import time
-from array import array
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import orjson
+import pyarrow as pa
+from prefect.results import ResultRecord, ResultRecordMetadata
+from prefect.serializers import JSONSerializer
 
 from bench.ratios import alternate_sides, describe_seconds, median
+from capture_core.dataset import RowConsumer
 from capture_core.run.handoff import FinalizedBatch, finalize_batch, handoff_batch
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
 from capture_core.run.trainer_rows import batch_rows, read_rows, record_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from tasks.receipts import ReceiptStorage
 
 COLUMNS = ("token_ids", "generation_logprobs", "loss_mask")
 
@@ -91,10 +103,14 @@ def json_rows(finalized: FinalizedBatch) -> bytes:
 
 
 def parquet_tokens(data: bytes) -> list[list[np.ndarray]]:
-    """Every token id, log prob and mask position of a part as numpy arrays: `read_rows`
-    (what the consumer decodes), then each row group's list values (views, no copy; a row's
-    tokens are the slice its list offsets give)."""
-    table = read_rows(data)
+    """Every token id, log prob and mask position of a part as numpy arrays, decoded on the
+    calling thread (the work figure): `read_rows`, then `table_tokens`."""
+    return table_tokens(read_rows(data, use_threads=False))
+
+
+def table_tokens(table: pa.Table) -> list[list[np.ndarray]]:
+    """Each chunk's list values as arrays (a part's read gives one chunk per column): views
+    of what pyarrow decoded, no copy (a row's tokens are the slice its list offsets give)."""
     return [[chunk.flatten().to_numpy() for chunk in table.column(c).chunks] for c in COLUMNS]
 
 
@@ -104,18 +120,41 @@ def verified_parquet_tokens(data: bytes, sha256: str) -> list[list[np.ndarray]]:
     return parquet_tokens(data)
 
 
+def consumer_tokens(consumer: RowConsumer) -> list[list[np.ndarray]]:
+    """What a trainer does for a part: one pass of `RowConsumer` over the run (its receipt
+    listed and read, its cursor checked, its part read from the destination, verified and
+    decoded), then `table_tokens` of the part it yields."""
+    (part,) = list(consumer)
+    return table_tokens(part.table)
+
+
 def json_tokens(data: bytes, arrays: bool = True) -> list[dict]:
     """The JSON lines parsed with orjson (lists of Python numbers) and, with `arrays`, each
-    row's three columns as numpy arrays, each by the fastest conversion measured (an int8
-    mask through `bytes`, float32 log probs through `array("f")`)."""
+    row's three columns as numpy arrays, each by the fastest conversion measured (ids and
+    log probs through `np.fromiter` with their count, an int8 mask through `bytes`)."""
     rows = [orjson.loads(line) for line in data.splitlines()]
     if arrays:
         for r in rows:
-            r["token_ids"] = np.asarray(r["token_ids"], dtype=np.int32)
-            logprobs = array("f", r["generation_logprobs"])
-            r["generation_logprobs"] = np.frombuffer(logprobs, np.float32)
+            ids, logprobs = r["token_ids"], r["generation_logprobs"]
+            r["token_ids"] = np.fromiter(ids, np.int32, len(ids))
+            r["generation_logprobs"] = np.fromiter(logprobs, np.float32, len(logprobs))
             r["loss_mask"] = np.frombuffer(bytes(r["loss_mask"]), np.int8)
     return rows
+
+
+def json_file_tokens(path: str) -> list[dict]:
+    """`json_tokens` of the JSON lines read from a file (a trainer reading them from disk)."""
+    with open(path, "rb") as f:
+        return json_tokens(f.read())
+
+
+def handed_off(finalized: FinalizedBatch, dest: str) -> None:
+    """Hand the batch off to `dest` and persist its receipt as the upload task does (its
+    Prefect result record, through the run's receipt storage), so `RowConsumer` reads it."""
+    receipt = handoff_batch("bench", finalized, open_byte_store(dest))
+    metadata = ResultRecordMetadata(serializer=JSONSerializer(), storage_key=receipt.receipt_key)
+    record = ResultRecord(result=receipt, metadata=metadata)
+    ReceiptStorage(dest=dest, run_id="bench").write_path(receipt.receipt_key, record.serialize())
 
 
 @dataclasses.dataclass
@@ -162,6 +201,31 @@ class Clocks:
         return describe_seconds((self.cpu if clock == "cpu" else self.wall)[side])
 
 
+def trainer_reads(finalized: FinalizedBatch, as_json: bytes, dest: str, pairs: int) -> Clocks:
+    """Wall and process CPU seconds of a trainer's read of the part from a local destination,
+    `RowConsumer` with pyarrow's threads and on one thread, against reading the same rows'
+    JSON lines file from the same disk; sides alternated, each timed after an untimed call."""
+    handed_off(finalized, dest)
+    path = f"{dest}/rows.jsonl"
+    with open(path, "wb") as f:
+        f.write(as_json)
+    threaded = RowConsumer(dest, "bench", "bench")
+    single = RowConsumer(dest, "bench", "bench", use_threads=False)
+    sides = {
+        "JSON lines file": lambda: json_file_tokens(path),
+        "consumer": lambda: consumer_tokens(threaded),
+        "consumer, one thread": lambda: consumer_tokens(single),
+    }
+    clocks = Clocks()
+    alternate_sides({side: clocks.timed(side, fn, warm=True) for side, fn in sides.items()}, pairs)
+    return clocks
+
+
+def load() -> str:
+    """The machine's 1, 5 and 15 minute load averages."""
+    return ", ".join(f"{n:.2f}" for n in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rollouts", type=int, default=100)
@@ -172,6 +236,7 @@ def main() -> None:
     shape = RolloutShape(
         turns=args.turns, prompt_tokens=1024, generated_tokens=512, tool_tokens=256
     )
+    print(f"load {load()}")
     work = tempfile.mkdtemp(prefix="tokcap-rows-bench-")
     try:
         store, rollouts = f"{work}/store", f"{work}/rollouts.jsonl"
@@ -209,11 +274,25 @@ def main() -> None:
             )
         for baseline in ("json+arrays", "json"):
             for side in ("parquet", "parquet verified"):
-                goal = "; goal >= 10x" if baseline == "json+arrays" else ""
+                work_figure = side == "parquet" and baseline == "json+arrays"
                 print(
                     f"  {side} faster than {baseline}: CPU {reads.ratio('cpu', baseline, side)}"
-                    f"{goal}; wall {reads.ratio('wall', baseline, side)}"
+                    f"{' (the work figure)' if work_figure else ''}; "
+                    f"wall {reads.ratio('wall', baseline, side)}"
                 )
+        trainer = trainer_reads(finalized, as_json, f"{work}/read", 3 * args.repetitions)
+        for side in trainer.wall:
+            print(
+                f"a trainer's read, {side}: wall {trainer.seconds('wall', side)}, "
+                f"CPU {trainer.seconds('cpu', side)}"
+            )
+        for side in ("consumer", "consumer, one thread"):
+            goal = " (the goal figure, goal >= 10x)" if side == "consumer" else ""
+            print(
+                f"  {side} faster than the JSON lines file: wall "
+                f"{trainer.ratio('wall', 'JSON lines file', side)}{goal}; CPU "
+                f"{trainer.ratio('cpu', 'JSON lines file', side)}"
+            )
         delivered = emitted(finalized)
         encode = Clocks(time.thread_time)
         alternate_sides({"encode": encode.timed("encode", lambda: batch_rows(delivered))}, 5)
@@ -238,6 +317,7 @@ def main() -> None:
             f"  deriving and encoding the rows alone: CPU {encode.seconds('cpu', 'encode')}, "
             f"{share:.1%} of finalize's CPU without rows ({writes.seconds('cpu', 'none')})"
         )
+        print(f"load {load()}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -67,7 +67,12 @@ class RowPart:
 
 
 class RowConsumer:
-    """Consumer `name` of run `run_id`'s trainer rows at `dest` (a path or URL)."""
+    """Consumer `name` of run `run_id`'s trainer rows at `dest` (a path or URL).
+
+    A verified part is decoded on pyarrow's CPU thread pool (pyarrow's default), or with
+    `use_threads=False` on the iterating thread (a trainer already using every core, e.g.
+    one data-loading process per core).
+    """
 
     def __init__(
         self,
@@ -75,10 +80,12 @@ class RowConsumer:
         run_id: str,
         name: str,
         storage_options: Mapping[str, Any] | None = None,
+        use_threads: bool = True,
     ) -> None:
         self.layout = RunLayout(open_byte_store(dest, storage_options), run_id)
         self.name = validate_consumer_name(name)
         self.cursor = Cursor(self.layout, self.name, token=uuid.uuid4().hex)
+        self.use_threads = use_threads
 
     def __iter__(self) -> Iterator[RowPart]:
         """Every rows part not yet acknowledged by this name, verified, in batch order."""
@@ -117,5 +124,5 @@ class RowConsumer:
         data = verified_bytes(
             self.layout.dest, receipt, rows.key, rows.bytes, rows.sha256, NOT_YIELDED
         )
-        table = read_rows(data)
+        table = read_rows(data, self.use_threads)
         return RowPart(rows.key, receipt.batch, receipt.receipt_key, table)

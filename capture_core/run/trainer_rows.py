@@ -282,11 +282,13 @@ def count_rows(data: bytes) -> int:
     return pq.read_metadata(pa.BufferReader(data)).num_rows
 
 
-def read_rows(data: bytes) -> pa.Table:
+def read_rows(data: bytes, use_threads: bool = True) -> pa.Table:
     """A rows part's bytes as a table (the caller has verified them).
 
-    Decoded on the calling thread: a part is a few MB, and pyarrow's thread pool was slower
-    than one thread on a busy machine (a trainer reads parts while it trains). Read through
-    `ParquetFile`, not `read_table`, which goes through the dataset layer for no gain here.
+    By default decoded as pyarrow decodes by default: its columns in parallel on pyarrow's
+    CPU thread pool (`pyarrow.set_cpu_count` sizes it), so a reader with a free core waits
+    for about its largest column, not the sum. `use_threads=False` decodes on the calling
+    thread. Read through `ParquetFile`, not `read_table`, which goes through the dataset
+    layer for no gain here.
     """
-    return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
+    return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=use_threads)

@@ -95,6 +95,12 @@ def test_rows_parts_hold_exactly_the_delivered_tokens(locations) -> None:
             receipt.part_key
         )
         rows += read_rows(data).to_pylist()
+    tables = [read_rows(dest.get(r.rows.key) or b"") for r in receipts if r.rows is not None]
+    single = RowConsumer(
+        locations["dest"], "rows", "one-thread", locations["options"], use_threads=False
+    )
+    for reader in (consumer(locations, "rows"), single):
+        assert [part.table for part in reader] == tables, "both decodings yield the part's rows"
     delivered = [r for r in dest_records(locations["dest"], "rows", locations["options"])]
     expected = {}
     for record in delivered:
@@ -151,6 +157,11 @@ def test_a_rows_part_edited_after_its_receipt_is_never_yielded(locations) -> Non
     assert edited in str(refused.value) and "run edited" in str(refused.value)
     assert "not yielded" in str(refused.value)
     assert seen == [rows_keys(locations, "edited")[0]]
+    single = RowConsumer(
+        locations["dest"], "edited", "trainer", locations["options"], use_threads=False
+    )
+    with pytest.raises(PartMismatchError, match="not yielded"):
+        next(iter(single))
     reader.ack(edited)  # a trainer that acknowledges without reading: retire still verifies
     with pytest.raises(RunFailedError, match="retirement failed"):
         retire_uploaded(
