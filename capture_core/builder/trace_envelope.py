@@ -114,13 +114,16 @@ def _check_spans(
     parsed: list[tuple[str, int, int]] = []
     in_order = True
     last_end = 0
+    # The tests of `_is_mapping` and `_is_int` written out: this loop runs once per span.
     for k, span in enumerate(spans):
-        if not _is_mapping(span) or not span.keys() >= _SPAN_KEYS:
+        if (type(span) is not dict and not isinstance(span, Mapping)) or not (
+            span.keys() >= _SPAN_KEYS
+        ):
             raise _fail(
                 f"{where}.sampled_spans[{k}]", f"must be an object with {list(SPAN_FIELDS)}"
             )
         call, start, end = span["model_call_id"], span["start"], span["end"]
-        if not (_is_int(start) and _is_int(end)) or not 0 < start < end <= n:
+        if type(start) is not int or type(end) is not int or not 0 < start < end <= n:
             raise _fail(
                 f"{where}.sampled_spans[{k}]",
                 f"[{start!r}, {end!r}) is not a non-empty range after position 0",
@@ -130,7 +133,8 @@ def _check_spans(
                 f"{where}.sampled_spans[{k}]",
                 f"names call {call!r}, which is not among the row's model_call_ids",
             )
-        in_order = in_order and start >= last_end
+        if start < last_end:
+            in_order = False
         last_end = end
         parsed.append((call, start, end))
     if not in_order:
