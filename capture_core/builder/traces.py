@@ -193,9 +193,10 @@ class _Plan:
         """Decide every call's fate; raise `_Unsafe` when the capture must mask."""
         distinct = _distinct_by_id(self.records)
         with_tokens = [r for r in distinct if r.generation_token_ids]
-        self.early = {
-            r.model_call_id: EMPTY_GENERATION for r in distinct if not r.generation_token_ids
-        }
+        if len(with_tokens) < len(distinct):
+            self.early = {
+                r.model_call_id: EMPTY_GENERATION for r in distinct if not r.generation_token_ids
+            }
         self.calls, twins = _collapse_identical(sorted(with_tokens, key=call_order))
         self.early.update(dict.fromkeys(twins, IDENTICAL_DUPLICATE))
         if not self.calls:
@@ -358,7 +359,7 @@ class _Plan:
             if excluded:
                 below = [kid for kid in below if kid not in excluded]
             if below:
-                stack.extend((kid, depth + 1) for kid in reversed(below))
+                stack += [(kid, depth + 1) for kid in reversed(below)]
             else:
                 rows.append((path.copy(), path[owned:]))
                 owned = len(path)
@@ -419,6 +420,9 @@ def _same_tokens(a: TokenEntry, b: TokenEntry) -> bool:
 def _collapse_identical(calls: list[TokenEntry]) -> tuple[list[TokenEntry], dict[str, str]]:
     """Calls with pairwise different tokens (the smallest id of each identical set), and each
     left-out twin's representative. Twins train the same tokens: one of them is owned."""
+    sizes = [(len(call.prompt_token_ids), len(call.generation_token_ids)) for call in calls]
+    if len(set(sizes)) == len(sizes):
+        return calls, {}  # twins have equal sizes: the usual case reads no token
     keys = [
         (len(call.prompt_token_ids), joined_key(call.prompt_token_ids, call.generation_token_ids))
         for call in calls
@@ -460,6 +464,9 @@ def _partition(members: Sequence[Any], same: Any) -> list[list[Any]]:
 
 def _same_prompt_groups(calls: list[TokenEntry]) -> list[list[int]]:
     """Positions of calls sharing one prompt (two or more), deepest prompts first."""
+    lengths = [len(c.prompt_token_ids) for c in calls]
+    if len(set(lengths)) == len(lengths):
+        return []  # one prompt has one length: the usual case reads no token
     keys = [
         prefix_key(c.prompt_token_ids, len(c.prompt_token_ids)) if c.prompt_token_ids else (0,)
         for c in calls
