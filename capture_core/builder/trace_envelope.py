@@ -35,6 +35,9 @@ TRACE_FIELDS = (
     "sampled_spans",
 )
 SPAN_FIELDS = ("model_call_id", "start", "end")
+ZERO_LOG_PROB = 0.0
+"""The log prob of a position no span owns; the builder fills rows with this one object, so
+the check's comparison of a gap with it is a pointer comparison per position."""
 _TRACE_KEYS, _SPAN_KEYS = frozenset(TRACE_FIELDS), frozenset(SPAN_FIELDS)
 
 
@@ -101,7 +104,9 @@ def _check_header(envelope: Any, rollout_id: str | None) -> list[Any]:
     return traces
 
 
-def _check_spans(spans: Any, calls: list[str], where: str, n: int) -> list[tuple[str, int, int]]:
+def _check_spans(
+    spans: Any, calls: Collection[str], where: str, n: int
+) -> list[tuple[str, int, int]]:
     """The spans of a row of `n` positions, ordered by position: each a non-empty range after
     position 0, naming one of the row's calls, none overlapping another."""
     if not isinstance(spans, list):
@@ -109,13 +114,16 @@ def _check_spans(spans: Any, calls: list[str], where: str, n: int) -> list[tuple
     parsed: list[tuple[str, int, int]] = []
     in_order = True
     last_end = 0
+    # The tests of `_is_mapping` and `_is_int` written out: this loop runs once per span.
     for k, span in enumerate(spans):
-        if not _is_mapping(span) or not span.keys() >= _SPAN_KEYS:
+        if (type(span) is not dict and not isinstance(span, Mapping)) or not (
+            span.keys() >= _SPAN_KEYS
+        ):
             raise _fail(
                 f"{where}.sampled_spans[{k}]", f"must be an object with {list(SPAN_FIELDS)}"
             )
         call, start, end = span["model_call_id"], span["start"], span["end"]
-        if not (_is_int(start) and _is_int(end)) or not 0 < start < end <= n:
+        if type(start) is not int or type(end) is not int or not 0 < start < end <= n:
             raise _fail(
                 f"{where}.sampled_spans[{k}]",
                 f"[{start!r}, {end!r}) is not a non-empty range after position 0",
@@ -125,7 +133,8 @@ def _check_spans(spans: Any, calls: list[str], where: str, n: int) -> list[tuple
                 f"{where}.sampled_spans[{k}]",
                 f"names call {call!r}, which is not among the row's model_call_ids",
             )
-        in_order = in_order and start >= last_end
+        if start < last_end:
+            in_order = False
         last_end = end
         parsed.append((call, start, end))
     if not in_order:
@@ -158,15 +167,16 @@ def _check_trace(trace: Any, where: str, rollout_id: str) -> list[tuple[str, int
         raise _fail(f"{where}.loss_mask", f"must be a list of {n} values of 0 or 1")
     if n and mask[0] != 0:
         raise _fail(f"{where}.loss_mask", "trains the first position, which has no context")
-    spans = _check_spans(trace["sampled_spans"], calls, where, n)
+    spans = _check_spans(trace["sampled_spans"], set(calls), where, n)
     expected = bytearray(n)
     gap_start = 0
     for _, start, end in spans:
         expected[start:end] = b"\x01" * (end - start)
-        if any(logprobs[gap_start:start]):
+        # Equal to 0.0 everywhere: the finite sum above already refused non-numbers.
+        if logprobs[gap_start:start].count(ZERO_LOG_PROB) != start - gap_start:
             raise _fail(f"{where}.generation_logprobs", "is not 0.0 outside the sampled spans")
         gap_start = end
-    if any(logprobs[gap_start:]):
+    if logprobs[gap_start:].count(ZERO_LOG_PROB) != n - gap_start:
         raise _fail(f"{where}.generation_logprobs", "is not 0.0 outside the sampled spans")
     try:
         exact = bytes(mask) == expected

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ from capture_core.builder.terminal import (
 from capture_core.builder.trace_envelope import (
     ENVELOPE_BUILDERS,
     SCHEMA_VERSION,
+    ZERO_LOG_PROB,
     TraceEnvelopeError,
     check_envelope,
 )
@@ -68,7 +69,7 @@ EXCLUSION_REASONS = (
 )
 # A generation this short may occur in another prompt by chance; it is no evidence of order.
 MIN_SEEN_GENERATION = 8
-_ZERO, _OFF, _ON = [0.0], [0], [1]
+_ZERO, _OFF, _ON = [ZERO_LOG_PROB], [0], [1]
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ class TraceBuild:
 
     def excluded_counts(self) -> dict[str, int]:
         """Left-out calls per reason, reasons sorted."""
+        if not self.excluded:
+            return {}
         return dict(sorted(Counter(self.excluded.values()).items()))
 
 
@@ -171,8 +174,11 @@ class _Plan:
         self.excluded: dict[int, str] = {}
         self.forest: CallForest | None = None
         self._kept: list[int] = []
+        self._own_items: dict[int, tuple] = {}
 
     def excluded_ids(self) -> dict[str, str]:
+        if not self.excluded and not self.early:
+            return {}
         named = {self.calls[i].model_call_id: why for i, why in self.excluded.items()}
         return dict(sorted({**self.early, **named}.items()))
 
@@ -187,9 +193,10 @@ class _Plan:
         """Decide every call's fate; raise `_Unsafe` when the capture must mask."""
         distinct = _distinct_by_id(self.records)
         with_tokens = [r for r in distinct if r.generation_token_ids]
-        self.early = {
-            r.model_call_id: EMPTY_GENERATION for r in distinct if not r.generation_token_ids
-        }
+        if len(with_tokens) < len(distinct):
+            self.early = {
+                r.model_call_id: EMPTY_GENERATION for r in distinct if not r.generation_token_ids
+            }
         self.calls, twins = _collapse_identical(sorted(with_tokens, key=call_order))
         self.early.update(dict.fromkeys(twins, IDENTICAL_DUPLICATE))
         if not self.calls:
@@ -208,7 +215,10 @@ class _Plan:
             self._exclude_after(terminal)
         self._settle_groups(terminal)
         excluded = self.excluded
-        self._kept = kept = [i for i in range(len(self.calls)) if i not in excluded]
+        everything = range(len(self.calls))
+        self._kept = kept = (
+            [i for i in everything if i not in excluded] if excluded else [*everything]
+        )
         if not kept:
             raise _Unsafe("no call is left to train once the excluded calls are left out")
         if any(not self.calls[i].prompt_token_ids for i in kept):
@@ -250,15 +260,22 @@ class _Plan:
             on_path = set(self.forest.path_to(terminal))
             scored_at = self.calls[terminal].created_at
             for i, call in enumerate(self.calls):
-                if i in after or i in on_path or len(call.prompt_token_ids) < len(generation):
-                    continue
                 if 0 < call.created_at < scored_at:
                     continue  # captured before the scored call: it cannot have seen the answer
+                if i in after or i in on_path or len(call.prompt_token_ids) < len(generation):
+                    continue
                 if _holds(call.prompt_token_ids, needle):
                     after.add(i)
                     after.update(self._subtree(i))
         for i in after:
             self.excluded.setdefault(i, AFTER_SCORED)
+
+    def _own(self, i: int) -> tuple:
+        """Call `i`'s own model-authored items, read once per build."""
+        own = self._own_items.get(i)
+        if own is None:
+            own = self._own_items[i] = own_items(self.calls[i].output_items)
+        return own
 
     def _abandon(self, i: int) -> None:
         self.excluded[i] = ABANDONED_TRY
@@ -281,10 +298,10 @@ class _Plan:
                 continue
             if terminal in live:
                 used = [terminal]
-            elif _tied(self.calls, live, reading):
+            elif _tied(self._own, live, reading):
                 used = [i for i in live if self._continues(i, reading)]
             else:
-                used = [i for i in live if children.get(i) or _named(self.calls, i, live, reading)]
+                used = [i for i in live if children.get(i) or _named(self._own, i, live, reading)]
             if used:
                 for i in live:
                     if i not in used:
@@ -302,20 +319,17 @@ class _Plan:
     def _continues(self, i: int, reading: tuple) -> bool:
         """Whether a later turn of the scored transcript was made on top of call `i`."""
         for j in self._subtree(i):
-            own = own_items(self.calls[j].output_items)
+            own = self._own(j)
             if own and _runs_in(own, reading):
                 return True
         return False
 
     def envelope(self, builder: str) -> dict[str, Any]:
         """The envelope of the kept calls: rows in a deterministic order, each call owned once."""
-        rows = self._rows() if builder == "prefix_merging" else [[i] for i in self.kept()]
-        owned: set[int] = set()
-        traces = []
-        for path in rows:
-            owners = [i for i in path if i not in owned] if builder == "prefix_merging" else path
-            owned.update(owners)
-            traces.append(self._trace(path, owners, builder))
+        if builder == "prefix_merging":
+            traces = [self._trace(path, owners) for path, owners in self._rows()]
+        else:
+            traces = [self._trace([i], [i]) for i in self.kept()]
         return {
             "schema_version": SCHEMA_VERSION,
             "rollout_id": self.rollout_id,
@@ -323,50 +337,51 @@ class _Plan:
             "traces": traces,
         }
 
-    def _rows(self) -> list[list[int]]:
-        """Every root-to-leaf path of the kept calls, depth first, children in call order."""
+    def _rows(self) -> list[tuple[list[int], list[int]]]:
+        """Every root-to-leaf path of the kept calls, depth first, children in call order, each
+        with its owners: the calls no earlier row holds (the path below where it branches)."""
         assert self.forest is not None
-        kept = set(self.kept())
-        # Children are linked in position order, which is call order: no sort needed.
-        kids = {i: [c for c in self.forest.children.get(i, ()) if c in kept] for i in kept}
-        rows: list[list[int]] = []
-        roots = sorted(i for i in kept if self.forest.parent[i] is None)
-        if any(
-            self.forest.parent[i] not in kept for i in kept if self.forest.parent[i] is not None
-        ):
+        parent, children, excluded = self.forest.parent, self.forest.children, self.excluded
+        kept = self.kept()
+        if excluded and any(parent[i] is not None and parent[i] in excluded for i in kept):
             raise _Unsafe("a kept call extends a call that was left out")
-        stack = [[root] for root in reversed(roots)]
+        # Positions are in call order and children are linked in position order: no sort.
+        stack = [(root, 0) for root in reversed(kept) if parent[root] is None]
+        rows: list[tuple[list[int], list[int]]] = []
+        path: list[int] = []
+        owned = 0  # how much of `path` an earlier row holds
         while stack:
-            path = stack.pop()
-            below = kids[path[-1]]
-            if not below:
-                rows.append(path)
-            stack.extend([*path, kid] for kid in reversed(below))
+            node, depth = stack.pop()
+            del path[depth:]
+            owned = min(owned, depth)
+            path.append(node)
+            below = children.get(node, ())
+            if excluded:
+                below = [kid for kid in below if kid not in excluded]
+            if below:
+                stack += [(kid, depth + 1) for kid in reversed(below)]
+            else:
+                rows.append((path.copy(), path[owned:]))
+                owned = len(path)
         return rows
 
-    def _trace(self, path: list[int], owners: list[int], builder: str) -> dict[str, Any]:
+    def _trace(self, path: list[int], owners: list[int]) -> dict[str, Any]:
         """One row: the path's tokens, with the owners' generations as its spans."""
         calls = self.calls
         # Each prompt on a path extends the call before it, so the row is the leaf's
         # prompt plus generation (`check_envelope` verifies every span against its call).
         leaf_call = calls[path[-1]]
         tokens = leaf_call.prompt_token_ids + leaf_call.generation_token_ids
-        logprobs: list[float] = []
-        mask: list[int] = []
+        n = len(tokens)
+        logprobs, mask = _ZERO * n, _OFF * n
         spans = []
-        at = 0
         for i in owners:  # in path order, so spans come in position order
             call = calls[i]
             start = len(call.prompt_token_ids)
             end = start + len(call.generation_token_ids)
-            logprobs += _ZERO * (start - at)
-            logprobs += call.generation_log_probs
-            mask += _OFF * (start - at)
-            mask += _ON * (end - start)
+            logprobs[start:end] = call.generation_log_probs
+            mask[start:end] = _ON * (end - start)
             spans.append({"model_call_id": call.model_call_id, "start": start, "end": end})
-            at = end
-        logprobs += _ZERO * (len(tokens) - at)
-        mask += _OFF * (len(tokens) - at)
         return {
             "trace_id": f"{self.rollout_id}:{leaf_call.model_call_id}",
             "model_call_ids": [calls[i].model_call_id for i in path],
@@ -379,6 +394,8 @@ class _Plan:
 
 def _distinct_by_id(records: list[TokenEntry]) -> list[TokenEntry]:
     """One record per call id; two different records under one id are unsafe."""
+    if len({record.model_call_id for record in records}) == len(records):
+        return records  # the usual case: every id once
     by_id: dict[str, TokenEntry] = {}
     for record in records:
         seen = by_id.setdefault(record.model_call_id, record)
@@ -403,6 +420,9 @@ def _same_tokens(a: TokenEntry, b: TokenEntry) -> bool:
 def _collapse_identical(calls: list[TokenEntry]) -> tuple[list[TokenEntry], dict[str, str]]:
     """Calls with pairwise different tokens (the smallest id of each identical set), and each
     left-out twin's representative. Twins train the same tokens: one of them is owned."""
+    sizes = [(len(call.prompt_token_ids), len(call.generation_token_ids)) for call in calls]
+    if len(set(sizes)) == len(sizes):
+        return calls, {}  # twins have equal sizes: the usual case reads no token
     keys = [
         (len(call.prompt_token_ids), joined_key(call.prompt_token_ids, call.generation_token_ids))
         for call in calls
@@ -444,6 +464,9 @@ def _partition(members: Sequence[Any], same: Any) -> list[list[Any]]:
 
 def _same_prompt_groups(calls: list[TokenEntry]) -> list[list[int]]:
     """Positions of calls sharing one prompt (two or more), deepest prompts first."""
+    lengths = [len(c.prompt_token_ids) for c in calls]
+    if len(set(lengths)) == len(lengths):
+        return []  # one prompt has one length: the usual case reads no token
     keys = [
         prefix_key(c.prompt_token_ids, len(c.prompt_token_ids)) if c.prompt_token_ids else (0,)
         for c in calls
@@ -467,15 +490,15 @@ def _transcript_reading(terminal: TerminalInputs | None) -> tuple:
         return ()
 
 
-def _named(calls: list[TokenEntry], i: int, group: list[int], reading: tuple) -> bool:
+def _named(own_of: Callable[[int], tuple], i: int, group: list[int], reading: tuple) -> bool:
     """Whether the scored transcript holds this try's own items, and no other try's."""
-    own = own_items(calls[i].output_items)
+    own = own_of(i)
     if not own or not _runs_in(own, reading):
         return False
-    return all(own_items(calls[j].output_items) != own for j in group if j != i)
+    return all(own_of(j) != own for j in group if j != i)
 
 
-def _tied(calls: list[TokenEntry], group: list[int], reading: tuple) -> bool:
+def _tied(own_of: Callable[[int], tuple], group: list[int], reading: tuple) -> bool:
     """Whether two tries said the same thing and the scored transcript holds it.
 
     Then either may be the one the transcript shows, and a later call extending one (a
@@ -483,7 +506,7 @@ def _tied(calls: list[TokenEntry], group: list[int], reading: tuple) -> bool:
     """
     seen: set[tuple] = set()
     for i in group:
-        own = own_items(calls[i].output_items)
+        own = own_of(i)
         if own and own in seen and _runs_in(own, reading):
             return True
         seen.add(own)

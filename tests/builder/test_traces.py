@@ -258,6 +258,15 @@ BROKEN = {
     "first position trains": lambda e: e["traces"][0]["loss_mask"].__setitem__(0, 1),
     "mask beyond spans": lambda e: e["traces"][0]["loss_mask"].__setitem__(3, 1),
     "log prob outside spans": lambda e: e["traces"][0]["generation_logprobs"].__setitem__(3, -1.0),
+    "tiny log prob outside spans": lambda e: e["traces"][0]["generation_logprobs"].__setitem__(
+        1, 1e-300
+    ),
+    "nan outside spans": lambda e: e["traces"][0]["generation_logprobs"].__setitem__(
+        3, float("nan")
+    ),
+    "null outside spans": lambda e: e["traces"][0]["generation_logprobs"].__setitem__(1, None),
+    "text outside spans": lambda e: e["traces"][0]["generation_logprobs"].__setitem__(1, "0"),
+    "float mask": lambda e: e["traces"][0]["loss_mask"].__setitem__(2, 1.0),
     "negative id": lambda e: e["traces"][0]["token_ids"].__setitem__(0, -1),
     "string id": lambda e: e["traces"][0]["token_ids"].__setitem__(0, "1"),
     "wrong trace id": lambda e: e["traces"][0].update(trace_id="r:a"),
@@ -273,6 +282,16 @@ def test_check_envelope_refuses_each_broken_rule(name: str) -> None:
     check_envelope(_valid(), "r")
     with pytest.raises(TraceEnvelopeError, match="training_traces"):
         check_envelope(_broken(BROKEN[name]), "r")
+
+
+def test_any_zero_outside_the_spans_is_accepted() -> None:
+    """A gap is compared with 0.0 by value: a parsed `0`, `0.0` or `-0.0` is not refused."""
+    calls = {"a": token_call("a", [1, 2], [3]), "b": token_call("b", [1, 2, 3, 4], [5, 6])}
+    for zero in (0, 0.0, -0.0):
+        envelope = _broken(
+            lambda e, z=zero: e["traces"][0]["generation_logprobs"].__setitem__(3, z)
+        )
+        check_envelope(envelope, "r", calls=calls, owners=["a", "b"])
 
 
 def test_check_envelope_against_the_capture_refuses_other_tokens() -> None:
