@@ -81,6 +81,8 @@ class ByteStore(ABC):
     """Create-only object storage with durable writes and uncached listings."""
 
     url: str
+    shares_staged: bool = False
+    """Whether `create_staged` shares one write between keys (worth grouping creates for)."""
 
     @abstractmethod
     def get(self, key: str) -> bytes | None:

@@ -12,7 +12,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -44,21 +44,36 @@ async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(io_pool(), fn, *args)
 
 
+LANE_ITEMS = 8  # items a lane runs per hand-off to the pool, before it lets others in
+
+
 async def map_blocking(
-    fn: Callable[[T], Any], items: Sequence[T], concurrency: int
-) -> list[Any | Exception]:
+    fn: Callable[[T], Any],
+    items: Sequence[T],
+    concurrency: int,
+    after: Callable[[Any], None] | None = None,
+) -> list[Any]:
     """`fn` over `items` on the shared pool, at most `concurrency` at once; per item, in
-    order, what it returned or the exception it raised.
+    order, what it returned or the `Exception` it raised.
 
-    Each of the `concurrency` lanes is one hand-off to the pool that takes the next item as
-    it finishes one, so a batch of small blocking steps pays the event loop's round trip per
-    lane, not per item, and a slow item never holds up the items behind it.
+    Each lane hands `LANE_ITEMS` items at a time to the pool, taking the next item as it
+    finishes one: a batch of small blocking steps pays the event loop's round trip per few
+    items, not per item, other work on the pool interleaves, and a slow item never holds
+    up the items behind it. `after(result)` runs in the item's thread once it is done; an
+    error there, a `BaseException` from `fn`, or the caller's cancellation stops every lane
+    before its next item, waits for the items in flight, and is raised.
     """
-    results: list[Any | Exception] = [None] * len(items)
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+    results: list[Any] = [None] * len(items)
     pending = deque(enumerate(items))
+    stop = threading.Event()
+    in_flight: set[Future[None]] = set()
 
-    def lane() -> None:
-        while True:
+    def run_some() -> None:
+        for _ in range(LANE_ITEMS):
+            if stop.is_set() or not pending:
+                return
             try:
                 index, item = pending.popleft()
             except IndexError:
@@ -67,8 +82,22 @@ async def map_blocking(
                 results[index] = fn(item)
             except Exception as exc:
                 results[index] = exc
+            if after is not None:
+                after(results[index])
 
-    await asyncio.gather(*(run_blocking(lane) for _ in range(min(concurrency, len(items)))))
+    async def lane() -> None:
+        while pending and not stop.is_set():
+            future = io_pool().submit(run_some)
+            in_flight.add(future)
+            await asyncio.wrap_future(future)
+            in_flight.discard(future)
+
+    try:
+        await asyncio.gather(*(lane() for _ in range(min(concurrency, len(items)))))
+    except BaseException:
+        stop.set()
+        wait(list(in_flight))  # at most one item each: no lane outlives this call
+        raise
     return results
 
 

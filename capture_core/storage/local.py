@@ -96,6 +96,8 @@ class _GroupDirSync:
 class LocalStore(ByteStore):
     """A byte store rooted at an absolute local path."""
 
+    shares_staged = True
+
     def __init__(self, root: str) -> None:
         if not os.path.isabs(root):
             raise InvalidInputError(f"local store root {root!r} must be an absolute path")
@@ -240,6 +242,12 @@ class LocalStore(ByteStore):
             except FileExistsError:
                 return False
             except FileNotFoundError:
+                if not os.path.exists(tmp):
+                    raise CaptureStoreError(
+                        f"could not publish {target}: its temporary {tmp} was removed while "
+                        "in use (a sweep of temporaries older than an hour, or another tool "
+                        "cleaning .tmp/); the write is safe to retry"
+                    ) from None
                 self._forget_dir(folder)  # removed by a concurrent delete; recreate it
                 continue
             try:

@@ -158,17 +158,21 @@ async def drop_in_phases(
     *,
     concurrency: int,
     checkpoint: DropCheckpoint = None,
+    after_decisions: Callable[[], None] | None = None,
 ) -> DropResults:
     """`drop_many` in two phases: every rollout's decision durable, then the deletions.
 
     `decide` takes one rollout's decision durably and returns what `delete` needs to delete
     its capture, or None when the snapshot is not retired; `delete` returns whether it
     deleted (False: the decision no longer stands, say the id was cleared meanwhile). Both
-    run on the I/O pool, up to `concurrency` at once; `DECIDED` is told once every decision
-    returned, `DELETED` after each deleted capture. No capture is deleted before its own
-    decision is durable.
+    run on the I/O pool (`map_blocking`), up to `concurrency` at once. `after_decisions`
+    runs on the pool once every decision returned (say, to release what they shared),
+    then `DECIDED` is told; `DELETED` is told, from the deleting thread, after each deleted
+    capture. No capture is deleted before its own decision is durable.
     """
     decided = await map_blocking(decide, drops, concurrency)
+    if after_decisions is not None:
+        await run_blocking(after_decisions)
     if checkpoint is not None:
         checkpoint(DECIDED)
 
@@ -178,9 +182,10 @@ async def drop_in_phases(
             return False
         if isinstance(listed, Exception):
             return listed
-        deleted = delete(drops[index], listed)
-        if deleted is True and checkpoint is not None:
-            checkpoint(DELETED)
-        return deleted
+        return delete(drops[index], listed)
 
-    return await map_blocking(finish, range(len(drops)), concurrency)
+    def deleted(result: Any) -> None:
+        if result is True and checkpoint is not None:
+            checkpoint(DELETED)
+
+    return await map_blocking(finish, range(len(drops)), concurrency, after=deleted)

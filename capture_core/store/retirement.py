@@ -4,7 +4,7 @@
 `RETIRED` holds the one retirement decision: a tombstone (drop retired exactly that
 snapshot) or a refusal (a loss was reported after the freeze). Both are proposed by a
 create of one key, so exactly one outcome holds for every client, without a lock service.
-A tombstone is written for a group of rollouts at once (`staged_tombstones`): one object
+A tombstone is written for a group of rollouts at once (`TombstoneGroups`): one object
 names each rollout's snapshot, and each rollout's `RETIRED` is an exclusive create of it.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -114,42 +115,84 @@ def decide(byte_store: ByteStore, rollout_id: str, proposal: Proposal) -> dict[s
     )
 
 
-@contextlib.contextmanager
-def staged_tombstones(byte_store: ByteStore, drops: Sequence[DropRequest]) -> Iterator[dict]:
-    """A tombstone proposal for each drop, keyed by the request; staged objects released after.
+class TombstoneGroups:
+    """The tombstone proposals of a batch of drops, each group staged on first use.
 
-    Up to `TOMBSTONE_GROUP` rollouts share one group tombstone naming each one's snapshot, so
-    the local backend writes and syncs one file per group and links it as each `RETIRED`
-    (one fsync, of the folder, per rollout). Each create stays exclusive per rollout, and a
-    reader takes only its own rollout's line: a group object copied to another rollout
-    does not name it and is unreadable there.
+    On a backend that shares staged objects (`ByteStore.shares_staged`: local disk), up to
+    `TOMBSTONE_GROUP` rollouts share one group tombstone naming each one's snapshot: one
+    file written and synced per group, linked as each `RETIRED` (one fsync, of the folder,
+    per rollout). Elsewhere each group is one rollout (S3 gains nothing from sharing, and a
+    rollout's object then names no other). A group is staged only when one of its rollouts
+    creates its decision, so a re-run whose decisions all exist writes nothing (it may be
+    freeing a full disk), and a staging failure is that rollout's error alone. A request
+    that is not well formed is in no group (its drop fails on its own). Every create stays
+    exclusive per rollout; a reader takes only its own rollout's line, so a group object
+    copied to another rollout does not name it and is unreadable there. Use it as a
+    context manager: leaving it releases what was staged. Thread-safe.
     """
-    retired_at = time.time()
-    proposals: dict[DropRequest, Proposal] = {}
-    with contextlib.ExitStack() as stack:
-        for group in _tombstone_groups(drops):
-            named = {d.rollout_id: _line(d) for d in group}
-            document = {GROUP_KEY: named, "retired_at": retired_at}
-            staged = stack.enter_context(byte_store.staged(encode_json(document)))
-            for d in group:
-                proposals[d] = Proposal(named[d.rollout_id] | {"retired_at": retired_at}, staged)
-        yield proposals
+
+    def __init__(self, byte_store: ByteStore, drops: Sequence[DropRequest]) -> None:
+        self._bytes = byte_store
+        self._retired_at = time.time()
+        size = TOMBSTONE_GROUP if byte_store.shares_staged else 1
+        self._groups = _tombstone_groups([d for d in drops if _well_formed(d)], size)
+        self._group_of = {id(d): i for i, group in enumerate(self._groups) for d in group}
+        self._staged: dict[int, StagedObject] = {}
+        self._lock = threading.Lock()
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> TombstoneGroups:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def proposal(self, drop: DropRequest) -> Proposal:
+        """The tombstone `drop` proposes, its group staged if it was not yet."""
+        index = self._group_of[id(drop)]
+        with self._lock:
+            staged = self._staged.get(index)
+            if staged is None:
+                named = {d.rollout_id: _line(d) for d in self._groups[index]}
+                document = {GROUP_KEY: named, "retired_at": self._retired_at}
+                staged = self._stack.enter_context(self._bytes.staged(encode_json(document)))
+                self._staged[index] = staged
+        return Proposal(_line(drop) | {"retired_at": self._retired_at}, staged)
+
+    def release(self) -> None:
+        """Remove what was staged (local: the temporary files). Safe to repeat."""
+        with self._lock:
+            self._stack.close()
+            self._staged.clear()
+
+
+def _well_formed(drop: DropRequest) -> bool:
+    return (
+        isinstance(drop.rollout_id, str)
+        and ROLLOUT_ID_PATTERN.fullmatch(drop.rollout_id) is not None
+        and isinstance(drop.snapshot_id, str)
+        and isinstance(drop.version, int)
+        and not isinstance(drop.version, bool)
+    )
 
 
 def _line(drop: DropRequest) -> dict[str, Any]:
     return {"snapshot_id": drop.snapshot_id, "version": drop.version}
 
 
-def _tombstone_groups(drops: Sequence[DropRequest]) -> Iterator[list[DropRequest]]:
-    """Consecutive groups of distinct rollouts, at most `TOMBSTONE_GROUP` each."""
-    group: list[DropRequest] = []
-    for drop in dict.fromkeys(drops):
-        if len(group) == TOMBSTONE_GROUP or any(d.rollout_id == drop.rollout_id for d in group):
-            yield group
-            group = []
+def _tombstone_groups(drops: Sequence[DropRequest], size: int) -> list[list[DropRequest]]:
+    """Consecutive groups of distinct rollouts, at most `size` each (repeats dropped)."""
+    groups: list[list[DropRequest]] = [[]]
+    seen: set[int] = set()
+    for drop in drops:
+        if id(drop) in seen:
+            continue
+        seen.add(id(drop))
+        group = groups[-1]
+        if len(group) == size or any(d.rollout_id == drop.rollout_id for d in group):
+            groups.append(group := [])
         group.append(drop)
-    if group:
-        yield group
+    return [group for group in groups if group]
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ The guarantees are described in docs/store.md.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import uuid
@@ -38,7 +37,7 @@ from capture_core.store import capture_layout as layout
 from capture_core.store.base import CaptureStore, drop_in_phases
 from capture_core.store.capture_layout import call_key
 from capture_core.store.nemo_gym_store import nemo_gym_store_for
-from capture_core.store.retirement import Proposal
+from capture_core.store.retirement import TombstoneGroups
 from capture_core.store.stored_json import encode_json
 
 SETTLE_SECONDS = 5.0
@@ -323,8 +322,8 @@ class TokenCaptureStore(CaptureStore):
         """
         validate_rollout_id(rollout_id)
         request = DropRequest(rollout_id, snapshot_id=snapshot_id, version=version)
-        with retirement.staged_tombstones(self._bytes, [request]) as proposals:
-            listed = self._decide_drop(request, proposals[request])
+        with TombstoneGroups(self._bytes, [request]) as tombstones:
+            listed = self._decide_drop(request, tombstones)
         if listed is not None:
             self._delete_payloads(rollout_id, listed)
         return listed is not None
@@ -345,24 +344,23 @@ class TokenCaptureStore(CaptureStore):
         own = type(self).drop_now, type(self).drop
         if own != (TokenCaptureStore.drop_now, CaptureStore.drop):
             return await super().drop_many(drops, concurrency=concurrency, checkpoint=checkpoint)
-        stack = contextlib.ExitStack()
+        tombstones = TombstoneGroups(self._bytes, drops)
         try:
-            staged = retirement.staged_tombstones(self._bytes, drops)
-            proposals = await run_blocking(stack.enter_context, staged)
             return await drop_in_phases(
                 drops,
-                lambda d: self._decide_drop(d, proposals[d]),
+                lambda d: self._decide_drop(d, tombstones),
                 self._delete_retired,
                 concurrency=concurrency,
                 checkpoint=checkpoint,
+                after_decisions=tombstones.release,
             )
         finally:
-            await run_blocking(stack.close)
+            await run_blocking(tombstones.release)
 
-    def _decide_drop(self, request: DropRequest, tombstone: Proposal) -> list[str] | None:
-        """Take the retirement decision durably, proposing `tombstone`; the listing it was
-        taken from when it retires the snapshot (empty when an earlier drop decided), else
-        `None`."""
+    def _decide_drop(self, request: DropRequest, tombstones: TombstoneGroups) -> list[str] | None:
+        """Take the retirement decision durably, proposing the request's tombstone; the
+        listing it was taken from when it retires the snapshot (empty when an earlier drop
+        decided), else `None`."""
         rollout_id, snapshot_id, version = request.rollout_id, request.snapshot_id, request.version
         validate_rollout_id(rollout_id)
         decision = retirement.read_decision(self._bytes, rollout_id)
@@ -373,7 +371,7 @@ class TokenCaptureStore(CaptureStore):
             listed = self._bytes.list_prefix(rollout_id)
             if layout.version_of(layout.group_events(rollout_id, listed)) != version:
                 return None
-            decision = retirement.decide(self._bytes, rollout_id, tombstone)
+            decision = retirement.decide(self._bytes, rollout_id, tombstones.proposal(request))
         if not retirement.retires(decision, snapshot_id, version):
             return None
         self._parents.forget(rollout_id)

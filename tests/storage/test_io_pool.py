@@ -8,7 +8,9 @@ import threading
 import time
 from pathlib import Path
 
-from capture_core.storage.io_pool import io_pool
+import pytest
+
+from capture_core.storage.io_pool import io_pool, map_blocking
 from capture_core.store import TokenCaptureStore
 from capture_core.store.nemo_gym_store import NemoGymFileStore
 from tests.support.token_calls import token_call
@@ -73,3 +75,52 @@ def test_a_forked_child_runs_store_io_on_a_pool_of_its_own(tmp_path: Path) -> No
             os._exit(code)
     assert wait_for_child(pid, 60.0) == 0, "the child's async put never ran"
     assert len(store.freeze_now("child").entries) == 1
+
+
+def test_map_blocking_keeps_order_and_gives_each_item_its_own_error() -> None:
+    def fn(i: int) -> int:
+        if i % 5 == 0:
+            raise ValueError(f"item {i}")
+        return i * i
+
+    results = asyncio.run(map_blocking(fn, list(range(40)), 3))
+    for i, result in enumerate(results):
+        if i % 5 == 0:
+            assert isinstance(result, ValueError) and str(result) == f"item {i}"
+        else:
+            assert result == i * i
+
+
+def test_map_blocking_refuses_no_concurrency() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        asyncio.run(map_blocking(lambda i: i, [1, 2], 0))
+
+
+def test_map_blocking_stopped_by_its_caller_leaves_no_lane_running() -> None:
+    """Cancelled (a timeout) or failed (`after` raising), no item starts after it returned."""
+    started: list[int] = []
+    gate = threading.Event()
+
+    def slow(i: int) -> int:
+        started.append(i)
+        gate.wait(0.05)
+        return i
+
+    async def cancelled() -> None:
+        await asyncio.wait_for(map_blocking(slow, list(range(200)), 4), 0.2)
+
+    with pytest.raises(asyncio.TimeoutError):
+        asyncio.run(cancelled())
+    count = len(started)
+    assert 0 < count < 200
+    assert not gate.wait(0.3) and len(started) == count, "no lane went on after the caller"
+
+    def refuse(result: int) -> None:
+        if result == 7:
+            raise RuntimeError("stop here")
+
+    started.clear()
+    with pytest.raises(RuntimeError, match="stop here"):
+        asyncio.run(map_blocking(slow, list(range(200)), 4, after=refuse))
+    count = len(started)
+    assert count < 200 and not gate.wait(0.3) and len(started) == count

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 
+import orjson
 import pytest
 
 from capture_core.errors import CaptureRetiredError, UnreadableCaptureError
-from capture_core.protocols import DropRequest
-from capture_core.storage import LocalStore
+from capture_core.protocols import DECIDED, DropRequest
+from capture_core.storage import TMP_DIR, LocalStore
 from capture_core.store import TokenCaptureStore, retirement
 from capture_core.store.stored_json import encode_json
-from tests.store.test_store_attacks import two_turns
+from tests.store.test_store_attacks import REPO, two_turns
 from tests.support.reliability_figures import record_case
 
 ROLLOUTS = 2 * retirement.TOMBSTONE_GROUP + 3  # three groups, the last one short
@@ -84,3 +87,83 @@ def test_a_single_rollout_tombstone_from_before_groups_still_fences_and_retires(
     assert store.drop_now(drop.rollout_id, drop.snapshot_id, drop.version), "it follows it"
     assert store.byte_store.list_prefix("b2") == ["b2/FROZEN", "b2/RETIRED"]
     record_case("single-rollout tombstone written before group tombstones", records_lost=0)
+
+
+def test_on_s3_each_tombstone_names_only_its_own_rollout(s3_url, s3_options) -> None:
+    """S3 shares no write between keys, so groups there are of one rollout."""
+    store = TokenCaptureStore(s3_url, s3_options)
+    drops = [frozen(store, f"r{i}") for i in range(3)]
+    assert asyncio.run(store.drop_many(drops, concurrency=3)) == [True] * 3
+    for drop in drops:
+        document = orjson.loads(store.byte_store.get(f"{drop.rollout_id}/RETIRED") or b"{}")
+        assert list(document[retirement.GROUP_KEY]) == [drop.rollout_id]
+
+
+def test_staged_tombstones_are_released_before_any_deletion(tmp_path) -> None:
+    store = TokenCaptureStore(str(tmp_path))
+    drops = [frozen(store, f"r{i}") for i in range(5)]
+    staged_at_decided: list[list[str]] = []
+
+    def checkpoint(moment: str) -> None:
+        if moment == DECIDED:
+            staged_at_decided.append(os.listdir(tmp_path / TMP_DIR))
+
+    assert asyncio.run(store.drop_many(drops, concurrency=2, checkpoint=checkpoint)) == [True] * 5
+    assert staged_at_decided == [[]]
+
+
+def test_one_malformed_request_fails_alone(store) -> None:
+    good = [frozen(store, f"r{i}") for i in range(3)]
+    bad = DropRequest("../r0", snapshot_id="s", version=1)
+    odd = DropRequest("r0", snapshot_id=["s"], version=1)  # type: ignore[arg-type]
+    results = asyncio.run(store.drop_many([*good, bad, odd], concurrency=2))
+    assert results[:3] == [True] * 3 and isinstance(results[3], ValueError)
+    assert results[4] is False
+
+
+RERUN_WITHOUT_SPACE = """
+import asyncio, resource, signal, sys
+from capture_core.protocols import DropRequest
+from capture_core.store import TokenCaptureStore
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (16, resource.RLIM_INFINITY))
+store = TokenCaptureStore(sys.argv[1])
+drops = [DropRequest(*line.split()[:2], version=int(line.split()[2])) for line in sys.argv[2:]]
+print(asyncio.run(store.drop_many(drops[1:], concurrency=2)))
+first = drops[0]
+print(store.drop_now(first.rollout_id, first.snapshot_id, first.version))
+"""
+
+
+@pytest.mark.integrity
+def test_a_rerun_on_a_full_disk_completes_a_retirement_killed_after_its_decisions(
+    tmp_path,
+) -> None:
+    """The re-run of a batch whose tombstones are all durable writes nothing: it only
+    deletes, which is what frees a full disk (a file size limit stands in for one)."""
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    drops = [frozen(store, f"r{i}") for i in range(6)]
+
+    class Killed(Exception):
+        pass
+
+    def kill(moment: str) -> None:
+        if moment == DECIDED:
+            raise Killed(moment)
+
+    with pytest.raises(Killed):
+        asyncio.run(store.drop_many(drops, concurrency=2, checkpoint=kill))
+    lines = [f"{d.rollout_id} {d.snapshot_id} {d.version}" for d in drops]
+    run = subprocess.run(
+        [sys.executable, "-c", RERUN_WITHOUT_SPACE, str(tmp_path / "store"), *lines],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:2] == [str([True] * 5), "True"], run.stdout
+    for drop in drops:
+        keys = store.byte_store.list_prefix(drop.rollout_id)
+        assert keys == [f"{drop.rollout_id}/FROZEN", f"{drop.rollout_id}/RETIRED"]
+    record_case("retirement re-run on a full disk", records_lost=0)
