@@ -73,7 +73,7 @@ def incomplete_reasons(
         keys = [event_key(rollout_id, MARKER, name) for name in events[MARKER]]
         for key, data in sorted(byte_store.get_many(keys).items()):
             reasons.append(_marker_reason(key, data))
-    captured = {call_key(e.model_call_id) for e in entries}
+    captured = {call_key(e.model_call_id) for e in entries} if events[INTENT] else set()
     for name in events[INTENT]:
         if name not in captured:
             reasons.append(f"call began but was never captured (intent {name})")
