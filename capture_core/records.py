@@ -177,7 +177,10 @@ def construct_sealed_entry(fields: dict[str, Any]) -> TokenEntry | None:
         return None
     for name, value in fields.items():
         kinds = _EXACT_TYPES.get(name)
-        if kinds is not None and type(value) not in kinds:
+        if kinds is None:
+            if name.startswith("_"):
+                return None  # `model_construct`'s own parameter, or a name pydantic keeps
+        elif type(value) not in kinds:
             return None
     if "response_id" in fields and not fields["response_id"]:
         return None

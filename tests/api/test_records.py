@@ -205,6 +205,7 @@ def test_a_sealed_entry_is_built_as_validation_builds_it() -> None:
         {"token_item_index": 0},  # no output item to index
         {"schema_version": 2},
         {"prompt_token_ids": None},
+        {"_fields_set": ["x"]},  # an extra named like `model_construct`'s own parameter
     ],
 )
 def test_a_sealed_entry_of_another_shape_is_left_to_validation(overrides: dict) -> None:
