@@ -220,6 +220,7 @@ def run_preset(
             f"{stored / 2**20:.1f} MiB stored, {sum(map(len, full)) / 2**20:.1f} MiB as "
             f"full-prompt JSON (captured in both layouts in {time.perf_counter() - start:.1f}s)"
         )
+        load_before = os.getloadavg()[0]
         seconds = alternate_sides(
             {
                 "parse": lambda: parse_seconds(full),
@@ -241,7 +242,8 @@ def run_preset(
             )
         print(
             f"goal: tokcap <= 2x; tokcap / NeMo Gym = "
-            f"{median(seconds['tokcap']) / median(seconds['nemo_gym']):.2f}x"
+            f"{median(seconds['tokcap']) / median(seconds['nemo_gym']):.2f}x; load average "
+            f"(1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
         )
         if key == "long":
             before, after = peak_rss_of_one_rollout(preset.shape)

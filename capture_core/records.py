@@ -145,6 +145,55 @@ def check_entry_consistency(entry: TokenEntry) -> None:
         )
 
 
+# The Python type validation gives each field (`response_id` also non-empty). A field of any
+# other type is validated, never trusted: validation may convert it or refuse it by name.
+_EXACT_TYPES: dict[str, tuple[type, ...]] = {
+    "schema_version": (int,),
+    "rollout_id": (str,),
+    "model_call_id": (str,),
+    "model": (str,),
+    "prompt_token_ids": (list,),
+    "generation_token_ids": (list,),
+    "generation_log_probs": (list,),
+    "output_items": (list,),
+    "token_item_index": (int, type(None)),
+    "response_id": (str,),
+    "created_at": (float,),
+}
+_REQUIRED_FIELDS = tuple(
+    name for name, info in TokenEntry.model_fields.items() if info.is_required()
+)
+
+
+def construct_sealed_entry(fields: dict[str, Any]) -> TokenEntry | None:
+    """The `TokenEntry` of fields read from sealed bytes, built without a second pass over
+    every token; `None` when a field is not exactly what validation yields (then validate).
+
+    A seal proves the bytes are the ones a writer stored from a validated entry, so their
+    token lists already passed validation; the scalar types and the cross-field rules
+    (`check_entry_consistency`) are checked again. Never for bytes no seal covers.
+    """
+    if any(name not in fields for name in _REQUIRED_FIELDS):
+        return None
+    for name, value in fields.items():
+        kinds = _EXACT_TYPES.get(name)
+        if kinds is None:
+            if name.startswith("_"):
+                return None  # `model_construct`'s own parameter, or a name pydantic keeps
+        elif type(value) not in kinds:
+            return None
+    if "response_id" in fields and not fields["response_id"]:
+        return None
+    if any(type(item) is not dict for item in fields.get("output_items", ())):
+        return None
+    entry = TokenEntry.model_construct(set(fields), **fields)
+    try:
+        check_entry_consistency(entry)
+    except (ValueError, TypeError):
+        return None
+    return entry
+
+
 def all_finite(values: list[float]) -> bool:
     """Whether no value is NaN or infinite. A NaN or infinity makes the sum non-finite, so a
     finite sum decides at C speed; only an overflowing sum needs the value-by-value check."""

@@ -10,7 +10,12 @@ import orjson
 from pydantic import ValidationError
 
 from capture_core.errors import CaptureStoreError, UnreadableCaptureError
-from capture_core.records import TokenEntry, describe_validation_error, entry_fields
+from capture_core.records import (
+    TokenEntry,
+    construct_sealed_entry,
+    describe_validation_error,
+    entry_fields,
+)
 from capture_core.storage import ByteStore
 from capture_core.store import compact
 from capture_core.store.capture_layout import ENTRY, INTENT, MARKER, call_key, event_key
@@ -68,7 +73,7 @@ def incomplete_reasons(
         keys = [event_key(rollout_id, MARKER, name) for name in events[MARKER]]
         for key, data in sorted(byte_store.get_many(keys).items()):
             reasons.append(_marker_reason(key, data))
-    captured = {call_key(e.model_call_id) for e in entries}
+    captured = {call_key(e.model_call_id) for e in entries} if events[INTENT] else set()
     for name in events[INTENT]:
         if name not in captured:
             reasons.append(f"call began but was never captured (intent {name})")
@@ -105,10 +110,27 @@ def parse_stored_entry(rollout_id: str, key: str, name: str, data: bytes) -> Sto
 
 
 def finish_entry(rollout_id: str, key: str, stored: StoredEntry) -> TokenEntry:
-    """Validate a rebuilt entry, refusing newer schemas and misplaced records by name.
+    """The entry of a sealed, rebuilt object, refusing newer schemas and misplaced records by
+    name.
 
-    A delta's tail was validated with its fields and its prefix belongs to its validated
-    parent, so the rebuilt prompt is attached without re-checking every token.
+    Its seal verified its bytes, so it is built without re-validating every token
+    (`construct_sealed_entry`); a field of an unexpected type is validated instead.
+    """
+    fields = {**stored.fields, "prompt_token_ids": stored.prompt}
+    entry = construct_sealed_entry(fields) or _validated_entry(rollout_id, key, stored)
+    if entry.rollout_id != rollout_id or call_key(entry.model_call_id) != stored.name:
+        raise UnreadableCaptureError(
+            f"rollout {rollout_id}: object {key} holds call {entry.model_call_id!r} of rollout "
+            f"{entry.rollout_id!r}; it was copied into the wrong place"
+        )
+    return entry
+
+
+def _validated_entry(rollout_id: str, key: str, stored: StoredEntry) -> TokenEntry:
+    """Validate a rebuilt entry, naming every problem.
+
+    A delta's tail is validated with its fields and its prefix belongs to its parent, so the
+    rebuilt prompt is attached without re-checking every token.
     """
     delta = stored.tail is not None and stored.prompt is not stored.tail
     fields = {**stored.fields, "prompt_token_ids": stored.tail if delta else stored.prompt}
@@ -118,11 +140,6 @@ def finish_entry(rollout_id: str, key: str, stored: StoredEntry) -> TokenEntry:
         raise _unreadable(rollout_id, key, describe_validation_error(exc)) from exc
     if delta:
         entry.prompt_token_ids = stored.prompt  # type: ignore[assignment]
-    if entry.rollout_id != rollout_id or call_key(entry.model_call_id) != stored.name:
-        raise UnreadableCaptureError(
-            f"rollout {rollout_id}: object {key} holds call {entry.model_call_id!r} of rollout "
-            f"{entry.rollout_id!r}; it was copied into the wrong place"
-        )
     return entry
 
 

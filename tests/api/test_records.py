@@ -13,6 +13,7 @@ from capture_core.records import (
     TOKEN_FIELDS,
     TokenEntry,
     coerce_token_entry,
+    construct_sealed_entry,
     extract_token_fields,
     response_to_output_items,
     strip_token_fields,
@@ -170,3 +171,45 @@ def test_null_token_fields_on_every_item_carry_nothing() -> None:
     built = token_entry_from_response("r1", "c1", response)
     assert built is not None and built.token_item_index == 1
     assert extract_token_fields({"output": [{"type": "message", **nulls}] * 2}) is None
+
+
+def test_a_sealed_entry_is_built_as_validation_builds_it() -> None:
+    fields = entry(
+        schema_version=0,
+        model="m",
+        output_items=[{"type": "message"}],
+        token_item_index=0,
+        response_id="resp-1",
+        created_at=2.5,
+        sampler={"top_p": 0.9},
+    )
+    built, validated = construct_sealed_entry(dict(fields)), TokenEntry.model_validate(fields)
+    assert built is not None and built == validated
+    assert built.model_fields_set == validated.model_fields_set
+    assert built.model_dump_json() == validated.model_dump_json()
+    bare = construct_sealed_entry(entry())
+    assert bare is not None and bare.model_dump() == TokenEntry(**entry()).model_dump()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"created_at": 3},  # validation converts it to a float
+        {"token_item_index": True},
+        {"response_id": ""},  # validation reads it as None
+        {"model_call_id": 7},
+        {"generation_log_probs": (-0.1,)},
+        {"output_items": ["text"]},
+        {"generation_log_probs": [-0.1, -0.2]},
+        {"generation_log_probs": [math.nan]},
+        {"token_item_index": 0},  # no output item to index
+        {"schema_version": 2},
+        {"prompt_token_ids": None},
+        {"_fields_set": ["x"]},  # an extra named like `model_construct`'s own parameter
+    ],
+)
+def test_a_sealed_entry_of_another_shape_is_left_to_validation(overrides: dict) -> None:
+    assert construct_sealed_entry(entry(**overrides)) is None
+    fields = entry(**overrides)
+    del fields["rollout_id"]
+    assert construct_sealed_entry(fields) is None

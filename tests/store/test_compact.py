@@ -250,11 +250,13 @@ def test_unknown_extra_fields_never_collide_with_short_stored_names(tmp_path) ->
         generation_log_probs=[-0.1],
         g="extra named like a short key",
         sampler={"top_p": 0.9},
+        _fields_set=["named like model_construct's own parameter"],
     )
     store.put_now(entry)
     store.put_now(entry)
     (got,) = TokenCaptureStore(str(tmp_path)).freeze_now("r6").entries
     assert got == entry and got.model_dump()["g"] == "extra named like a short key"
+    assert got.model_dump() == entry.model_dump()
 
 
 def calls_of(rollout_id: str, *calls: tuple[str, list[int], list[int]]) -> list[TokenEntry]:

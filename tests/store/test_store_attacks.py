@@ -430,6 +430,51 @@ def test_missing_seal_or_prompt_digest_is_corruption(root) -> None:
     record_case("root digest failure reads as 'no token records'", wrong_tokens_delivered=0)
 
 
+def reseal(store: TokenCaptureStore, key: str, mutate: Callable[[dict], object]) -> None:
+    """Edit a stored object and seal it again: bytes no tokcap writer stores, sealed."""
+    data = orjson.loads(store.byte_store.get(key) or b"{}")
+    del data["s"]
+    mutate(data)
+    replace_object(store, key, compact.seal(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)))
+
+
+@pytest.mark.parametrize(
+    ("what", "mutate", "problem"),
+    [
+        ("log probs one short", lambda d: d["l"].pop(), "generation_token_ids has 3 ids"),
+        ("a call id that is a number", lambda d: d.__setitem__("c", 7), "valid string"),
+        ("a carrier index past its items", lambda d: d.__setitem__("k", 4), "does not index"),
+        ("a newer record schema", lambda d: d.__setitem__("e", {"schema_version": 9}), "newer"),
+    ],
+)
+def test_a_sealed_entry_breaking_a_record_rule_is_refused_by_name(
+    root, what: str, mutate: Callable[[dict], object], problem: str
+) -> None:
+    url, options = root
+    store = TokenCaptureStore(url, options)
+    for item in two_turns("r1"):
+        store.put_now(item)
+    key = f"r1/e/{call_key('turn-1')}"
+    reseal(store, key, mutate)
+    with pytest.raises(UnreadableCaptureError, match=f"{key} is not a readable.*{problem}"):
+        TokenCaptureStore(url, options).freeze_now("r1")
+    record_case(f"sealed entry breaking a record rule: {what}", wrong_tokens_delivered=0)
+
+
+def test_a_sealed_field_of_a_convertible_type_reads_as_validation_converts_it(root) -> None:
+    url, options = root
+    store = TokenCaptureStore(url, options)
+    for item in two_turns("r1"):
+        store.put_now(item)
+    reseal(store, f"r1/e/{call_key('turn-1')}", lambda d: d.update(t=5))
+    snapshot = TokenCaptureStore(url, options).freeze_now("r1")
+    assert not snapshot.incomplete, snapshot.incomplete_reasons
+    second = next(e for e in snapshot.entries if e.model_call_id == "turn-1")
+    assert type(second.created_at) is float and second.created_at == 5.0
+    assert second.prompt_token_ids == two_turns("r1")[1].prompt_token_ids
+    record_case("sealed entry with an integer timestamp", wrong_tokens_delivered=0)
+
+
 def test_digest_less_legacy_objects_mask_the_rollout_by_name(root) -> None:
     url, options = root
     store = TokenCaptureStore(url, options)
