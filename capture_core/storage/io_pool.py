@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
+from capture_core.errors import InvalidInputError
+
 T = TypeVar("T")
 
 # Enough for a few batches in flight at the default store concurrency of 16. Threads start
@@ -64,7 +66,7 @@ async def map_blocking(
     before its next item, waits for the items in flight, and is raised.
     """
     if concurrency < 1:
-        raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        raise InvalidInputError(f"concurrency must be at least 1, not {concurrency}")
     results: list[Any] = [None] * len(items)
     pending = deque(enumerate(items))
     stop = threading.Event()

@@ -194,7 +194,7 @@ class LocalStore(ByteStore):
         """Link the staged file as `key`, then sync its folder: no data write, no data fsync."""
         target = f"{self.root}/{check_new_object(key, staged.data)}"
         if staged.path is None:
-            raise ValueError(f"{key}: not staged by this store; use its staged()")
+            raise InvalidInputError(f"{key}: not staged by this store; use its staged()")
         return self._publish(staged.path, target, os.path.dirname(target))
 
     def create_in_place(self, key: str, data: bytes) -> bool:
