@@ -410,9 +410,7 @@ def retirable(receipt: HandoffReceipt, part: bytes) -> tuple[list[RolloutOutcome
     """
     claimed = {id(r) for r in claimed_retirable(receipt)}
     emitted = [r for r in receipt.rollouts if r.emitted]
-    lines = part.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
+    lines = _line_spans(part)
     refuted = {
         r.rollout_id or "": f"has no record of line {r.line} (refused as input: {r.error})"
         for r in receipt.rollouts
@@ -422,10 +420,10 @@ def retirable(receipt: HandoffReceipt, part: bytes) -> tuple[list[RolloutOutcome
         why = f"holds {len(lines)} records where the receipt lists {len(emitted)}"
         return [], {**refuted, **{r.rollout_id or "": why for r in emitted if id(r) in claimed}}
     allowed: list[RolloutOutcome] = []
-    for rollout, line in zip(emitted, lines, strict=True):
+    for rollout, (start, end) in zip(emitted, lines, strict=True):
         if id(rollout) not in claimed:
             continue
-        why = _part_refutes(rollout, line)
+        why = _part_refutes(rollout, skimmed_record(part, start, end))
         if why is None:
             allowed.append(rollout)
         else:
@@ -433,9 +431,21 @@ def retirable(receipt: HandoffReceipt, part: bytes) -> tuple[list[RolloutOutcome
     return allowed, refuted
 
 
-def _part_refutes(rollout: RolloutOutcome, line: bytes) -> str | None:
-    """Why the part's record at a rollout's place does not permit retiring it, or `None`."""
-    record = skimmed_record(line)
+def _line_spans(part: bytes) -> list[tuple[int, int]]:
+    """Where each line of a part starts and ends (a last line without `\\n` counts): the
+    lines are read in place, so a part of long rollouts is not copied line by line."""
+    spans, start = [], 0
+    while (end := part.find(b"\n", start)) >= 0:
+        spans.append((start, end))
+        start = end + 1
+    if start < len(part):
+        spans.append((start, len(part)))
+    return spans
+
+
+def _part_refutes(rollout: RolloutOutcome, record: object) -> str | None:
+    """Why the part's (skimmed) record at a rollout's place does not permit retiring it, or
+    `None`."""
     if not isinstance(record, dict):
         return f"line {rollout.line} is not a JSON record"
     found = plain_rollout_id(record)
@@ -457,25 +467,30 @@ def _part_refutes(rollout: RolloutOutcome, line: bytes) -> str | None:
 # A flat token array's opening, as orjson writes it; such an array ends at the next `]`.
 # The key's closing quote cannot occur unescaped inside a JSON string, so every match is a key.
 _TOKEN_ARRAY = re.compile(rb'"(?:prompt_token_ids|generation_token_ids|generation_log_probs)":\[')
+_NOT_BLANK = re.compile(rb"[^ \t\n\r\x0b\x0c]")  # what `bytes.strip` keeps
 
 
-def skimmed_record(line: bytes) -> object:
-    """A part line parsed with each non-empty flat token array cut to `[0]`, or `None`.
+def skimmed_record(part: bytes, start: int = 0, end: int | None = None) -> object:
+    """The part line at `part[start:end]` (the whole of `part` by default) parsed with each
+    non-empty flat token array cut to `[0]`, or `None`.
 
     What decides retirement (ids, `mask_sample`, whether ids are carried) survives the cut,
     and parsing skips the arrays at memchr speed instead of building every id: a part of
     long rollouts holds each call's cumulative prompt. A line the cut leaves unparsable is
     parsed whole; `None` when that fails too.
     """
-    pieces, position = [], 0
-    while (found := _TOKEN_ARRAY.search(line, position)) is not None:
-        start = found.end()
-        end = line.find(b"]", start)
-        if end < 0:
+    end = len(part) if end is None else end
+    pieces, position = [], start
+    while (found := _TOKEN_ARRAY.search(part, position, end)) is not None:
+        opened = found.end()
+        closed = part.find(b"]", opened, end)
+        if closed < 0:
             break
-        pieces += [line[position:start], b"0" if line[start:end].strip() else b""]
-        position = end
-    for candidate in (b"".join([*pieces, line[position:]]), line):
+        carried = _NOT_BLANK.search(part, opened, closed) is not None
+        pieces += [part[position:opened], b"0" if carried else b""]
+        position = closed
+    whole = memoryview(part)[start:end]
+    for candidate in (b"".join([*pieces, part[position:end]]), whole):
         try:
             return orjson.loads(candidate)
         except orjson.JSONDecodeError:

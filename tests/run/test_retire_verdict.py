@@ -19,6 +19,7 @@ from capture_core.delivery import rollout_carries_token_ids
 from capture_core.run.handoff import (
     RECEIPT_KEY,
     HandoffReceipt,
+    _line_spans,
     finalize_batch,
     handoff_batch,
     plain_rollout_id,
@@ -156,22 +157,41 @@ def _verdict(record: object) -> tuple:
     return (plain_rollout_id(record), record.get("mask_sample"), rollout_carries_token_ids(record))
 
 
-@pytest.mark.parametrize(
-    "item",
-    [
-        {"prompt_token_ids": [1, 2], "generation_token_ids": [3], "generation_log_probs": [-1.5]},
-        {"prompt_token_ids": [1], "generation_token_ids": [], "generation_log_probs": []},
-        {"generation_token_ids": [[3], [4]], "generation_log_probs": [-0.1]},
-        {"generation_token_ids": [None, -5], "routed_experts": [[1, 2], [3]]},
-        {"content": 'say "prompt_token_ids":[1] and "generation_token_ids":[] please'},
-        {"content": [{"generation_token_ids": [7]}], "generation_token_ids": [8]},
-    ],
-)
-@pytest.mark.parametrize("masked", [False, True])
-def test_a_skimmed_part_line_decides_like_the_whole_record(item: dict, masked: bool) -> None:
+ITEMS = [
+    {"prompt_token_ids": [1, 2], "generation_token_ids": [3], "generation_log_probs": [-1.5]},
+    {"prompt_token_ids": [1], "generation_token_ids": [], "generation_log_probs": []},
+    {"generation_token_ids": [[3], [4]], "generation_log_probs": [-0.1]},
+    {"generation_token_ids": [None, -5], "routed_experts": [[1, 2], [3]]},
+    {"content": 'say "prompt_token_ids":[1] and "generation_token_ids":[] please'},
+    {"content": [{"generation_token_ids": [7]}], "generation_token_ids": [8]},
+]
+
+
+def _line(item: dict, masked: bool = False) -> bytes:
     record: dict = {"_ng_task_index": 7, "_ng_rollout_index": 0, "response": {"output": [item]}}
     if masked:
         record["mask_sample"] = True
-    line = orjson.dumps(record)
+    return orjson.dumps(record)
+
+
+@pytest.mark.parametrize("item", ITEMS)
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_skimmed_part_line_decides_like_the_whole_record(item: dict, masked: bool) -> None:
+    line = _line(item, masked)
     assert _verdict(skimmed_record(line)) == _verdict(orjson.loads(line))
     assert skimmed_record(b"not json") is None
+
+
+@pytest.mark.parametrize("ending", [b"\n", b""])
+def test_each_line_of_a_part_is_skimmed_in_place_like_the_line_alone(ending: bytes) -> None:
+    blank = b'{"_ng_task_index":7,"_ng_rollout_index":1,"response":{"output":[{"prompt_token_ids":[ ],"generation_token_ids":[\t]}]}}'  # noqa: E501 - a hand-edited line
+    lines = [_line(item, masked=n % 2 == 1) for n, item in enumerate(ITEMS)]
+    part = b"\n".join([lines[0], b"", blank, *lines[1:], b"not json"]) + ending
+    expected = part.split(b"\n")
+    if expected[-1] == b"":
+        expected.pop()
+    spans = _line_spans(part)
+    assert [part[start:end] for start, end in spans] == expected
+    for (start, end), line in zip(spans, expected, strict=True):
+        assert skimmed_record(part, start, end) == skimmed_record(line)
+    assert _verdict(skimmed_record(blank)) == ("7-1", None, False)  # `[ ]` carries no ids
