@@ -62,11 +62,12 @@ def _is_mapping(value: Any) -> bool:
 
 
 def _are_token_ids(values: Any) -> bool:
-    """Vocabulary ids: non-negative integers (one C pass: an `array` refuses anything else)."""
+    """Vocabulary ids: non-negative integers (one C pass: an `array` refuses anything else;
+    `fromlist` fills it faster than the constructor does)."""
     if not isinstance(values, list):
         return False
     try:
-        array("Q", values)
+        array("Q").fromlist(values)
     except (TypeError, OverflowError):
         return False
     return True
@@ -114,21 +115,21 @@ def _check_spans(
     parsed: list[tuple[str, int, int]] = []
     in_order = True
     last_end = 0
-    # The tests of `_is_mapping` and `_is_int` written out: this loop runs once per span.
+    # The test of `_is_int` written out, and a span's type told by reading its fields: this
+    # loop runs once per span.
     for k, span in enumerate(spans):
-        if (type(span) is not dict and not isinstance(span, Mapping)) or not (
-            span.keys() >= _SPAN_KEYS
-        ):
+        try:
+            call, start, end = span["model_call_id"], span["start"], span["end"]
+        except (KeyError, TypeError, IndexError):
             raise _fail(
                 f"{where}.sampled_spans[{k}]", f"must be an object with {list(SPAN_FIELDS)}"
-            )
-        call, start, end = span["model_call_id"], span["start"], span["end"]
+            ) from None
         if type(start) is not int or type(end) is not int or not 0 < start < end <= n:
             raise _fail(
                 f"{where}.sampled_spans[{k}]",
                 f"[{start!r}, {end!r}) is not a non-empty range after position 0",
             )
-        if call not in calls:
+        if type(call) is not str or call not in calls:  # an unhashable id is no call
             raise _fail(
                 f"{where}.sampled_spans[{k}]",
                 f"names call {call!r}, which is not among the row's model_call_ids",
@@ -147,14 +148,20 @@ def _check_spans(
     return parsed
 
 
-def _check_trace(trace: Any, where: str, rollout_id: str) -> list[tuple[str, int, int]]:
-    """The rules of one row; returns its spans ordered by position."""
+def _check_trace(
+    trace: Any,
+    where: str,
+    rollout_id: str,
+    owned: dict[str, str],
+    calls: Mapping[str, TokenEntry] | None,
+) -> None:
+    """The rules of one row; each span's call is added to `owned` (by the row's `where`)."""
     if not _is_mapping(trace) or not trace.keys() >= _TRACE_KEYS:
         raise _fail(where, f"must be an object with {list(TRACE_FIELDS)}")
-    calls = trace["model_call_ids"]
-    if not isinstance(calls, list) or not calls or not set(map(type, calls)) <= {str}:
+    row_calls = trace["model_call_ids"]
+    if not isinstance(row_calls, list) or not row_calls or not set(map(type, row_calls)) <= {str}:
         raise _fail(f"{where}.model_call_ids", "must be a non-empty list of call ids")
-    if trace["trace_id"] != f"{rollout_id}:{calls[-1]}":
+    if trace["trace_id"] != f"{rollout_id}:{row_calls[-1]}":
         raise _fail(
             f"{where}.trace_id", f"is {trace['trace_id']!r}, not '<rollout_id>:<last call>'"
         )
@@ -167,38 +174,76 @@ def _check_trace(trace: Any, where: str, rollout_id: str) -> list[tuple[str, int
         raise _fail(f"{where}.loss_mask", f"must be a list of {n} values of 0 or 1")
     if n and mask[0] != 0:
         raise _fail(f"{where}.loss_mask", "trains the first position, which has no context")
-    spans = _check_spans(trace["sampled_spans"], set(calls), where, n)
-    expected = bytearray(n)
-    gap_start = 0
-    for _, start, end in spans:
-        expected[start:end] = b"\x01" * (end - start)
-        # Equal to 0.0 everywhere: the finite sum above already refused non-numbers.
+    spans = _check_spans(trace["sampled_spans"], set(row_calls), where, n)
+    marks = _mask_bytes(mask, where)
+    _check_positions(logprobs, marks, spans, where, owned)
+    if calls is not None:
+        _check_against_capture(tokens, logprobs, spans, calls, where)
+
+
+def _mask_bytes(mask: list[Any], where: str) -> bytearray:
+    """The mask as bytes (one C pass); a value that is not a small integer is refused."""
+    try:
+        return bytearray(mask)
+    except (TypeError, ValueError):
+        raise _fail(
+            f"{where}.loss_mask", "is not 1 exactly at the positions the spans cover"
+        ) from None
+
+
+def _check_positions(
+    logprobs: list[Any],
+    marks: bytearray,
+    spans: list[tuple[str, int, int]],
+    where: str,
+    owned: dict[str, str],
+) -> None:
+    """Per span, in position order: 0.0 log probs in the gap before it, 1s over it, its call
+    owned once. Then 0s everywhere else in the mask.
+
+    One loop for every per-span rule: this runs once per span of every delivered row.
+    """
+    gap_start = covered = 0
+    for call_id, start, end in spans:
+        # Equal to 0.0 everywhere: the finite sum already refused non-numbers.
         if logprobs[gap_start:start].count(ZERO_LOG_PROB) != start - gap_start:
             raise _fail(f"{where}.generation_logprobs", "is not 0.0 outside the sampled spans")
         gap_start = end
-    if logprobs[gap_start:].count(ZERO_LOG_PROB) != n - gap_start:
+        covered += end - start
+        if marks.count(1, start, end) != end - start:
+            raise _fail(f"{where}.loss_mask", "is not 1 exactly at the positions the spans cover")
+        if call_id in owned:
+            raise _fail(where, f"call {call_id!r} is owned twice ({owned[call_id]} and here)")
+        owned[call_id] = where
+    if logprobs[gap_start:].count(ZERO_LOG_PROB) != len(logprobs) - gap_start:
         raise _fail(f"{where}.generation_logprobs", "is not 0.0 outside the sampled spans")
-    try:
-        exact = bytes(mask) == expected
-    except (TypeError, ValueError):
-        exact = False
-    if not exact:
+    # Every span is all 1s and spans do not overlap: the mask is exact iff it holds no other
+    # 1 and nothing but 0 elsewhere.
+    if marks.count(1) != covered or marks.count(0) != len(marks) - covered:
         raise _fail(f"{where}.loss_mask", "is not 1 exactly at the positions the spans cover")
-    return spans
 
 
 def _check_against_capture(
-    trace: Mapping[str, Any], where: str, spans: list, calls: Mapping[str, TokenEntry]
+    tokens: list[int],
+    logprobs: list[Any],
+    spans: list[tuple[str, int, int]],
+    calls: Mapping[str, TokenEntry],
+    where: str,
 ) -> None:
     """Each span is exactly its call: the row before it is the call's prompt, the span its
-    generation and log probs."""
-    tokens, logprobs = trace["token_ids"], trace["generation_logprobs"]
-    for call_id, start, end in spans:
+    generation and log probs.
+
+    Prompts are compared longest first against one copy of the row's head, cut shorter for
+    each: every position is copied once per row, however many spans' prompts hold it.
+    """
+    head = tokens[: spans[-1][1]] if spans else []
+    for call_id, start, end in reversed(spans):
         entry = calls.get(call_id)
         if entry is None:
             raise _fail(f"{where} span of {call_id!r}", "names a call the capture does not hold")
+        del head[start:]
         prompt = entry.prompt_token_ids
-        if start != len(prompt) or tokens[:start] != prompt:
+        if start != len(prompt) or head != prompt:
             raise _fail(
                 f"{where} span of {call_id!r}",
                 "is not preceded by exactly the prompt the call was served",
@@ -234,16 +279,10 @@ def check_envelope(
     seen_ids: set[str] = set()
     for t, trace in enumerate(traces):
         where = f"traces[{t}]"
-        spans = _check_trace(trace, where, rollout)
+        _check_trace(trace, where, rollout, owned, calls)
         if trace["trace_id"] in seen_ids:
             raise _fail(f"{where}.trace_id", f"{trace['trace_id']!r} is used twice")
         seen_ids.add(trace["trace_id"])
-        for call_id, _, _ in spans:
-            if call_id in owned:
-                raise _fail(where, f"call {call_id!r} is owned twice ({owned[call_id]} and here)")
-            owned[call_id] = where
-        if calls is not None:
-            _check_against_capture(trace, where, spans, calls)
     if owners is not None and set(owned) != set(owners):
         missing = sorted(set(owners) - set(owned))[:5]
         extra = sorted(set(owned) - set(owners))[:5]

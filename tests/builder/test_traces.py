@@ -98,6 +98,19 @@ def test_a_retry_nothing_extends_is_abandoned_with_everything_built_on_it() -> N
     assert built.excluded == {"retry": ABANDONED_TRY}
 
 
+def test_a_retry_is_found_with_another_root_called_between_its_tries() -> None:
+    # A sub-agent's call lands between the two tries: the group is found by prompt, not order.
+    calls = [
+        token_call("kept", [1, 2], [3]),
+        token_call("sub", [7], [8]),
+        token_call("retry", [1, 2], [4]),
+        token_call("next", [1, 2, 3, 9], [5]),
+    ]
+    built = build_training_traces("r", calls)
+    assert sorted(_owned(built)) == ["kept", "next", "sub"]
+    assert built.excluded == {"retry": ABANDONED_TRY}
+
+
 def test_the_scored_try_of_a_final_retry_is_kept_and_a_judge_of_the_other_is_not() -> None:
     calls = [
         token_call("a", [1, 2], [3]),
@@ -271,6 +284,8 @@ BROKEN = {
     "string id": lambda e: e["traces"][0]["token_ids"].__setitem__(0, "1"),
     "wrong trace id": lambda e: e["traces"][0].update(trace_id="r:a"),
     "span of a stranger": lambda e: e["traces"][0]["sampled_spans"][0].update(model_call_id="z"),
+    "span naming a list": lambda e: e["traces"][0]["sampled_spans"][0].update(model_call_id=["a"]),
+    "span that is a list": lambda e: e["traces"][0]["sampled_spans"].__setitem__(0, ["a", 1, 2]),
     "overlapping spans": lambda e: e["traces"][0]["sampled_spans"][1].update(start=2),
     "owned twice": lambda e: e["traces"].append(copy.deepcopy(e["traces"][0])),
     "missing field": lambda e: e["traces"][0].pop("loss_mask"),
