@@ -102,6 +102,10 @@ class CallForest:
         self.parent[i] = j
         self.children[j].append(i)
 
+    def position(self, call_id: str) -> int | None:
+        """The index of the call with this id (the last one, should ids repeat), or `None`."""
+        return self._position.get(call_id)
+
     def path_to(self, i: int) -> list[int]:
         """The calls from `i`'s root down to `i`, without recursion."""
         path = [i]

@@ -28,6 +28,7 @@ This module imports only `errors`, `forest`, `prefix`, `records`, `terminal`, `t
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -49,9 +50,9 @@ from capture_core.builder.trace_envelope import (
     TraceEnvelopeError,
     check_envelope,
 )
-from capture_core.builder.transcript import own_items, transcript_readings
+from capture_core.builder.transcript import own_items
 from capture_core.errors import InvalidInputError
-from capture_core.records import TokenEntry, coerce_token_entry, response_items
+from capture_core.records import TokenEntry, coerce_token_entry
 
 EMPTY_GENERATION = "empty_generation"
 IDENTICAL_DUPLICATE = "identical_duplicate"
@@ -123,8 +124,6 @@ def build_training_traces(
         known = ", ".join(ENVELOPE_BUILDERS)
         raise InvalidInputError(f"unknown builder {builder!r}; use one of {known}")
     records = [coerce_token_entry(entry) for entry in entries]
-    captured = sum(len(r.generation_token_ids) for r in records)
-    base = TraceBuild(rollout_id, builder, None, tokens_captured=captured, n_calls=len(records))
     plan = _Plan(rollout_id, records, terminal)
     try:
         plan.settle()
@@ -132,33 +131,10 @@ def build_training_traces(
         calls = {c.model_call_id: c for c in plan.calls}
         check_envelope(envelope, rollout_id, calls=calls, owners=plan.kept_ids())
     except _Unsafe as exc:
-        return _masked(base, plan, str(exc))
+        return plan.build(builder, None, error=str(exc))
     except TraceEnvelopeError as exc:
-        return _masked(base, plan, f"envelope refused before handoff: {exc}")
-    trained = sum(len(plan.calls[i].generation_token_ids) for i in plan.kept())
-    return TraceBuild(
-        rollout_id,
-        builder,
-        envelope,
-        attribution=plan.attribution,
-        excluded=plan.excluded_ids(),
-        tokens_captured=captured,
-        tokens_trained=trained,
-        n_calls=len(records),
-    )
-
-
-def _masked(base: TraceBuild, plan: _Plan, error: str) -> TraceBuild:
-    return TraceBuild(
-        base.rollout_id,
-        base.builder,
-        None,
-        error=error,
-        attribution=plan.attribution,
-        excluded=plan.excluded_ids(),
-        tokens_captured=base.tokens_captured,
-        n_calls=base.n_calls,
-    )
+        return plan.build(builder, None, error=f"envelope refused before handoff: {exc}")
+    return plan.build(builder, envelope)
 
 
 class _Plan:
@@ -176,6 +152,25 @@ class _Plan:
         self._kept: list[int] = []
         self._own_items: dict[int, tuple] = {}
 
+    def build(
+        self, builder: str, envelope: dict[str, Any] | None, error: str | None = None
+    ) -> TraceBuild:
+        """The outcome: the checked envelope and the tokens it trains, or the mask reason."""
+        records, calls = self.records, self.calls
+        trained = sum([len(calls[i].generation_token_ids) for i in self._kept]) if envelope else 0
+        captured = sum([len(r.generation_token_ids) for r in records])
+        return TraceBuild(
+            self.rollout_id,
+            builder,
+            envelope,
+            error=error,
+            attribution=self.attribution,
+            excluded=self.excluded_ids(),
+            tokens_captured=captured,
+            tokens_trained=trained,
+            n_calls=len(records),
+        )
+
     def excluded_ids(self) -> dict[str, str]:
         if not self.excluded and not self.early:
             return {}
@@ -187,11 +182,11 @@ class _Plan:
         return self._kept
 
     def kept_ids(self) -> list[str]:
-        return [self.calls[i].model_call_id for i in self.kept()]
+        return [self.calls[i].model_call_id for i in self._kept]
 
     def settle(self) -> None:
         """Decide every call's fate; raise `_Unsafe` when the capture must mask."""
-        distinct = _distinct_by_id(self.records)
+        distinct, known = _distinct_by_id(self.records)
         with_tokens = [r for r in distinct if r.generation_token_ids]
         if len(with_tokens) < len(distinct):
             self.early = {
@@ -201,7 +196,6 @@ class _Plan:
         self.early.update(dict.fromkeys(twins, IDENTICAL_DUPLICATE))
         if not self.calls:
             raise _Unsafe("the capture holds no call with generated tokens")
-        known = frozenset(r.model_call_id for r in distinct)
         self.forest = forest = CallForest(self.calls, known, collapse=True)
         if forest.contradicted:
             bad = sorted(self.calls[i].model_call_id for i in forest.contradicted)
@@ -221,7 +215,8 @@ class _Plan:
         )
         if not kept:
             raise _Unsafe("no call is left to train once the excluded calls are left out")
-        if any(not self.calls[i].prompt_token_ids for i in kept):
+        # Calls are in call order, shortest prompt first: an empty prompt is the first kept.
+        if not self.calls[kept[0]].prompt_token_ids:
             raise _Unsafe(
                 "a call with an empty prompt cannot train: its first token has no context"
             )
@@ -234,8 +229,8 @@ class _Plan:
         call_id = self.attribution.call_id
         if call_id is None:
             return None
-        call_id = twins.get(call_id, call_id)
-        position = next((i for i, c in enumerate(self.calls) if c.model_call_id == call_id), None)
+        assert self.forest is not None
+        position = self.forest.position(twins.get(call_id, call_id))  # ids are distinct here
         if position is None:
             raise _Unsafe(f"the scored call {call_id!r} generated no tokens in the capture")
         return position
@@ -252,23 +247,36 @@ class _Plan:
 
     def _exclude_after(self, terminal: int) -> None:
         """Leave out calls made after the scored response: they extend it or hold its answer."""
-        assert self.forest is not None
         after = set(self._subtree(terminal))
-        generation = self.calls[terminal].generation_token_ids
-        if len(generation) >= MIN_SEEN_GENERATION:
-            needle = array("q", generation).tobytes()
-            on_path = set(self.forest.path_to(terminal))
-            scored_at = self.calls[terminal].created_at
-            for i, call in enumerate(self.calls):
-                if 0 < call.created_at < scored_at:
-                    continue  # captured before the scored call: it cannot have seen the answer
-                if i in after or i in on_path or len(call.prompt_token_ids) < len(generation):
-                    continue
-                if _holds(call.prompt_token_ids, needle):
-                    after.add(i)
-                    after.update(self._subtree(i))
+        if len(self.calls[terminal].generation_token_ids) >= MIN_SEEN_GENERATION:
+            self._exclude_seen(terminal, after)
         for i in after:
             self.excluded.setdefault(i, AFTER_SCORED)
+
+    def _exclude_seen(self, terminal: int, after: set[int]) -> None:
+        """Add to `after` the calls whose prompt holds the scored call's whole generation, and
+        the calls built on them. A call captured before the scored one cannot have seen it."""
+        assert self.forest is not None
+        scored = self.calls[terminal]
+        size, scored_at = len(scored.generation_token_ids), scored.created_at
+        candidates = [
+            i
+            for i, call in enumerate(self.calls)
+            if not 0 < call.created_at < scored_at
+            and len(call.prompt_token_ids) >= size
+            and i not in after
+            and i != terminal
+        ]
+        if not candidates:
+            return
+        needle = array("q", scored.generation_token_ids).tobytes()
+        on_path = set(self.forest.path_to(terminal))
+        for i in candidates:
+            if i in after or i in on_path:
+                continue
+            if _holds(self.calls[i].prompt_token_ids, needle):
+                after.add(i)
+                after.update(self._subtree(i))
 
     def _own(self, i: int) -> tuple:
         """Call `i`'s own model-authored items, read once per build."""
@@ -326,10 +334,11 @@ class _Plan:
 
     def envelope(self, builder: str) -> dict[str, Any]:
         """The envelope of the kept calls: rows in a deterministic order, each call owned once."""
+        ids = [call.model_call_id for call in self.calls]
         if builder == "prefix_merging":
-            traces = [self._trace(path, owners) for path, owners in self._rows()]
+            traces = [self._trace(path, owners, ids) for path, owners in self._rows()]
         else:
-            traces = [self._trace([i], [i]) for i in self.kept()]
+            traces = [self._trace([i], [i], ids) for i in self.kept()]
         return {
             "schema_version": SCHEMA_VERSION,
             "rollout_id": self.rollout_id,
@@ -353,20 +362,25 @@ class _Plan:
         while stack:
             node, depth = stack.pop()
             del path[depth:]
-            owned = min(owned, depth)
-            path.append(node)
-            below = children.get(node, ())
-            if excluded:
-                below = [kid for kid in below if kid not in excluded]
-            if below:
-                stack += [(kid, depth + 1) for kid in reversed(below)]
-            else:
-                rows.append((path.copy(), path[owned:]))
-                owned = len(path)
+            if depth < owned:
+                owned = depth
+            while True:  # down the first child to a leaf; later children wait on the stack
+                path.append(node)
+                below = children.get(node)
+                if below and excluded:
+                    below = [kid for kid in below if kid not in excluded]
+                if not below:
+                    break
+                if len(below) > 1:
+                    stack += [(kid, len(path)) for kid in reversed(below[1:])]
+                node = below[0]
+            rows.append((path.copy(), path[owned:]))
+            owned = len(path)
         return rows
 
-    def _trace(self, path: list[int], owners: list[int]) -> dict[str, Any]:
-        """One row: the path's tokens, with the owners' generations as its spans."""
+    def _trace(self, path: list[int], owners: list[int], ids: list[str]) -> dict[str, Any]:
+        """One row: the path's tokens, with the owners' generations as its spans (`ids`: the
+        call ids by position)."""
         calls = self.calls
         # Each prompt on a path extends the call before it, so the row is the leaf's
         # prompt plus generation (`check_envelope` verifies every span against its call).
@@ -381,10 +395,10 @@ class _Plan:
             end = start + len(call.generation_token_ids)
             logprobs[start:end] = call.generation_log_probs
             mask[start:end] = _ON * (end - start)
-            spans.append({"model_call_id": call.model_call_id, "start": start, "end": end})
+            spans.append({"model_call_id": ids[i], "start": start, "end": end})
         return {
-            "trace_id": f"{self.rollout_id}:{leaf_call.model_call_id}",
-            "model_call_ids": [calls[i].model_call_id for i in path],
+            "trace_id": f"{self.rollout_id}:{ids[path[-1]]}",
+            "model_call_ids": list(map(ids.__getitem__, path)),
             "token_ids": tokens,
             "generation_logprobs": logprobs,
             "loss_mask": mask,
@@ -392,16 +406,17 @@ class _Plan:
         }
 
 
-def _distinct_by_id(records: list[TokenEntry]) -> list[TokenEntry]:
-    """One record per call id; two different records under one id are unsafe."""
-    if len({record.model_call_id for record in records}) == len(records):
-        return records  # the usual case: every id once
+def _distinct_by_id(records: list[TokenEntry]) -> tuple[list[TokenEntry], frozenset[str]]:
+    """One record per call id, and the ids; two different records under one id are unsafe."""
+    ids = frozenset([record.model_call_id for record in records])
+    if len(ids) == len(records):
+        return records, ids  # the usual case: every id once
     by_id: dict[str, TokenEntry] = {}
     for record in records:
         seen = by_id.setdefault(record.model_call_id, record)
         if seen is not record and seen != record:
             _raise_conflict(record.model_call_id)
-    return list(by_id.values())
+    return list(by_id.values()), ids
 
 
 def _raise_conflict(call_id: str) -> None:
@@ -463,29 +478,34 @@ def _partition(members: Sequence[Any], same: Any) -> list[list[Any]]:
 
 
 def _same_prompt_groups(calls: list[TokenEntry]) -> list[list[int]]:
-    """Positions of calls sharing one prompt (two or more), deepest prompts first."""
+    """Positions of calls sharing one prompt (two or more), deepest prompts first.
+
+    One prompt has one length, so only calls whose prompt length recurs are read: distinct
+    lengths (the usual case) read no token.
+    """
     lengths = [len(c.prompt_token_ids) for c in calls]
     if len(set(lengths)) == len(lengths):
-        return []  # one prompt has one length: the usual case reads no token
-    keys = [
-        prefix_key(c.prompt_token_ids, len(c.prompt_token_ids)) if c.prompt_token_ids else (0,)
-        for c in calls
-    ]
+        return []
     same = lambda i, j: calls[i].prompt_token_ids == calls[j].prompt_token_ids  # noqa: E731
     groups: list[list[int]] = []
-    for members in _clashes(keys, list(range(len(calls)))):
-        groups.extend(g for g in _partition(members, same) if len(g) > 1)
-    groups.sort(key=lambda g: (-len(calls[g[0]].prompt_token_ids), g[0]))
+    by_length = sorted(range(len(calls)), key=lengths.__getitem__)  # stable: in call order
+    for length, run in itertools.groupby(by_length, key=lengths.__getitem__):
+        members = list(run)
+        if len(members) < 2:
+            continue
+        keys = [prefix_key(calls[i].prompt_token_ids, length) if length else (0,) for i in members]
+        for clash in _clashes(keys, members):
+            groups.extend(g for g in _partition(clash, same) if len(g) > 1)
+    groups.sort(key=lambda g: (-lengths[g[0]], g[0]))
     return groups
 
 
 def _transcript_reading(terminal: TerminalInputs | None) -> tuple:
     """The scored response's model-authored items, in order; empty when there is none."""
-    response = terminal.response if terminal is not None else None
-    if response is None:
+    if terminal is None or terminal.response is None:
         return ()
     try:
-        return transcript_readings(response_items(response))[0]
+        return terminal.readings[0]
     except Exception:  # an unreadable transcript names nothing
         return ()
 
