@@ -38,7 +38,7 @@ SPAN_FIELDS = ("model_call_id", "start", "end")
 ZERO_LOG_PROB = 0.0
 """The log prob of a position no span owns; the builder fills rows with this one object, so
 the check's comparison of a gap with it is a pointer comparison per position."""
-_TRACE_KEYS, _SPAN_KEYS = frozenset(TRACE_FIELDS), frozenset(SPAN_FIELDS)
+_TRACE_KEYS, _STR = frozenset(TRACE_FIELDS), frozenset([str])
 
 
 class TraceEnvelopeError(ValueError):
@@ -73,14 +73,12 @@ def _are_token_ids(values: Any) -> bool:
     return True
 
 
-def _check_finite(values: Any, where: str, n: int) -> None:
-    """`n` finite numbers; the sum in `all_finite` refuses anything that is not a number."""
-    if not isinstance(values, list) or len(values) != n:
-        raise _fail(where, f"must be a list of {n} numbers")
+def _check_finite(values: list[Any], where: str) -> None:
+    """Finite numbers; the sum in `all_finite` refuses anything that is not a number."""
     try:
         finite = all_finite(values)
     except TypeError:
-        raise _fail(where, f"must be a list of {n} numbers") from None
+        finite = False
     if not finite:
         raise _fail(where, "holds a value that is not a finite number")
 
@@ -159,7 +157,7 @@ def _check_trace(
     if not _is_mapping(trace) or not trace.keys() >= _TRACE_KEYS:
         raise _fail(where, f"must be an object with {list(TRACE_FIELDS)}")
     row_calls = trace["model_call_ids"]
-    if not isinstance(row_calls, list) or not row_calls or not set(map(type, row_calls)) <= {str}:
+    if not isinstance(row_calls, list) or not row_calls or not set(map(type, row_calls)) <= _STR:
         raise _fail(f"{where}.model_call_ids", "must be a non-empty list of call ids")
     if trace["trace_id"] != f"{rollout_id}:{row_calls[-1]}":
         raise _fail(
@@ -169,7 +167,8 @@ def _check_trace(
     if not _are_token_ids(tokens):
         raise _fail(f"{where}.token_ids", "must be a list of non-negative integer ids")
     n = len(tokens)
-    _check_finite(logprobs, f"{where}.generation_logprobs", n)
+    if not isinstance(logprobs, list) or len(logprobs) != n:
+        raise _fail(f"{where}.generation_logprobs", f"must be a list of {n} numbers")
     if not isinstance(mask, list) or len(mask) != n:
         raise _fail(f"{where}.loss_mask", f"must be a list of {n} values of 0 or 1")
     if n and mask[0] != 0:
@@ -198,16 +197,18 @@ def _check_positions(
     where: str,
     owned: dict[str, str],
 ) -> None:
-    """Per span, in position order: 0.0 log probs in the gap before it, 1s over it, its call
-    owned once. Then 0s everywhere else in the mask.
+    """Per span, in position order: 0.0 log probs in the gap before it, finite ones over it,
+    1s over it, its call owned once. Then 0s everywhere else in the mask.
+
+    Only the spans are summed for finiteness: a gap holds nothing but values equal to 0.0.
 
     One loop for every per-span rule: this runs once per span of every delivered row.
     """
     gap_start = covered = 0
     for call_id, start, end in spans:
-        # Equal to 0.0 everywhere: the finite sum already refused non-numbers.
         if logprobs[gap_start:start].count(ZERO_LOG_PROB) != start - gap_start:
             raise _fail(f"{where}.generation_logprobs", "is not 0.0 outside the sampled spans")
+        _check_finite(logprobs[start:end], f"{where}.generation_logprobs")
         gap_start = end
         covered += end - start
         if marks.count(1, start, end) != end - start:

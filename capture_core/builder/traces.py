@@ -128,7 +128,7 @@ def build_training_traces(
     try:
         plan.settle()
         envelope = plan.envelope(builder)
-        calls = {c.model_call_id: c for c in plan.calls}
+        calls = dict(zip(plan.call_ids, plan.calls, strict=True))
         check_envelope(envelope, rollout_id, calls=calls, owners=plan.kept_ids())
     except _Unsafe as exc:
         return plan.build(builder, None, error=str(exc))
@@ -147,6 +147,7 @@ class _Plan:
         self.attribution = NOT_ATTRIBUTED
         self.early: dict[str, str] = {}
         self.calls: list[TokenEntry] = []
+        self.call_ids: list[str] = []
         self.excluded: dict[int, str] = {}
         self.forest: CallForest | None = None
         self._kept: list[int] = []
@@ -182,7 +183,7 @@ class _Plan:
         return self._kept
 
     def kept_ids(self) -> list[str]:
-        return [self.calls[i].model_call_id for i in self._kept]
+        return list(map(self.call_ids.__getitem__, self._kept))
 
     def settle(self) -> None:
         """Decide every call's fate; raise `_Unsafe` when the capture must mask."""
@@ -193,6 +194,7 @@ class _Plan:
                 r.model_call_id: EMPTY_GENERATION for r in distinct if not r.generation_token_ids
             }
         self.calls, twins = _collapse_identical(sorted(with_tokens, key=call_order))
+        self.call_ids = [call.model_call_id for call in self.calls]
         self.early.update(dict.fromkeys(twins, IDENTICAL_DUPLICATE))
         if not self.calls:
             raise _Unsafe("the capture holds no call with generated tokens")
@@ -334,7 +336,7 @@ class _Plan:
 
     def envelope(self, builder: str) -> dict[str, Any]:
         """The envelope of the kept calls: rows in a deterministic order, each call owned once."""
-        ids = [call.model_call_id for call in self.calls]
+        ids = self.call_ids
         if builder == "prefix_merging":
             traces = [self._trace(path, owners, ids) for path, owners in self._rows()]
         else:
