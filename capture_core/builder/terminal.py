@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from capture_core.builder.transcript import ends_in_silent_turn, own_items, transcript_readings
@@ -45,26 +44,11 @@ PATH_CANDIDATES = 8
 
 @dataclass(frozen=True)
 class TerminalInputs:
-    """What a finished rollout record says about its terminal call; every part is optional.
-
-    The response is read once, at first use, and the readings kept: one inputs serves one
-    build, before anything rewrites the record.
-    """
+    """What a finished rollout record says about its terminal call; every part is optional."""
 
     explicit_call_id: str | None = None
     declared_response_id: str | None = None
     response: Mapping[str, Any] | None = None
-
-    @cached_property
-    def scored_items(self) -> list[Any]:
-        """The scored response's output items, read once per inputs; raises when malformed."""
-        return response_items(self.response or {})
-
-    @cached_property
-    def readings(self) -> tuple[tuple, tuple]:
-        """The scored response's model-authored keys, all of them and its trailing block
-        (`transcript_readings`): every witness and builder reads them from here, once."""
-        return transcript_readings(self.scored_items)
 
     @classmethod
     def from_record(cls, record: Any) -> TerminalInputs:
@@ -207,20 +191,20 @@ def _attribute(entries: list[TokenEntry], inputs: TerminalInputs) -> TerminalAtt
     if unmet:
         return TerminalAttribution(reason=_trail(unmet), must_mask=True)
     if inputs.response is not None:
-        testimonies.append(_guarded("response_id", _response_id, entries, inputs))
-        testimonies.append(_guarded("content", _content, entries, inputs))
+        testimonies.append(_guarded("response_id", _response_id, entries, inputs.response))
+        testimonies.append(_guarded("content", _content, entries, inputs.response))
     return _verdict(testimonies, by_id)
 
 
 def _guarded(
     witness: str,
-    read: Callable[[list[TokenEntry], TerminalInputs], _Testimony],
+    read: Callable[[list[TokenEntry], Mapping[str, Any]], _Testimony],
     entries: list[TokenEntry],
-    inputs: TerminalInputs,
+    response: Mapping[str, Any],
 ) -> _Testimony:
     """A witness whose reading of the response fails abstains; the others still testify."""
     try:
-        return read(entries, inputs)
+        return read(entries, response)
     except Exception as exc:  # a malformed response silences only its own witnesses
         logger.warning("terminal witness %s abstains: %s", witness, exc)
         return _Testimony(witness, reason=f"attribution_error[{type(exc).__name__}]")
@@ -250,14 +234,14 @@ def _by_response_id(witness: str, entries: list[TokenEntry], response_id: str) -
     return _Testimony(witness, chosen.model_call_id)
 
 
-def _response_id(entries: list[TokenEntry], inputs: TerminalInputs) -> _Testimony:
-    response_id = _nonempty_str((inputs.response or {}).get("id"))
+def _response_id(entries: list[TokenEntry], response: Mapping[str, Any]) -> _Testimony:
+    response_id = _nonempty_str(response.get("id"))
     if response_id is None:
         return _Testimony("response_id", reason="response_has_no_id")
     return _by_response_id("response_id", entries, response_id)
 
 
-def _content(entries: list[TokenEntry], inputs: TerminalInputs) -> _Testimony:
+def _content(entries: list[TokenEntry], response: Mapping[str, Any]) -> _Testimony:
     """The call whose model-authored items the scored response holds, or an abstention.
 
     A call matches when its own items are all of the response's (a harness that returned
@@ -266,9 +250,10 @@ def _content(entries: list[TokenEntry], inputs: TerminalInputs) -> _Testimony:
     break between turns). Matches with identical sequences collapse; different ones are
     settled by `_settle`, else ambiguous.
     """
-    if ends_in_silent_turn(inputs.scored_items):
+    items = response_items(response)
+    if ends_in_silent_turn(items):
         return _Testimony("content", reason="final_turn_without_content")
-    full, trailing = inputs.readings
+    full, trailing = transcript_readings(items)
     readings = {reading for reading in (full, trailing) if reading}
     own = {id(e): entry_fingerprint(e) for e in entries}
     matches = [e for e in entries if own[id(e)] and own[id(e)] in readings]
@@ -366,7 +351,7 @@ def check_strict_chain(
     if attribution.call_id is not None or inputs is None or inputs.response is None:
         return attribution
     try:
-        ends_early = _ends_before_leaf(inputs, chain)
+        ends_early = _ends_before_leaf(inputs.response, chain)
     except Exception as exc:  # attribution must never fail a build
         logger.warning("checking the strict chain against the response failed: %s", exc)
         return attribution
@@ -376,9 +361,9 @@ def check_strict_chain(
     return TerminalAttribution(reason=reason, must_mask=True)
 
 
-def _ends_before_leaf(inputs: TerminalInputs, chain: Sequence[TokenEntry]) -> bool:
+def _ends_before_leaf(response: Mapping[str, Any], chain: Sequence[TokenEntry]) -> bool:
     """Whether the response ends at a call of `chain` before its leaf, and not at the leaf."""
-    full, trailing = inputs.readings
+    full, trailing = transcript_readings(response_items(response))
     if not full:
         return False
     own = [entry_fingerprint(entry) for entry in chain]

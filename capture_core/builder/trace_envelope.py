@@ -38,7 +38,7 @@ SPAN_FIELDS = ("model_call_id", "start", "end")
 ZERO_LOG_PROB = 0.0
 """The log prob of a position no span owns; the builder fills rows with this one object, so
 the check's comparison of a gap with it is a pointer comparison per position."""
-_TRACE_KEYS, _STR = frozenset(TRACE_FIELDS), frozenset([str])
+_TRACE_KEYS, _SPAN_KEYS, _STR = frozenset(TRACE_FIELDS), frozenset(SPAN_FIELDS), frozenset([str])
 
 
 class TraceEnvelopeError(ValueError):
@@ -77,7 +77,7 @@ def _check_finite(values: list[Any], where: str) -> None:
     """Finite numbers; the sum in `all_finite` refuses anything that is not a number."""
     try:
         finite = all_finite(values)
-    except TypeError:
+    except (TypeError, OverflowError):  # not a number, or an integer no float can hold
         finite = False
     if not finite:
         raise _fail(where, "holds a value that is not a finite number")
@@ -113,10 +113,14 @@ def _check_spans(
     parsed: list[tuple[str, int, int]] = []
     in_order = True
     last_end = 0
-    # The test of `_is_int` written out, and a span's type told by reading its fields: this
-    # loop runs once per span.
+    # The tests of `_is_mapping` and `_is_int` written out, a plain dict's keys read by
+    # lookup: this loop runs once per span.
     for k, span in enumerate(spans):
         try:
+            if type(span) is not dict and not (
+                isinstance(span, Mapping) and span.keys() >= _SPAN_KEYS
+            ):
+                raise TypeError  # only a JSON object with the fields is a span
             call, start, end = span["model_call_id"], span["start"], span["end"]
         except (KeyError, TypeError, IndexError):
             raise _fail(

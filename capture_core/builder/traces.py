@@ -50,9 +50,9 @@ from capture_core.builder.trace_envelope import (
     TraceEnvelopeError,
     check_envelope,
 )
-from capture_core.builder.transcript import own_items
+from capture_core.builder.transcript import own_items, transcript_readings
 from capture_core.errors import InvalidInputError
-from capture_core.records import TokenEntry, coerce_token_entry
+from capture_core.records import TokenEntry, coerce_token_entry, response_items
 
 EMPTY_GENERATION = "empty_generation"
 IDENTICAL_DUPLICATE = "identical_duplicate"
@@ -504,10 +504,11 @@ def _same_prompt_groups(calls: list[TokenEntry]) -> list[list[int]]:
 
 def _transcript_reading(terminal: TerminalInputs | None) -> tuple:
     """The scored response's model-authored items, in order; empty when there is none."""
-    if terminal is None or terminal.response is None:
+    response = terminal.response if terminal is not None else None
+    if response is None:
         return ()
     try:
-        return terminal.readings[0]
+        return transcript_readings(response_items(response))[0]
     except Exception:  # an unreadable transcript names nothing
         return ()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections import defaultdict
 
 import pytest
 
@@ -267,6 +268,7 @@ BROKEN = {
     "no traces": lambda e: e.update(traces=[]),
     "unknown builder": lambda e: e.update(builder="magic"),
     "short log probs": lambda e: e["traces"][0]["generation_logprobs"].pop(),
+    "huge log prob": lambda e: e["traces"][0]["generation_logprobs"].__setitem__(2, -(10**400)),
     "nan log prob": lambda e: e["traces"][0]["generation_logprobs"].__setitem__(2, float("nan")),
     "first position trains": lambda e: e["traces"][0]["loss_mask"].__setitem__(0, 1),
     "mask beyond spans": lambda e: e["traces"][0]["loss_mask"].__setitem__(3, 1),
@@ -285,6 +287,9 @@ BROKEN = {
     "wrong trace id": lambda e: e["traces"][0].update(trace_id="r:a"),
     "span of a stranger": lambda e: e["traces"][0]["sampled_spans"][0].update(model_call_id="z"),
     "span naming a list": lambda e: e["traces"][0]["sampled_spans"][0].update(model_call_id=["a"]),
+    "span without its call id": lambda e: e["traces"][0]["sampled_spans"].__setitem__(
+        0, defaultdict(lambda: "a", start=2, end=3)
+    ),
     "span that is a list": lambda e: e["traces"][0]["sampled_spans"].__setitem__(0, ["a", 1, 2]),
     "overlapping spans": lambda e: e["traces"][0]["sampled_spans"][1].update(start=2),
     "owned twice": lambda e: e["traces"].append(copy.deepcopy(e["traces"][0])),
