@@ -116,16 +116,16 @@ def _check_spans(
     # The tests of `_is_mapping` and `_is_int` written out, a plain dict's keys read by
     # lookup: this loop runs once per span.
     for k, span in enumerate(spans):
-        try:
-            if type(span) is not dict and not (
-                isinstance(span, Mapping) and span.keys() >= _SPAN_KEYS
-            ):
-                raise TypeError  # only a JSON object with the fields is a span
-            call, start, end = span["model_call_id"], span["start"], span["end"]
-        except (KeyError, TypeError, IndexError):
+        is_object = type(span) is dict or (isinstance(span, Mapping) and span.keys() >= _SPAN_KEYS)
+        if is_object:
+            try:  # a plain dict's fields are told by reading them
+                call, start, end = span["model_call_id"], span["start"], span["end"]
+            except (KeyError, TypeError, IndexError):
+                is_object = False
+        if not is_object:
             raise _fail(
                 f"{where}.sampled_spans[{k}]", f"must be an object with {list(SPAN_FIELDS)}"
-            ) from None
+            )
         if type(start) is not int or type(end) is not int or not 0 < start < end <= n:
             raise _fail(
                 f"{where}.sampled_spans[{k}]",
