@@ -74,13 +74,14 @@ def _are_token_ids(values: Any) -> bool:
 
 
 def _check_finite(values: list[Any], where: str) -> None:
-    """Finite numbers; the sum in `all_finite` refuses anything that is not a number."""
+    """Log probs of row `where` that are finite numbers; the sum in `all_finite` refuses
+    anything that is not a number. The field is named only when one fails."""
     try:
         finite = all_finite(values)
     except (TypeError, OverflowError):  # not a number, or an integer no float can hold
         finite = False
     if not finite:
-        raise _fail(where, "holds a value that is not a finite number")
+        raise _fail(f"{where}.generation_logprobs", "holds a value that is not a finite number")
 
 
 def _check_header(envelope: Any, rollout_id: str | None) -> list[Any]:
@@ -206,13 +207,14 @@ def _check_positions(
 
     Only the spans are summed for finiteness: a gap holds nothing but values equal to 0.0.
 
-    One loop for every per-span rule: this runs once per span of every delivered row.
+    One loop for the row's own per-span rules (the capture's are `_check_against_capture`):
+    this runs once per span of every delivered row.
     """
     gap_start = covered = 0
     for call_id, start, end in spans:
         if logprobs[gap_start:start].count(ZERO_LOG_PROB) != start - gap_start:
             raise _fail(f"{where}.generation_logprobs", "is not 0.0 outside the sampled spans")
-        _check_finite(logprobs[start:end], f"{where}.generation_logprobs")
+        _check_finite(logprobs[start:end], where)
         gap_start = end
         covered += end - start
         if marks.count(1, start, end) != end - start:
