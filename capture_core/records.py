@@ -195,14 +195,19 @@ def construct_sealed_entry(fields: dict[str, Any]) -> TokenEntry | None:
 
 
 def all_finite(values: list[float]) -> bool:
-    """Whether no value is NaN or infinite. A NaN or infinity makes the sum non-finite, so a
-    finite sum decides at C speed; only an overflowing sum needs the value-by-value check."""
+    """Whether every value is a finite float: no NaN, no infinity, no integer beyond any
+    float (such a log prob is no probability). A NaN or infinity makes the sum non-finite,
+    so a finite sum decides at C speed; only an overflowing sum needs the value-by-value
+    check. A value that is not a number raises `TypeError`."""
     try:
         if math.isfinite(sum(values)):
             return True
     except OverflowError:
         pass  # a sum of huge ints: decide value by value
-    return all(map(math.isfinite, values))
+    try:
+        return all(map(math.isfinite, values))
+    except OverflowError:
+        return False
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -78,7 +78,7 @@ def _check_finite(values: list[Any], where: str) -> None:
     anything that is not a number. The field is named only when one fails."""
     try:
         finite = all_finite(values)
-    except (TypeError, OverflowError):  # not a number, or an integer no float can hold
+    except TypeError:  # not a number
         finite = False
     if not finite:
         raise _fail(f"{where}.generation_logprobs", "holds a value that is not a finite number")

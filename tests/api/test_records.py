@@ -8,10 +8,13 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
+from capture_core.errors import InvalidRecordError
 from capture_core.records import (
     TOKEN_ENTRY_RECORD_SCHEMA_VERSION,
     TOKEN_FIELDS,
     TokenEntry,
+    all_finite,
+    check_entry_consistency,
     coerce_token_entry,
     construct_sealed_entry,
     extract_token_fields,
@@ -74,6 +77,14 @@ def test_non_finite_log_probs_are_refused() -> None:
 def test_finite_log_probs_whose_sum_overflows_are_accepted() -> None:
     """The finite check sums first; an overflowing sum of finite values is still finite."""
     assert TokenEntry(**entry(generation_token_ids=[3, 4], generation_log_probs=[-1e308] * 2))
+
+
+def test_a_log_prob_no_float_can_hold_is_not_finite() -> None:
+    """As stdlib `json` parses a 400-digit number: refused by name, not `OverflowError`."""
+    assert not all_finite([-0.5, -(10**400)])
+    built = TokenEntry.model_construct(**entry(generation_log_probs=[10**400]))
+    with pytest.raises(InvalidRecordError, match="NaN or infinite"):
+        check_entry_consistency(built)
 
 
 def test_unknown_fields_round_trip_unchanged() -> None:
