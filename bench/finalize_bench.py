@@ -3,7 +3,8 @@
 Baseline: `orjson.loads` of every entry as full-prompt JSON (already in memory).
 Finalize is `finalize_rollout_token_capture` per rollout from a local store: freeze, read,
 validate, build, project and check contiguity; `--concurrency` rollouts at once (default
-the store concurrency, as `finalize_batch` runs them; 1: one after another). The reference,
+as many as `finalize_batch` runs from a local store, `finalize_concurrency`; 1: one after
+another). The reference,
 NeMo Gym's file store (`NemoGymFileStore`, the same captures in its layout), is finalized
 the same way. The three sides alternate over the repetitions; each finalize runs on a
 fresh copy of its captured store (a freeze is done once). Peak RSS is measured in a fresh
@@ -32,7 +33,7 @@ import orjson
 from bench import filesystem
 from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.delivery import finalize_rollout_token_capture
-from capture_core.run.handoff import store_concurrency
+from capture_core.run.handoff import finalize_concurrency
 from capture_core.store import TokenCaptureStore
 from capture_core.store.capture_entries import encode_entry
 from capture_core.store.nemo_gym_store import NemoGymFileStore
@@ -202,12 +203,15 @@ def finalize_fresh(template: str, records: list[dict], concurrency: int = 1) -> 
 
 
 def run_preset(
-    key: str, rollouts: int | None, repetitions: int, space: str | None, concurrency: int = 1
+    key: str, rollouts: int | None, repetitions: int, space: str | None, concurrency: int | None
 ) -> None:
+    """One preset's figures; `concurrency` None: as many at once as `finalize_batch` runs
+    from the store (`finalize_concurrency`), on both sides."""
     preset = PRESETS[key]
     count = rollouts or preset.rollouts
     root = tempfile.mkdtemp(prefix=f"tokcap-bench-{key}-", dir=space)
     gym_root = tempfile.mkdtemp(prefix=f"nemo-gym-bench-{key}-", dir=space)
+    concurrency = concurrency or finalize_concurrency(TokenCaptureStore(root))
     try:
         start = time.perf_counter()
         records = write_captures(root, preset, count)
@@ -272,7 +276,7 @@ def main() -> None:
     parser.add_argument(
         "--concurrency",
         type=int,
-        default=store_concurrency(),
+        default=None,
         help="rollouts finalized at once, as finalize_batch does (1: one after another)",
     )
     args = parser.parse_args()

@@ -125,10 +125,11 @@ def finalize_batch(
     masked "already retired", is dropped, never delivered or counted against the mask gate.
     """
     lines = read_batch(rollouts, batch, storage_options)
-    with store_requests():
+    store = source.open()
+    with store_requests(handoff.finalize_concurrency(store)):
         finalized = run_async(
             handoff.finalize_batch(
-                run_id, batch, lines, source.open(), builder, delivery=delivery, rows=rows
+                run_id, batch, lines, store, builder, delivery=delivery, rows=rows
             )
         )
     meanwhile = None if dest is None else _receipt_meanwhile(dest, run_id, batch, storage_options)

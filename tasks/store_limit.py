@@ -2,9 +2,10 @@
 
 `tokcap automations apply` creates the limit `tokcap-store-requests`. While it exists, each
 finalize and retire batch holds as many of its slots as rollouts it works on at once
-(`TOKCAP_STORE_CONCURRENCY`, 16 by default), so the limit caps the store requests in flight
-across all workers. Without the limit nothing is acquired: one process alone, or a server
-where it was never applied, runs as before.
+(`TOKCAP_STORE_CONCURRENCY`, 16 by default; a finalize from local disk 4 unless it is
+set), so the limit caps the store requests in flight across all workers. Without the
+limit nothing is acquired: one process alone, or a server where it was never applied, runs
+as before.
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ def _limit_at(api_url: str, name: str) -> int | None:
 
 
 @contextmanager
-def store_requests() -> Iterator[None]:
-    """Hold this batch's share of `tokcap-store-requests` while it talks to the store."""
+def store_requests(slots: int | None = None) -> Iterator[None]:
+    """Hold this batch's share of `tokcap-store-requests` while it talks to the store:
+    `slots`, the rollouts it works on at once (default `store_concurrency()`)."""
     from prefect.concurrency.sync import concurrency
 
-    limit, slots = limit_of(STORE_REQUESTS), store_concurrency()
+    limit, slots = limit_of(STORE_REQUESTS), slots or store_concurrency()
     if limit is None:
         yield
         return
