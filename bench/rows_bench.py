@@ -109,8 +109,9 @@ def parquet_tokens(data: bytes) -> list[list[np.ndarray]]:
 
 
 def table_tokens(table: pa.Table) -> list[list[np.ndarray]]:
-    """Each chunk's list values as arrays (a part's read gives one chunk per column): views
-    of what pyarrow decoded, no copy (a row's tokens are the slice its list offsets give)."""
+    """Each chunk's list values as arrays (a chunk per row group from pyarrow's threads, one
+    per column from one thread): views of what pyarrow decoded, no copy (a row's tokens are
+    the slice its list offsets give), as the JSON side ends with arrays per row."""
     return [[chunk.flatten().to_numpy() for chunk in table.column(c).chunks] for c in COLUMNS]
 
 

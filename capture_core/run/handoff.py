@@ -586,9 +586,10 @@ def finalize_concurrency(source: object) -> int:
 
     On local disk a finalize is interpreter work plus a few milliseconds of fsync for its
     freeze claim: four in flight overlap those, and more only add thread switches and
-    garbage-collector work (a quarter of the batch's time at 16: docs/perf.md). A remote
-    store's round trips need the 16. Retirement keeps `store_concurrency()`: its unlinks
-    and deletes gain from more at once.
+    garbage-collector work (a batch took about 1.4 times as long at 16: docs/perf.md). A
+    remote store's round trips need the 16; so may a local path on a network filesystem,
+    where each fsync is a round trip: set the variable there. Retirement keeps
+    `store_concurrency()`: its unlinks and deletes gain from more at once.
     """
     byte_store = getattr(source, "byte_store", None)
     if isinstance(byte_store, LocalStore) and not os.environ.get(STORE_CONCURRENCY_ENV):

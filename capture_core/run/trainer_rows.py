@@ -286,9 +286,9 @@ def read_rows(data: bytes, use_threads: bool = True) -> pa.Table:
     """A rows part's bytes as a table (the caller has verified them).
 
     By default decoded as `pyarrow.parquet.read_table` decodes: row groups and columns in
-    parallel on pyarrow's thread pools (`pyarrow.set_cpu_count` sizes the CPU pool), one
-    chunk per row group, about a sixth less time and CPU than the file reader's single
-    chunk per column. `use_threads=False` decodes on the calling thread through the file
+    parallel on pyarrow's thread pools (`pyarrow.set_cpu_count` sizes the CPU pool), at
+    least one chunk per row group, about a sixth less time and CPU than the file reader's
+    single chunk per column. `use_threads=False` decodes on the calling thread through the file
     reader, since the scanner under `read_table` uses pyarrow's threads even then.
     """
     if use_threads:
