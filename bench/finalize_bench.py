@@ -3,11 +3,11 @@
 Baseline: `orjson.loads` of every entry as full-prompt JSON (already in memory).
 Finalize is `finalize_rollout_token_capture` per rollout from a local store: freeze, read,
 validate, build, project and check contiguity; `--concurrency` rollouts at once (default
-as many as `finalize_batch` runs from a local store, `finalize_concurrency`; 1: one after
-another). The reference,
-NeMo Gym's file store (`NemoGymFileStore`, the same captures in its layout), is finalized
-the same way. The three sides alternate over the repetitions; each finalize runs on a
-fresh copy of its captured store (a freeze is done once). Peak RSS is measured in a fresh
+as many as `finalize_batch` runs from a local tokcap store, `finalize_concurrency`; 1: one
+after another). The reference, NeMo Gym's file store (`NemoGymFileStore`, the same captures
+in its layout), is finalized the same way, at the same concurrency. The three sides
+alternate over the repetitions; each finalize runs on a fresh copy of its captured store (a
+freeze is done once). Peak RSS is measured in a fresh
 process that finalizes one rollout. Prints medians, ranges and ratios; asserts nothing.
 Usage: .venv/bin/python -m bench.finalize_bench [--preset many|long|all] [--rollouts N]
        [--repetitions R] [--dir D] [--concurrency C]
@@ -206,7 +206,8 @@ def run_preset(
     key: str, rollouts: int | None, repetitions: int, space: str | None, concurrency: int | None
 ) -> None:
     """One preset's figures; `concurrency` None: as many at once as `finalize_batch` runs
-    from the store (`finalize_concurrency`), on both sides."""
+    from tokcap's store (`finalize_concurrency`), for NeMo Gym's store too, so both sides
+    do the same work."""
     preset = PRESETS[key]
     count = rollouts or preset.rollouts
     root = tempfile.mkdtemp(prefix=f"tokcap-bench-{key}-", dir=space)

@@ -57,7 +57,8 @@ def store_requests(slots: int | None = None) -> Iterator[None]:
     if slots > limit:
         raise ValueError(
             f"the global concurrency limit {STORE_REQUESTS} is {limit}, below the "
-            f"{slots} store requests one batch makes at once (TOKCAP_STORE_CONCURRENCY); "
+            f"{slots} store requests one batch makes at once (TOKCAP_STORE_CONCURRENCY, "
+            "16 by default, 4 for a finalize from local disk); "
             f"raise it with tokcap automations apply --store-request-limit {slots} or more"
         )
     with concurrency(STORE_REQUESTS, occupy=slots):
