@@ -12,6 +12,7 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from prefect import State, Task, flow, get_run_logger
@@ -50,7 +51,7 @@ from tasks.batches import (
     upload_batch,
 )
 from tasks.consumers import acknowledged
-from tasks.receipts import UnrecordedReceiptError, find_receipts, receipt_storage
+from tasks.receipts import ReceiptStorage, UnrecordedReceiptError, find_receipts, receipt_storage
 from tasks.report import write_run_report
 from tasks.run_state import check_locations, claim_run_id, load_ledger, load_manifest, mark_retired
 
@@ -76,7 +77,11 @@ class RunSteps:
     """The tasks of one run, bound to its locations; each reports its batch's fate to a tally.
 
     With `retire_after_consumer`, a batch is retired only once that consumer acknowledged
-    its rows part; until then its receipt is tallied with nothing retired.
+    its rows part; until then its receipt is tallied with nothing retired. The receipt
+    storage block is saved on the task runner while the first batches finalize: at a run's
+    start a SQLite-backed server often answers that write 503 (its database busy with the
+    run's own state changes) and the client retries it about 2 s later. The first upload or
+    retire waits for the save, and a failed save fails the run there, before any receipt.
     """
 
     run_id: str
@@ -89,13 +94,18 @@ class RunSteps:
     rows: str = "none"
     retire_after_consumer: str | None = None
     delivery: str = MAIN_CHAIN
-    upload: Task[..., HandoffReceipt] = field(init=False)
-    retire_task: Task[..., RetireOutcome] = field(init=False)
+    storage: PrefectFuture[ReceiptStorage] = field(init=False)
 
     def __post_init__(self) -> None:
-        storage = receipt_storage(self.dest, self.run_id, self.options)
-        self.upload = upload_batch.with_options(result_storage=storage)
-        self.retire_task = retire_batch.with_options(result_storage=storage)
+        self.storage = receipt_storage.submit(self.dest, self.run_id, self.options)
+
+    @cached_property
+    def upload(self) -> Task[..., HandoffReceipt]:
+        return upload_batch.with_options(result_storage=self.storage.result())
+
+    @cached_property
+    def retire_task(self) -> Task[..., RetireOutcome]:
+        return retire_batch.with_options(result_storage=self.storage.result())
 
     def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch | HandoffReceipt]:
         args = (self.run_id, self.rollouts, batch, self.source, self.options)
@@ -154,11 +164,12 @@ class RunSteps:
         crash_point("after-finalize")
         if not tally.may_hand_off(gate, batch.index, finalized.outcomes):
             return None
+        upload = self.upload  # outside the try: a failed storage save fails the run
         try:
             # quote: Prefect would otherwise walk every outcome and the part looking for
             # futures, twice per task; a finished batch holds none.
             args = (self.run_id, quote(finalized), self.dest, self.options)
-            return self.upload(*args, claim=self.claim)
+            return upload(*args, claim=self.claim)
         except (ClaimLostError, UnrecordedReceiptError):
             raise  # a lost claim writes nothing more; an unrecorded receipt may be retired
         except Exception as exc:
@@ -188,12 +199,13 @@ class RunSteps:
         the batch's retirement like any other retire error: nothing of it is retired.
         """
         args = (quote(receipt), self.dest, self.source, self.options)
+        retire = self.retire_task  # outside the try: a failed storage save fails the run
         try:
             if self.retire_after_consumer is not None and not self.consumed(receipt):
                 waiting = self.retire_after_consumer
                 outcome = RetireOutcome(receipt_key=receipt.receipt_key, waiting_for=waiting)
             else:
-                state = self.retire_task(*args, claim=self.claim, return_state=True)
+                state = retire(*args, claim=self.claim, return_state=True)
                 outcome = state.result()
                 outcome.earlier = state.name == "Cached"
         except ClaimLostError:
@@ -301,6 +313,7 @@ def finalize_run(
     for done, batch in enumerate(plan.batches, start=1):
         steps.run_batch(batch, earlier.get(receipt_key(batch)), finalizing, tally, gate)
         update_progress_artifact(progress, 100.0 * done / max(1, len(plan.batches)))
+    steps.storage.result()  # saved even when no batch needed it: a failed save fails the run
     summary = write_run_report(dest, quote(tally), options, claim)  # quote: see hand_off
     alert_on_masks(summary, mask_alert_fraction)
     raise_if_failed(summary, tally, steps)
@@ -378,6 +391,7 @@ def retire_uploaded(
     steps, tally = RunSteps(run_id, dest, source, options), RunTally(run_id=run_id)
     steps.retire_after_consumer = manifest.retire_after_consumer
     outcomes = [steps.retire(receipt, tally) for receipt in receipts]
+    steps.storage.result()  # saved even when no receipt needed it, as in finalize_run
     mark_retired(dest, run_id, [rid for o in outcomes for rid in o.retired], options)
     counts = retire_counts(receipts, outcomes)
     get_run_logger().info("run %s: %s", run_id, counts)
