@@ -65,6 +65,10 @@ def shapes(draw: st.DrawFn) -> list[TokenEntry]:
     return entries
 
 
+# The strategies draw only through Hypothesis; in the full suite, threads other tests leave
+# running (the moto server, Prefect's clients) move the global `random` state while examples
+# are generated, which Hypothesis reports as this deprecation.
+@pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
