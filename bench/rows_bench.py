@@ -56,7 +56,7 @@ from capture_core.run.trainer_rows import batch_rows, read_rows, record_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
-from tasks.receipts import ReceiptStorage
+from tasks.receipts import ReceiptStorage, result_path
 
 COLUMNS = ("token_ids", "generation_logprobs", "loss_mask")
 
@@ -153,9 +153,10 @@ def handed_off(finalized: FinalizedBatch, dest: str) -> None:
     """Hand the batch off to `dest` and persist its receipt as the upload task does (its
     Prefect result record, through the run's receipt storage), so `RowConsumer` reads it."""
     receipt = handoff_batch("bench", finalized, open_byte_store(dest))
-    metadata = ResultRecordMetadata(serializer=JSONSerializer(), storage_key=receipt.receipt_key)
+    path = result_path("bench", receipt.receipt_key)
+    metadata = ResultRecordMetadata(serializer=JSONSerializer(), storage_key=path)
     record = ResultRecord(result=receipt, metadata=metadata)
-    ReceiptStorage(dest=dest, run_id="bench").write_path(receipt.receipt_key, record.serialize())
+    ReceiptStorage(dest=dest).write_path(path, record.serialize())
 
 
 @dataclasses.dataclass

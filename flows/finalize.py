@@ -78,10 +78,9 @@ class RunSteps:
 
     With `retire_after_consumer`, a batch is retired only once that consumer acknowledged
     its rows part; until then its receipt is tallied with nothing retired. The receipt
-    storage block is saved on the task runner while the first batches finalize: at a run's
-    start a SQLite-backed server often answers that write 503 (its database busy with the
-    run's own state changes) and the client retries it about 2 s later. The first upload or
-    retire waits for the save, and a failed save fails the run there, before any receipt.
+    storage block is prepared on the task runner while the first batches finalize (an API
+    call, and a save when the destination's block is missing or was edited). The first
+    upload or retire waits for it; a failure fails the run there, before any receipt.
     """
 
     run_id: str
@@ -97,7 +96,7 @@ class RunSteps:
     storage: PrefectFuture[ReceiptStorage] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.storage = receipt_storage.submit(self.dest, self.run_id, self.options)
+        self.storage = receipt_storage.submit(self.dest, self.options)
 
     @cached_property
     def upload(self) -> Task[..., HandoffReceipt]:
@@ -164,7 +163,7 @@ class RunSteps:
         crash_point("after-finalize")
         if not tally.may_hand_off(gate, batch.index, finalized.outcomes):
             return None
-        upload = self.upload  # outside the try: a failed storage save fails the run
+        upload = self.upload  # outside the try: unprepared receipt storage fails the run
         try:
             # quote: Prefect would otherwise walk every outcome and the part looking for
             # futures, twice per task; a finished batch holds none.
@@ -199,7 +198,7 @@ class RunSteps:
         the batch's retirement like any other retire error: nothing of it is retired.
         """
         args = (quote(receipt), self.dest, self.source, self.options)
-        retire = self.retire_task  # outside the try: a failed storage save fails the run
+        retire = self.retire_task  # outside the try: unprepared receipt storage fails the run
         try:
             if self.retire_after_consumer is not None and not self.consumed(receipt):
                 waiting = self.retire_after_consumer
@@ -313,7 +312,7 @@ def finalize_run(
     for done, batch in enumerate(plan.batches, start=1):
         steps.run_batch(batch, earlier.get(receipt_key(batch)), finalizing, tally, gate)
         update_progress_artifact(progress, 100.0 * done / max(1, len(plan.batches)))
-    steps.storage.result()  # saved even when no batch needed it: a failed save fails the run
+    steps.storage.result()  # prepared even when no batch needed it: a failure fails the run
     summary = write_run_report(dest, quote(tally), options, claim)  # quote: see hand_off
     alert_on_masks(summary, mask_alert_fraction)
     raise_if_failed(summary, tally, steps)
@@ -391,7 +390,7 @@ def retire_uploaded(
     steps, tally = RunSteps(run_id, dest, source, options), RunTally(run_id=run_id)
     steps.retire_after_consumer = manifest.retire_after_consumer
     outcomes = [steps.retire(receipt, tally) for receipt in receipts]
-    steps.storage.result()  # saved even when no receipt needed it, as in finalize_run
+    steps.storage.result()  # prepared even when no receipt needed it, as in finalize_run
     mark_retired(dest, run_id, [rid for o in outcomes for rid in o.retired], options)
     counts = retire_counts(receipts, outcomes)
     get_run_logger().info("run %s: %s", run_id, counts)

@@ -36,7 +36,12 @@ from capture_core.run.run_progress import RETIREMENTS_FAILED
 from capture_core.run.run_report import masked_line, plural
 from capture_core.storage import open_byte_store
 from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async, tokcap_task
-from tasks.receipts import UnrecordedReceiptError, read_receipt, set_aside_unrecorded
+from tasks.receipts import (
+    UnrecordedReceiptError,
+    read_receipt,
+    result_path,
+    set_aside_unrecorded,
+)
 from tasks.store_limit import store_requests
 
 StorageOptions = Mapping[str, Any] | None
@@ -169,7 +174,7 @@ def _receipt_meanwhile(
 
 
 def _receipt_key(context: Any, parameters: Mapping[str, Any]) -> str:
-    return parameters["finalized"].receipt_key
+    return result_path(parameters["run_id"], parameters["finalized"].receipt_key)
 
 
 @persisted_task("upload-batch", upload_run_name, _receipt_key)
@@ -210,10 +215,12 @@ def upload_batch(
 def _retired_key(context: Any, parameters: Mapping[str, Any]) -> str:
     """A retirement is valid for this receipt against this capture store only.
 
-    The key is the one earlier runs persisted their retirements under (`SourceSpec.identity`
+    Its object is the one earlier runs persisted their retirements as (`SourceSpec.identity`
     digests what `store`, `storage_options` and `source_kwargs` named then), so they are reused.
     """
-    return f"{parameters['receipt'].receipt_key}-retired-{parameters['source'].identity()}"
+    receipt = parameters["receipt"]
+    name = f"{receipt.receipt_key}-retired-{parameters['source'].identity()}"
+    return result_path(receipt.run_id, name)
 
 
 @persisted_task("retire-batch", retire_run_name, _retired_key)

@@ -4,8 +4,10 @@ tasks that prepare that storage and find the receipts persisted there.
 The upload and retire tasks persist their results through `ReceiptStorage`, a block that
 writes through the destination's byte store: create-only and durable (temporary file, fsync,
 exclusive publish, folder fsync on a local disk; one conditional PUT on S3), so a result
-object is whole or absent, never empty or torn. The block holds only the location and public
-settings (credentials stay in the environment).
+object is whole or absent, never empty or torn. The block holds only the destination and its
+public settings (credentials stay in the environment); one block serves every run there, so
+a run reads it from the API and writes it only when it is missing or was edited.
+Result paths are `<run_id>/receipts/<name>` (`result_path`), the object's key in the destination.
 A receipt exists exactly when the upload task's persisted result exists.
 Receipts are read through the destination's byte store, never `ResultStore.exists`, which
 reads every failure, transient or not, as "absent".
@@ -28,9 +30,16 @@ from prefect.results import ResultRecord
 from pydantic import Field
 
 from capture_core.config import public_storage_options
-from capture_core.errors import TransientStoreError, UnreadableReceiptError
+from capture_core.errors import InvalidInputError, TransientStoreError, UnreadableReceiptError
 from capture_core.run.handoff import RECEIPT_KEY, FinalizedBatch, HandoffReceipt
-from capture_core.run.run_layout import RECEIPTS, RunLayout, part_key, rows_key, run_location
+from capture_core.run.run_layout import (
+    RECEIPTS,
+    RunLayout,
+    part_key,
+    rows_key,
+    run_location,
+    validate_run_id,
+)
 from capture_core.storage import open_byte_store
 from tasks.common import tokcap_task
 
@@ -45,8 +54,25 @@ def receipts_location(dest: str, run_id: str) -> str:
     return run_location(dest, run_id, RECEIPTS)
 
 
+def result_path(run_id: str, name: str) -> str:
+    """The result storage path of run `run_id`'s receipt (or retirement) `name`."""
+    return f"{run_id}/{RECEIPTS}/{name}"
+
+
+def _split_result_path(path: str) -> tuple[str, str]:
+    """The run id and the name of a result path `<run_id>/receipts/<name>`."""
+    parts = path.split("/")
+    if len(parts) != 3 or parts[1] != RECEIPTS or not parts[2] or parts[2] in (".", ".."):
+        raise InvalidInputError(
+            f"result path {path!r} is not <run_id>/{RECEIPTS}/<name>; tokcap's upload and "
+            "retire tasks name their results that way (tasks/receipts.py: result_path)"
+        )
+    return validate_run_id(parts[0]), parts[2]
+
+
 class ReceiptStorage(WritableFileSystem):
-    """Prefect result storage for one run's receipts, written through the destination's store.
+    """Prefect result storage for the receipts of every run at one destination, written
+    through the destination's byte store (paths `<run_id>/receipts/<name>`).
 
     Writes are create-only: an object already at the key is kept (the first result is the
     record; a concurrent pass certified the same part). An existing object Prefect cannot
@@ -57,38 +83,39 @@ class ReceiptStorage(WritableFileSystem):
     _block_type_name = "tokcap receipt storage"
     _block_type_slug = "tokcap-receipt-storage"
 
-    dest: str = Field(description="The run's destination location.")
-    run_id: str = Field(description="The run whose receipts these are.")
+    dest: str = Field(description="The destination location of the runs.")
     settings: dict[str, Any] = Field(default_factory=dict, description="Public storage options.")
 
-    def _layout(self) -> RunLayout:
-        return RunLayout(open_byte_store(self.dest, self.settings or None), self.run_id)
+    def _layout(self, run_id: str) -> RunLayout:
+        return RunLayout(open_byte_store(self.dest, self.settings or None), run_id)
 
     def read_path(self, path: str, _sync: bool | None = None) -> bytes:
-        layout = self._layout()
-        data = layout.dest.get(layout.receipt_key(path))
+        run_id, name = _split_result_path(path)
+        layout = self._layout(run_id)
+        data = layout.dest.get(layout.receipt_key(name))
         if data is None:
-            raise FileNotFoundError(f"no result {receipts_location(self.dest, self.run_id)}/{path}")
+            raise FileNotFoundError(f"no result {receipts_location(self.dest, run_id)}/{name}")
         return data
 
     async def aread_path(self, path: str) -> bytes:
         return self.read_path(path)
 
     def write_path(self, path: str, content: bytes, _sync: bool | None = None) -> str:
-        layout = self._layout()
-        key = layout.receipt_key(path)
+        run_id, name = _split_result_path(path)
+        layout = self._layout(run_id)
+        key = layout.receipt_key(name)
         if layout.dest.create(key, content):
             return key
         existing = layout.dest.get(key)
         if existing is not None and not _is_result_record(existing):
             reason = "Prefect could not read this result object; a new one was written"
-            layout.set_aside(path, existing, None, reason)
+            layout.set_aside(name, existing, None, reason)
             if layout.dest.create(key, content):
                 return key
             existing = layout.dest.get(key)
         if existing is None:
             raise TransientStoreError(
-                f"result {receipts_location(self.dest, self.run_id)}/{path} was removed while "
+                f"result {receipts_location(self.dest, run_id)}/{name} was removed while "
                 "it was being persisted; the write is safe to retry"
             )
         if existing != content:
@@ -107,15 +134,25 @@ def _is_result_record(data: bytes) -> bool:
     return True
 
 
-@tokcap_task("prepare-receipt-storage", "prepare receipt storage of run {run_id}")
-def receipt_storage(
-    dest: str, run_id: str, storage_options: Mapping[str, Any] | None = None
-) -> ReceiptStorage:
-    """Result storage for the upload and retire tasks, saved as a block named by its location."""
+@tokcap_task("prepare-receipt-storage", "prepare receipt storage at {dest}")
+def receipt_storage(dest: str, storage_options: Mapping[str, Any] | None = None) -> ReceiptStorage:
+    """Result storage for the upload and retire tasks: the destination's saved block.
+
+    The block is named by the digest of the destination and its public settings. It is
+    read from the API, and saved only when it is missing or no longer holds exactly these:
+    a write at every run's start is what a busy server answers 503 (docs/pipeline.md).
+    """
     settings = public_storage_options(storage_options)
-    digest = hashlib.sha256(orjson.dumps([dest, run_id, settings], option=orjson.OPT_SORT_KEYS))
-    block = ReceiptStorage(dest=dest, run_id=run_id, settings=settings)
-    block.save(f"tokcap-receipts-{digest.hexdigest()[:20]}", overwrite=True)
+    digest = hashlib.sha256(orjson.dumps([dest, settings], option=orjson.OPT_SORT_KEYS))
+    name = f"tokcap-receipts-{digest.hexdigest()[:20]}"
+    try:
+        found = ReceiptStorage.load(name)
+    except ValueError:  # no block of that name, or one that no longer validates
+        found = None
+    if found is not None and found.dest == dest and found.settings == settings:
+        return found
+    block = ReceiptStorage(dest=dest, settings=settings)
+    block.save(name, overwrite=True)
     return block
 
 

@@ -56,7 +56,7 @@ def test_finalize_and_retire_task_runs_name_each_batch_in_one_style(tmp_path, pr
             f"check store {FAILING_FREEZE_SOURCE} and destination {dest}",
             f"plan batches of 2 from {rollouts}",
             f"claim run id names at {dest}",
-            "prepare receipt storage of run names",
+            f"prepare receipt storage at {dest}",
             "find receipts of run names",
             "finalize batch 0 (lines 1-2)",
             "finalize batch 1 (lines 3-4)",
