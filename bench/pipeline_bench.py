@@ -4,9 +4,10 @@ Both sides plan, finalize, hand off and retire the same rollouts (stores built f
 seeds, captured afresh before each side, not timed), alternated over the repetitions in the
 same run. The Prefect server is started first and its start-up is reported separately.
 Each repetition captures into a fresh store folder and hands off as a new run id to its
-side's one destination, as the runs of a training job do; the flow's first run at its
-destination, which also saves the destination's receipt storage block, runs and is reported
-before the repetitions. Everything is removed at the end (see `bench/store_bench.py` on why).
+side's one destination, as the runs of a training job do; each side's first run at its
+destination (the flow's also saves the destination's receipt storage block) runs and is
+reported before the repetitions. Everything is removed at the end (see
+`bench/store_bench.py` on why).
 Prints the time ratio flow/plain (median and range); asserts nothing.
 Usage: .venv/bin/python -m bench.pipeline_bench [--rollouts N] [--batch-size B] [--repetitions R]
 """
@@ -95,6 +96,8 @@ def main() -> None:
             print(f"Prefect server start (one-time): {time.perf_counter() - started:.1f}s")
             first = timed_side(work, "flow", 1000, rollouts, args)
             print(f"flow's first run at its destination (one-time, saves its block): {first:.2f}s")
+            first = timed_side(work, "plain", 1001, rollouts, args)
+            print(f"plain calls' first run at their destination (one-time): {first:.2f}s")
             reps = iter(range(1000))
             ratio = alternate(
                 lambda: timed_side(work, "plain", next(reps), rollouts, args),

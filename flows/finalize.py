@@ -100,11 +100,11 @@ class RunSteps:
 
     @cached_property
     def upload(self) -> Task[..., HandoffReceipt]:
-        return upload_batch.with_options(result_storage=self.storage.result())
+        return upload_batch.with_options(result_storage=self.storage.result().for_run(self.run_id))
 
     @cached_property
     def retire_task(self) -> Task[..., RetireOutcome]:
-        return retire_batch.with_options(result_storage=self.storage.result())
+        return retire_batch.with_options(result_storage=self.storage.result().for_run(self.run_id))
 
     def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch | HandoffReceipt]:
         args = (self.run_id, self.rollouts, batch, self.source, self.options)

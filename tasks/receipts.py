@@ -8,6 +8,9 @@ object is whole or absent, never empty or torn. The block holds only the destina
 public settings (credentials stay in the environment); one block serves every run there, so
 a run reads it from the API and writes it only when it is missing or was edited.
 Result paths are `<run_id>/receipts/<name>` (`result_path`), the object's key in the destination.
+A bare name is Prefect's own key (a failed task's exception) or an older run's receipt: it
+resolves under the run the block was bound to (`for_run`, or the run id an older run's block
+document holds).
 A receipt exists exactly when the upload task's persisted result exists.
 Receipts are read through the destination's byte store, never `ResultStore.exists`, which
 reads every failure, transient or not, as "absent".
@@ -27,7 +30,7 @@ from typing import Any
 import orjson
 from prefect.filesystems import WritableFileSystem
 from prefect.results import ResultRecord
-from pydantic import Field
+from pydantic import Field, PrivateAttr, ValidationError
 
 from capture_core.config import public_storage_options
 from capture_core.errors import InvalidInputError, TransientStoreError, UnreadableReceiptError
@@ -59,9 +62,12 @@ def result_path(run_id: str, name: str) -> str:
     return f"{run_id}/{RECEIPTS}/{name}"
 
 
-def _split_result_path(path: str) -> tuple[str, str]:
-    """The run id and the name of a result path `<run_id>/receipts/<name>`."""
+def _split_result_path(path: str, run_id: str | None) -> tuple[str, str]:
+    """The run id and the name of a result path `<run_id>/receipts/<name>`, or of a bare
+    name under `run_id`."""
     parts = path.split("/")
+    if len(parts) == 1 and run_id is not None:
+        parts = [run_id, RECEIPTS, path]
     if len(parts) != 3 or parts[1] != RECEIPTS or not parts[2] or parts[2] in (".", ".."):
         raise InvalidInputError(
             f"result path {path!r} is not <run_id>/{RECEIPTS}/<name>; tokcap's upload and "
@@ -85,12 +91,23 @@ class ReceiptStorage(WritableFileSystem):
 
     dest: str = Field(description="The destination location of the runs.")
     settings: dict[str, Any] = Field(default_factory=dict, description="Public storage options.")
+    _run_id: str | None = PrivateAttr(None)
+
+    def for_run(self, run_id: str) -> ReceiptStorage:
+        """This saved block, resolving bare result names under run `run_id`'s receipts."""
+        bound = self.model_copy()
+        bound._run_id = validate_run_id(run_id)
+        return bound
+
+    def _split(self, path: str) -> tuple[str, str]:
+        older_run = (self.model_extra or {}).get("run_id")  # a block saved for one run
+        return _split_result_path(path, self._run_id or older_run)
 
     def _layout(self, run_id: str) -> RunLayout:
         return RunLayout(open_byte_store(self.dest, self.settings or None), run_id)
 
     def read_path(self, path: str, _sync: bool | None = None) -> bytes:
-        run_id, name = _split_result_path(path)
+        run_id, name = self._split(path)
         layout = self._layout(run_id)
         data = layout.dest.get(layout.receipt_key(name))
         if data is None:
@@ -101,7 +118,7 @@ class ReceiptStorage(WritableFileSystem):
         return self.read_path(path)
 
     def write_path(self, path: str, content: bytes, _sync: bool | None = None) -> str:
-        run_id, name = _split_result_path(path)
+        run_id, name = self._split(path)
         layout = self._layout(run_id)
         key = layout.receipt_key(name)
         if layout.dest.create(key, content):
@@ -147,7 +164,11 @@ def receipt_storage(dest: str, storage_options: Mapping[str, Any] | None = None)
     name = f"tokcap-receipts-{digest.hexdigest()[:20]}"
     try:
         found = ReceiptStorage.load(name)
-    except ValueError:  # no block of that name, or one that no longer validates
+    except ValueError:  # no block of that name
+        found = None
+    except RuntimeError as exc:  # Prefect's words for a block that no longer validates
+        if not isinstance(exc.__cause__, ValidationError):
+            raise
         found = None
     if found is not None and found.dest == dest and found.settings == settings:
         return found

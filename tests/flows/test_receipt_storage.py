@@ -3,7 +3,8 @@
 A run writes no block of its own: at a run's start a block save is the write a busy server
 answers 503 (and the client retries seconds later), so runs load the destination's block and
 save it only when it is missing or was edited. Each upload's persisted receipt stays
-readable from its task run's state in the API, through that block.
+readable from its task run's state in the API, through that block; so do the receipts of
+runs that saved a block of their own (their states name bare keys).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import hashlib
 
 import orjson
 from prefect import get_client
+from prefect.client.schemas.actions import BlockDocumentUpdate
 
 from capture_core.run.handoff import HandoffReceipt
 from capture_core.store import TokenCaptureStore
@@ -56,13 +58,35 @@ def test_runs_at_one_destination_share_one_block_and_states_read_their_receipts(
         assert isinstance(receipt, HandoffReceipt) and receipt.run_id == run_id
 
 
+def set_block_data(block: ReceiptStorage, data: dict) -> None:
+    with get_client(sync_client=True) as client:
+        client.update_block_document(block._block_document_id, BlockDocumentUpdate(data=data))
+
+
 def test_a_block_edited_since_it_was_saved_is_saved_again(tmp_path, prefect_api) -> None:
     dest = str(tmp_path / "dest")
     first = receipt_storage.fn(dest)
     digest = hashlib.sha256(orjson.dumps([dest, {}], option=orjson.OPT_SORT_KEYS)).hexdigest()
     name = f"tokcap-receipts-{digest[:20]}"
-    ReceiptStorage(dest=str(tmp_path / "elsewhere")).save(name, overwrite=True)
-    again = receipt_storage.fn(dest)
-    assert again.dest == dest and ReceiptStorage.load(name).dest == dest
-    assert first._block_document_id == again._block_document_id
+    for edited in ({"dest": str(tmp_path / "elsewhere"), "settings": {}}, {"dest": 5}):
+        set_block_data(first, edited)  # pointed elsewhere; then no longer valid at all
+        again = receipt_storage.fn(dest)
+        assert again.dest == dest and ReceiptStorage.load(name).dest == dest
+        assert first._block_document_id == again._block_document_id
     assert receipt_storage.fn(dest, {"anon": True})._block_document_id != first._block_document_id
+
+
+def test_bare_result_keys_resolve_under_the_run_of_the_block(tmp_path, prefect_api) -> None:
+    """A run's bound block keeps Prefect's own keys (a failed task's exception) under the
+    run; a block an older run saved for itself reads that run's receipts by bare key."""
+    dest = str(tmp_path / "dest")
+    bound = receipt_storage.fn(dest).for_run("failing")
+    assert bound.write_path("1de9b06a7c", b"exception") == "failing/receipts/1de9b06a7c"
+    assert (tmp_path / "dest" / "failing" / "receipts" / "1de9b06a7c").read_bytes() == b"exception"
+    older = ReceiptStorage(dest=dest)
+    older.save("tokcap-receipts-older-run", overwrite=True)
+    set_block_data(older, {"dest": dest, "run_id": "older", "settings": {}})
+    key = "batch-00000-0123456789abcdef"
+    (tmp_path / "dest" / "older" / "receipts").mkdir(parents=True)
+    (tmp_path / "dest" / "older" / "receipts" / key).write_bytes(b"receipt")
+    assert ReceiptStorage.load("tokcap-receipts-older-run").read_path(key) == b"receipt"
