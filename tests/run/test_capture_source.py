@@ -40,10 +40,12 @@ def test_spellings_of_one_location_are_one_store(tmp_path) -> None:
     ],
 )
 def test_a_retirement_is_keyed_as_earlier_runs_persisted_it(spec: SourceSpec, digest: str) -> None:
-    """The retire task's result key, which earlier runs wrote retirements under, is stable:
-    the digests are those of the code that took store, options and arguments one by one."""
+    """The retire task's result object, which earlier runs wrote retirements as, is stable:
+    the digests are those of the code that took store, options and arguments one by one, and
+    the key is that object's path under the run's receipts."""
     from tasks.batches import _retired_key
 
-    receipt = type("Receipt", (), {"receipt_key": "batch-00000-0123456789abcdef"})()
+    fields = {"receipt_key": "batch-00000-0123456789abcdef", "run_id": "r1"}
+    receipt = type("Receipt", (), fields)()
     key = _retired_key(None, {"receipt": receipt, "source": spec})
-    assert key == f"batch-00000-0123456789abcdef-retired-{digest}"
+    assert key == f"r1/receipts/batch-00000-0123456789abcdef-retired-{digest}"
