@@ -35,12 +35,10 @@ from capture_core.run.inbox import (
     InboxEntry,
     claim_is_live,
     claim_numbers,
-    file_run_ids,
     keep_claim,
     read_claim,
     release_claim,
     replaced_file,
-    resolve_run_id,
     run_completed,
     run_id_for_file,
     take_claim,
@@ -91,7 +89,7 @@ def inspect_file(url: str, dest: str, storage_options: dict[str, Any] | None) ->
     """One inbox file: its run id, whether its run completed, whether it was replaced, and
     who holds it."""
     dest_store = open_byte_store(dest, storage_options)
-    run_id = resolve_run_id(dest_store, url)
+    run_id = run_id_for_file(url)
     replaced = replaced_file(dest_store, run_id, url, storage_options)
     numbers = claim_numbers(dest_store, run_id)
     last = read_claim(dest_store, run_id, numbers[-1]) if numbers else None
@@ -318,7 +316,7 @@ def check_inbox_file(rollouts: str, run_id: str, inbox: str) -> None:
     folder = inbox.rstrip("/") + "/"
     if not rollouts.startswith(folder) or "/" in rollouts[len(folder) :]:
         raise ValueError(f"{rollouts} is not a file of the inbox {inbox}; nothing was finalized")
-    if run_id not in file_run_ids(rollouts):
+    if run_id != run_id_for_file(rollouts):
         raise ValueError(
             f"run id {run_id!r} is not the run of {rollouts} ({run_id_for_file(rollouts)}); "
             "nothing was finalized"

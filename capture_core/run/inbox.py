@@ -1,8 +1,6 @@
 """Inbox bookkeeping: which rollout files are finalized, and which inbox pass holds each one.
 
-A file's run id is derived from its name and its canonical URL (a local file by its real
-path, whichever path, `file://`, `local://` or symlink spelled it), so each file maps to one
-run; a run an older tokcap started under the URL as spelled is found and kept.
+A file's run id is derived from its name and full URL, so each file maps to one run.
 A run is complete when its ledger shows every rollout handed off and retired (or kept on
 purpose), no unreadable line, and no capture waiting for a row consumer's acknowledgement.
 A file whose content is not the one its run's manifest records (re-published under the
@@ -18,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 import threading
 import time
@@ -32,63 +29,16 @@ from capture_core.errors import ClaimLostError, UnreadableManifestError
 from capture_core.run.rollout_io import file_fingerprint, file_sha256
 from capture_core.run.run_layout import RunLayout
 from capture_core.run.run_report import summarize
-from capture_core.storage import LOCAL_SCHEMES, ByteStore, local_path, open_byte_store
+from capture_core.storage import ByteStore, open_byte_store
 
 logger = logging.getLogger(__name__)
 
 
 def run_id_for_file(url: str) -> str:
-    """A valid, stable run id: the file's stem plus a digest of its canonical URL."""
-    return _run_id(canonical_file_url(url))
-
-
-def _run_id(url: str) -> str:
+    """A valid, stable run id: the file's stem plus a digest of its full URL."""
     stem = url.rstrip("/").rsplit("/", 1)[-1].rsplit(".", 1)[0]
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._")[:80] or "rollouts"
     return f"{safe}-{hashlib.sha256(url.encode()).hexdigest()[:10]}"
-
-
-def canonical_file_url(url: str) -> str:
-    """One spelling per file: a local file as its real absolute path (a plain path,
-    `file://`, `local://`, `..` and symlinks resolved), any other URL as given."""
-    path = local_path(url)
-    return url if path is None else os.path.realpath(os.path.expanduser(path))
-
-
-def legacy_run_ids(url: str) -> list[str]:
-    """The run ids an older tokcap gave this file: a digest of the URL as spelled (the
-    spelling a pass saw, and a local file's other scheme spellings of its given and real
-    paths), other than the canonical one."""
-    path = local_path(url)
-    spellings = [url]
-    if path is not None:
-        real = os.path.realpath(os.path.expanduser(path))
-        spellings += [prefix + p for p in (path, real) for prefix in ("", *LOCAL_SCHEMES)]
-    canonical = run_id_for_file(url)
-    ids = dict.fromkeys(_run_id(s) for s in spellings)
-    return [run_id for run_id in ids if run_id != canonical]
-
-
-def file_run_ids(url: str) -> list[str]:
-    """Every run id this file may have at a destination: the canonical one first."""
-    return [run_id_for_file(url), *legacy_run_ids(url)]
-
-
-def resolve_run_id(dest: ByteStore, url: str) -> str:
-    """The file's run at `dest`: the canonical id, unless only a legacy id has a run there
-    (a manifest or a claim), which is then kept so the file is not finalized again."""
-    canonical, *legacy = file_run_ids(url)
-    if legacy and not run_started(dest, canonical):
-        for run_id in legacy:
-            if run_started(dest, run_id):
-                return run_id
-    return canonical
-
-
-def run_started(dest: ByteStore, run_id: str) -> bool:
-    """Whether a run of this id exists at `dest`: its manifest or a claim on it."""
-    layout = RunLayout(dest, run_id)
-    return dest.exists(layout.manifest_key) or bool(layout.attempt_numbers())
 
 
 class InboxEntry(BaseModel):
