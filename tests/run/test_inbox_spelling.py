@@ -20,7 +20,11 @@ pytestmark = pytest.mark.integrity
     reason="inbox defect: run_id_for_file digests the URL as spelled, so one file read "
     "through /x, file:///x, local:///x or a symlink to x maps to as many runs, each "
     "finalized anew (records carrying their own token ids are delivered again); canonical "
-    "URLs would change the run ids of existing runs, so the fix needs a migration",
+    "URLs would change the run ids of existing runs, so the fix needs a migration. A try "
+    "with realpath ids and a lookup of legacy ids (4623ded, reverted) failed review: a file "
+    "symlink repointed at new content became a new run, realpath differs between hosts "
+    "sharing a destination, legacy symlink spellings cannot be enumerated, and an event's "
+    "run id could differ from the run used, which the retrigger automation then re-ran",
 )
 def test_one_file_is_one_run_whatever_the_inbox_spelling(tmp_path) -> None:
     inbox, dest = tmp_path / "inbox", tmp_path / "dest"
