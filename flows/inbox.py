@@ -20,9 +20,10 @@ import time
 import uuid
 from typing import Any
 
-from prefect import flow, get_run_logger, runtime
+from prefect import State, flow, get_run_logger, runtime
 from prefect.artifacts import create_markdown_artifact
 from prefect.deployments import run_deployment
+from prefect.states import Failed
 from pydantic import BaseModel, Field
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
@@ -296,15 +297,24 @@ def _give_up(url: str, run_id: str, tries: int, report: InboxReport) -> None:
     )
 
 
+REFUSED = "Refused"  # a Failed state the retrigger automation does not expect
+
+
 @flow(name="finalize-inbox-file", flow_run_name="inbox file {run_id}")
-def finalize_inbox_file(rollouts: str, run_id: str, settings: FileSettings) -> InboxReport:
+def finalize_inbox_file(rollouts: str, run_id: str, settings: FileSettings) -> InboxReport | State:
     """Finalize one file of the inbox under its claim, as an inbox pass would.
 
     `run_id` must be the file's own (`run_id_for_file`) and the file must lie in the inbox:
     an event naming anything else is refused, so no event can finalize a file elsewhere.
+    A refused run ends in the Failed state `Refused`, with the reason: the retrigger
+    automation re-runs `Failed` runs from their parameters, without this check.
     """
     settings = settings.checked()
-    check_inbox_file(rollouts, run_id, settings.inbox)
+    try:
+        check_inbox_file(rollouts, run_id, settings.inbox)
+    except ValueError as exc:
+        get_run_logger().error("%s", exc)
+        return Failed(name=REFUSED, message=str(exc))
     report = InboxReport()
     inspected = inspect_inbox_file(rollouts, settings.dest, settings.storage_options)
     take_file(inspected, settings, report)

@@ -110,6 +110,44 @@ def test_a_file_run_refuses_an_event_naming_another_file_or_run(rollouts, run_id
     record_case("an event naming a file outside the inbox or another run id")
 
 
+def flow_run_events(flow_run_id: object) -> list[str]:
+    """The names of the events the server recorded for one flow run."""
+    from prefect.client.orchestration import get_client
+
+    body = {"filter": {"resource": {"id": [f"prefect.flow-run.{flow_run_id}"]}}, "limit": 50}
+    with get_client(sync_client=True) as client:
+        page = client.request("POST", "/events/filter", json=body).json()
+    return [event["event"] for event in page["events"]]
+
+
+@pytest.mark.integrity
+@pytest.mark.usefixtures("prefect_api")
+def test_a_refused_event_ends_refused_which_the_retrigger_does_not_expect(tmp_path) -> None:
+    """The retrigger automation re-runs `prefect.flow-run.Failed` runs from their parameters,
+    without the inbox check; a refused event's run must end in a state it does not expect,
+    having written nothing."""
+    from flows.inbox import REFUSED, FileSettings, finalize_inbox_file
+
+    outside = write_rollouts(str(tmp_path / "elsewhere" / "a.jsonl"), [orjson.loads(LINE)])
+    dest = tmp_path / "dest"
+    settings = FileSettings(
+        inbox=str(tmp_path / "inbox"), store=str(tmp_path / "store"), dest=str(dest)
+    )
+    state = finalize_inbox_file(outside, run_id_for_file(outside), settings, return_state=True)
+    assert state.is_failed() and state.name == REFUSED, state
+    assert "is not a file of the inbox" in (state.message or "")
+    assert not dest.exists() or not any(dest.iterdir()), "nothing was finalized"
+    flow_run_id = state.state_details.flow_run_id
+    wait_until(
+        lambda: "prefect.flow-run.Refused" in flow_run_events(flow_run_id),
+        60,
+        "the server to record the run's final state as an event",
+        0.5,
+    )
+    assert "prefect.flow-run.Failed" not in flow_run_events(flow_run_id)
+    record_case("a refused event is not retriggered from its parameters")
+
+
 def test_a_file_whose_event_no_server_took_is_placed_and_said_so(tmp_path: Path) -> None:
     inbox = str(tmp_path / "inbox")
     nobody = f"http://127.0.0.1:{free_port()}/api"
