@@ -369,9 +369,12 @@ class TokenCaptureStore(CaptureStore):
             if retirement.frozen_snapshot_id(self._bytes, rollout_id) != snapshot_id:
                 return None
             listed = self._bytes.list_prefix(rollout_id)
-            if layout.version_of(layout.group_events(rollout_id, listed)) != version:
-                return None
-            decision = retirement.decide(self._bytes, rollout_id, tombstones.proposal(request))
+            if layout.version_of(layout.group_events(rollout_id, listed)) == version:
+                decision = retirement.decide(self._bytes, rollout_id, tombstones.proposal(request))
+            else:  # changed, or a drop that decided meanwhile is deleting what it listed
+                decision, listed = retirement.read_decision(self._bytes, rollout_id), []
+                if decision is None:
+                    return None
         if not retirement.retires(decision, snapshot_id, version):
             return None
         self._parents.forget(rollout_id)
