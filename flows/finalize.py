@@ -99,12 +99,17 @@ class RunSteps:
         self.storage = receipt_storage.submit(self.dest, self.options)
 
     @cached_property
+    def run_storage(self) -> ReceiptStorage:
+        """The destination's block, waited for, resolving bare result keys under this run."""
+        return self.storage.result().for_run(self.run_id)
+
+    @cached_property
     def upload(self) -> Task[..., HandoffReceipt]:
-        return upload_batch.with_options(result_storage=self.storage.result().for_run(self.run_id))
+        return upload_batch.with_options(result_storage=self.run_storage)
 
     @cached_property
     def retire_task(self) -> Task[..., RetireOutcome]:
-        return retire_batch.with_options(result_storage=self.storage.result().for_run(self.run_id))
+        return retire_batch.with_options(result_storage=self.run_storage)
 
     def finalize(self, batch: BatchPlan) -> PrefectFuture[FinalizedBatch | HandoffReceipt]:
         args = (self.run_id, self.rollouts, batch, self.source, self.options)

@@ -40,7 +40,7 @@ class ListPausingBytes(PausingBytes):
 
 def raced(
     url: str, options: dict | None, meanwhile: Callable[[TokenCaptureStore, DropRequest], None]
-):
+) -> tuple[TokenCaptureStore, DropRequest]:
     """A frozen rollout `r1`, and a store whose drop lists it only after `meanwhile` ran."""
     first, second = TokenCaptureStore(url, options), TokenCaptureStore(url, options)
     for item in two_turns("r1"):
