@@ -93,18 +93,60 @@ class _GroupDirSync:
                     del self._folders[folder]
 
 
+class _KnownFolders:
+    """Folders this process made sure exist, so a create skips probing for them.
+
+    Forgetting a folder forgets the known folders beneath it too, at a cost in their number,
+    not in every folder known: a long-lived worker knows one per rollout it touched.
+    """
+
+    def __init__(self, root: str) -> None:
+        self._root = root
+        self._known: set[str] = set()
+        self._beneath: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def __contains__(self, folder: str) -> bool:
+        return folder in self._known
+
+    def add(self, folder: str) -> None:
+        with self._lock:
+            if folder not in self._known:
+                self._known.add(folder)
+                for parent in self._parents(folder):
+                    self._beneath.setdefault(parent, set()).add(folder)
+
+    def forget(self, folder: str) -> None:
+        with self._lock:
+            for gone in (folder, *self._beneath.pop(folder, ())):
+                if gone not in self._known:
+                    continue
+                self._known.discard(gone)
+                for parent in self._parents(gone):
+                    beneath = self._beneath.get(parent)
+                    if beneath is not None:
+                        beneath.discard(gone)
+                        if not beneath:
+                            del self._beneath[parent]
+
+    def _parents(self, folder: str) -> Iterator[str]:
+        while folder != self._root and folder.startswith(self._root):
+            folder = os.path.dirname(folder)
+            yield folder
+
+
 class LocalStore(ByteStore):
     """A byte store rooted at an absolute local path."""
 
     shares_staged = True
+    round_trips = False
 
     def __init__(self, root: str) -> None:
         if not os.path.isabs(root):
             raise InvalidInputError(f"local store root {root!r} must be an absolute path")
         self.root = os.path.normpath(root)
         self.url = self.root
-        self._known_dirs: set[str] = set()
-        self._dirs_lock = threading.Lock()
+        self._known_dirs = _KnownFolders(self.root)
         self._dir_sync = _GroupDirSync()
         self._tmp_dir = os.path.join(self.root, TMP_DIR)
         self._tmp_token = uuid.uuid4().hex[:8]
@@ -131,12 +173,10 @@ class LocalStore(ByteStore):
             except FileExistsError:
                 continue
             fsync_dir(os.path.dirname(folder))
-        with self._dirs_lock:
-            self._known_dirs.add(path)
+        self._known_dirs.add(path)
 
     def _forget_dir(self, path: str) -> None:
-        with self._dirs_lock:
-            self._known_dirs = {d for d in self._known_dirs if not d.startswith(path)}
+        self._known_dirs.forget(path)
 
     def probe(self, must_exist: bool) -> None:
         if os.path.isdir(self.root):
