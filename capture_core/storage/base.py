@@ -83,6 +83,9 @@ class ByteStore(ABC):
     url: str
     shares_staged: bool = False
     """Whether `create_staged` shares one write between keys (worth grouping creates for)."""
+    round_trips: bool = True
+    """Whether each operation waits on a network round trip, so overlapping many hides it.
+    False where operations are local syscalls: more at once only contend for the CPU."""
 
     @abstractmethod
     def get(self, key: str) -> bytes | None:

@@ -157,6 +157,7 @@ async def drop_in_phases(
     delete: Callable[[DropRequest, Any], bool],
     *,
     concurrency: int,
+    decide_concurrency: int | None = None,
     checkpoint: DropCheckpoint = None,
     after_decisions: Callable[[], None] | None = None,
 ) -> DropResults:
@@ -165,12 +166,13 @@ async def drop_in_phases(
     `decide` takes one rollout's decision durably and returns what `delete` needs to delete
     its capture, or None when the snapshot is not retired; `delete` returns whether it
     deleted (False: the decision no longer stands, say the id was cleared meanwhile). Both
-    run on the I/O pool (`map_blocking`), up to `concurrency` at once. `after_decisions`
+    run on the I/O pool (`map_blocking`): the decisions up to `decide_concurrency` (default
+    `concurrency`) at once, the deletions up to `concurrency`. `after_decisions`
     runs on the pool once every decision returned (say, to release what they shared),
     then `DECIDED` is told; `DELETED` is told, from the deleting thread, after each deleted
     capture. No capture is deleted before its own decision is durable.
     """
-    decided = await map_blocking(decide, drops, concurrency)
+    decided = await map_blocking(decide, drops, min(concurrency, decide_concurrency or concurrency))
     if after_decisions is not None:
         await run_blocking(after_decisions)
     if checkpoint is not None:

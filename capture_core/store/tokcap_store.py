@@ -41,6 +41,9 @@ from capture_core.store.retirement import TombstoneGroups
 from capture_core.store.stored_json import encode_json
 
 SETTLE_SECONDS = 5.0
+# Decisions taken at once on a byte store without round trips (local disk): each is some
+# interpreter work and one folder fsync, and more threads only contend (docs/perf.md).
+LOCAL_DECISIONS_AT_ONCE = 2
 
 
 class TokenCaptureStore(CaptureStore):
@@ -334,11 +337,12 @@ class TokenCaptureStore(CaptureStore):
         """Retire a batch as `drop_now` would, in two phases (`BatchTokenSource`).
 
         First every rollout's decision is taken and made durable; then the retired rollouts'
-        payloads are deleted. Each phase runs up to `concurrency` rollouts at once on the
-        I/O pool, and no capture is deleted before its own tombstone is durable. A crash
-        between the phases or during the second leaves tombstones above their payloads: a
-        repeated drop (the re-run) deletes them, and until then they are fenced like any
-        retired capture (docs/store.md, Retiring a batch). A subclass with its own `drop_now`
+        payloads are deleted. The deletions run up to `concurrency` rollouts at once on the
+        I/O pool, the decisions as many, or `LOCAL_DECISIONS_AT_ONCE` on local disk; no
+        capture is deleted before its own tombstone is durable. A crash between the phases
+        or during the second leaves tombstones above their payloads: a repeated drop (the
+        re-run) deletes them, and until then they are fenced like any retired capture
+        (docs/store.md, Retiring a batch). A subclass with its own `drop_now`
         or `drop` is retired through it, one drop per rollout: the two phases would bypass it.
         """
         own = type(self).drop_now, type(self).drop
@@ -351,6 +355,7 @@ class TokenCaptureStore(CaptureStore):
                 lambda d: self._decide_drop(d, tombstones),
                 self._delete_retired,
                 concurrency=concurrency,
+                decide_concurrency=None if self._bytes.round_trips else LOCAL_DECISIONS_AT_ONCE,
                 checkpoint=checkpoint,
                 after_decisions=tombstones.release,
             )

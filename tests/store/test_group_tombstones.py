@@ -13,6 +13,9 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 import pytest
@@ -22,6 +25,7 @@ from capture_core.protocols import DECIDED, DropRequest
 from capture_core.storage import TMP_DIR, LocalStore
 from capture_core.store import TokenCaptureStore, retirement
 from capture_core.store.stored_json import encode_json
+from capture_core.store.tokcap_store import LOCAL_DECISIONS_AT_ONCE
 from tests.store.test_store_attacks import REPO, two_turns
 from tests.support.reliability_figures import record_case
 
@@ -167,3 +171,53 @@ def test_a_rerun_on_a_full_disk_completes_a_retirement_killed_after_its_decision
         keys = store.byte_store.list_prefix(drop.rollout_id)
         assert keys == [f"{drop.rollout_id}/FROZEN", f"{drop.rollout_id}/RETIRED"]
     record_case("retirement re-run on a full disk", records_lost=0)
+
+
+def in_flight_probe(limit: int, calls: int) -> tuple[Callable[..., Any], list[int]]:
+    """A wrapper that records how many of `calls` calls run at once, each waiting (up to
+    30 s) until `limit` are in flight or every call started, so a phase allowed to be
+    wider is seen to be wider."""
+    peak = [0]
+    running = [0]
+    started = [0]
+    cond = threading.Condition()
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def probed(*args: Any) -> Any:
+            with cond:
+                running[0] += 1
+                started[0] += 1
+                peak[0] = max(peak[0], running[0])
+                cond.notify_all()
+                cond.wait_for(lambda: running[0] >= limit or started[0] == calls, timeout=30)
+            try:
+                return fn(*args)
+            finally:
+                with cond:
+                    running[0] -= 1
+                    cond.notify_all()
+
+        return probed
+
+    return wrap, peak
+
+
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_decisions_run_two_at_once_on_local_disk_and_deletions_as_wide_as_asked(
+    tmp_path, backend: str
+) -> None:
+    """Local decisions are interpreter work and an fsync: more than two at once only
+    contend (docs/perf.md). A store whose operations are round trips decides as wide as
+    the deletions."""
+    root = str(tmp_path) if backend == "local" else f"memory://tokcap-decide-{tmp_path.name}"
+    store = TokenCaptureStore(root)
+    drops = [frozen(store, f"r{i}") for i in range(12)]
+    wide = 4
+    decisions_at_once = LOCAL_DECISIONS_AT_ONCE if backend == "local" else wide
+    probe_decide, decided_peak = in_flight_probe(decisions_at_once, len(drops))
+    probe_delete, deleted_peak = in_flight_probe(wide, len(drops))
+    store._decide_drop = probe_decide(store._decide_drop)  # type: ignore[method-assign]
+    store._delete_retired = probe_delete(store._delete_retired)  # type: ignore[method-assign]
+    assert asyncio.run(store.drop_many(drops, concurrency=wide)) == [True] * 12
+    assert decided_peak == [decisions_at_once]
+    assert deleted_peak == [wide]
