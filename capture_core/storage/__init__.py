@@ -9,6 +9,7 @@ import from this package (and `io_pool`) only; docs/store.md describes the contr
 
 from capture_core.storage.base import (
     ByteStore,
+    FolderView,
     StagedObject,
     check_key,
     check_new_object,
@@ -43,6 +44,7 @@ __all__ = [
     "S3_PROTOCOLS",
     "TMP_DIR",
     "ByteStore",
+    "FolderView",
     "FsspecStore",
     "LocalStore",
     "StagedObject",

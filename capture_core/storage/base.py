@@ -20,6 +20,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from capture_core.errors import CaptureStoreError, InvalidInputError, error_text, is_transient
 
@@ -75,6 +76,16 @@ class StagedObject:
 
     data: bytes
     path: str | None = None
+
+
+class FolderView(Protocol):
+    """What `ByteStore.pinned` yields: reads, listings and deletes below one folder."""
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def list_prefix(self, prefix: str) -> list[str]: ...
+
+    def delete_each(self, keys: Iterable[str], *, durable: bool = True) -> dict[str, str]: ...
 
 
 class ByteStore(ABC):
@@ -134,6 +145,17 @@ class ByteStore(ABC):
         write that never returned. Backends whose create is atomic anyway just create.
         """
         return self.create(key, data)
+
+    @contextlib.contextmanager
+    def pinned(self, prefix: str) -> Iterator[FolderView]:
+        """Reads, listings and deletes of keys below `prefix`, held to the folder it is now.
+
+        Through the view they reach that folder even after it was removed and made again
+        under the same name, so a pass that paused between judging a rollout's objects and
+        deleting them deletes none of a newer rollout's (the tombstone sweep). Object stores
+        have no folders to hold: there the view is the store itself, and the pause stays open.
+        """
+        yield self
 
     @abstractmethod
     def replace(self, key: str, data: bytes) -> None:

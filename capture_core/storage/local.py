@@ -27,9 +27,12 @@ from capture_core.errors import (
     LocationNotWritableError,
     StoreUnavailableError,
     UnreadableCaptureError,
+    error_text,
+    is_transient,
 )
 from capture_core.storage.base import (
     ByteStore,
+    FolderView,
     StagedObject,
     check_key,
     check_new_object,
@@ -379,6 +382,30 @@ class LocalStore(ByteStore):
         if durable:
             fsync_dir(self.root)
 
+    @contextlib.contextmanager
+    def pinned(self, prefix: str) -> Iterator[FolderView]:
+        """The folder `prefix` held open: the view works through its descriptor, so a folder
+        removed and made again under that name meanwhile is never reached (`ByteStore`)."""
+        path = self._path(prefix)
+        try:
+            fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            fd = None  # gone already: the view finds nothing and deletes nothing
+        except OSError as exc:
+            if os.path.islink(path):
+                raise UnreadableCaptureError(
+                    f"folder {prefix} is a symbolic link; the store never writes links, so it "
+                    "was planted or copied in: replace it with the real folder or remove it"
+                ) from exc
+            if not isinstance(exc, NotADirectoryError):
+                raise _access_error(exc, f"open folder {prefix}") from exc
+            fd = None  # a file: no folder to find anything in
+        try:
+            yield _PinnedFolder(self, prefix, fd)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
     def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
         """Delete temporary files left by crashed writers; return how many were removed."""
         tmp_dir = os.path.join(self.root, TMP_DIR)
@@ -393,12 +420,14 @@ class LocalStore(ByteStore):
         return removed
 
 
-def _kind(item: os.DirEntry[str], key: str) -> str:
-    """`dir`, `file`, or `gone` (removed while listing); anything else raises, naming the key."""
+def _kind(item: os.DirEntry[str], key: str, dir_fd: int | None = None) -> str:
+    """`dir`, `file`, or `gone` (removed while listing); anything else raises, naming the key.
+    `dir_fd`: the folder the listing was taken through, for a listing of a descriptor."""
     try:
         if item.is_symlink():
-            target = os.readlink(item.path)
-            state = "dangling" if not os.path.exists(item.path) else "pointing elsewhere"
+            where = item.path if dir_fd is None else item.name
+            target = os.readlink(where, dir_fd=dir_fd)
+            state = "dangling" if not _resolves(where, dir_fd) else "pointing elsewhere"
             raise UnreadableCaptureError(
                 f"object {key} is a symbolic link ({state}, to {target!r}); the store never "
                 "writes links, so it was planted or copied in: replace it with the real object "
@@ -416,6 +445,131 @@ def _kind(item: os.DirEntry[str], key: str) -> str:
         f"object {key} is not a regular file (a socket, pipe or device?); move it out of the "
         "store root"
     )
+
+
+def _resolves(path: str, dir_fd: int | None) -> bool:
+    try:
+        os.stat(path, dir_fd=dir_fd)
+    except OSError:
+        return False
+    return True
+
+
+class _PinnedFolder:
+    """`FolderView` of one local folder held by its descriptor (`LocalStore.pinned`).
+
+    Keys are resolved below the descriptor, never through the folder's name, so what the
+    view reads, lists and deletes is that folder's, whatever now bears its name. `fd` None:
+    the folder was gone when pinned.
+    """
+
+    def __init__(self, store: LocalStore, prefix: str, fd: int | None) -> None:
+        self._store, self._prefix, self._fd = store, check_key(prefix), fd
+
+    def _relative(self, key: str) -> str:
+        if key == self._prefix:
+            return "."
+        if not check_key(key).startswith(f"{self._prefix}/"):
+            raise InvalidInputError(f"key {key} is not below the pinned folder {self._prefix}")
+        return key[len(self._prefix) + 1 :]
+
+    def get(self, key: str) -> bytes | None:
+        if self._fd is None:
+            return None
+        try:
+            with open(self._relative(key), "rb", opener=self._opener) as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise _access_error(exc, f"read {key}") from exc
+
+    def _opener(self, path: str, flags: int) -> int:
+        return os.open(path, flags, dir_fd=self._fd)
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        """Every key below `prefix` in the pinned folder, as `LocalStore.list_prefix` lists."""
+        keys: list[str] = []
+        pending = [self._relative(prefix)] if self._fd is not None else []
+        while pending:
+            folder = pending.pop()
+            folder_key = self._prefix if folder == "." else f"{self._prefix}/{folder}"
+            try:
+                fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._fd)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                raise _access_error(exc, f"list folder {folder_key}") from exc
+            try:
+                with os.scandir(fd) as listing:
+                    for item in listing:
+                        if is_reserved(item.name):
+                            continue
+                        key = f"{folder_key}/{item.name}"
+                        kind = _kind(item, key, fd)
+                        if kind == "dir":
+                            pending.append(key[len(self._prefix) + 1 :])
+                        elif kind == "file":
+                            keys.append(key)
+            finally:
+                os.close(fd)
+        return sorted(keys)
+
+    def delete_each(self, keys: Iterable[str], *, durable: bool = True) -> dict[str, str]:
+        """Delete objects of the pinned folder like `ByteStore.delete_each`; then remove the
+        folders they emptied, the pinned one only while it still bears its name."""
+        failed: dict[str, str] = {}
+        folders: set[str] = set()
+        for key in keys:
+            if self._fd is None:
+                break
+            relative = self._relative(key)
+            try:
+                os.unlink(relative, dir_fd=self._fd)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                if is_transient(exc):
+                    raise
+                failed[key] = error_text(exc)
+                continue
+            folders.add(os.path.dirname(relative))
+        for folder in sorted(folders, key=len, reverse=True):
+            self._prune(folder)
+        if durable and self._fd is not None:
+            os.fsync(self._fd)
+        return failed
+
+    def _prune(self, folder: str) -> None:
+        while folder:
+            try:
+                os.rmdir(folder, dir_fd=self._fd)
+            except OSError as exc:
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                    return
+                raise
+            self._store._forget_dir(self._store._path(f"{self._prefix}/{folder}"))
+            folder = os.path.dirname(folder)
+        self._remove_pinned()
+
+    def _remove_pinned(self) -> None:
+        """Remove the emptied pinned folder by its name, if the name still means it."""
+        assert self._fd is not None
+        path = self._store._path(self._prefix)
+        pinned = os.fstat(self._fd)
+        try:
+            named = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if (named.st_dev, named.st_ino) != (pinned.st_dev, pinned.st_ino):
+            return  # made again under that name: the newer folder is not ours to remove
+        try:
+            os.rmdir(path)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                raise
+            return
+        self._store._forget_dir(path)
 
 
 def _access_error(exc: OSError, what: str) -> OSError:

@@ -31,7 +31,7 @@ from capture_core.errors import (
 )
 from capture_core.ids import ROLLOUT_ID_PATTERN
 from capture_core.protocols import DropRequest
-from capture_core.storage import ByteStore, StagedObject
+from capture_core.storage import ByteStore, FolderView, StagedObject
 from capture_core.store.capture_layout import FROZEN, MARKER, RETIRED, frozen_key, retired_key
 from capture_core.store.stored_json import encode_json
 
@@ -45,7 +45,9 @@ DEFAULT_SWEEP_AGE = "2d"
 MIN_SWEEP_AGE_SECONDS = 3600.0
 _AGE = re.compile(r"([0-9]+)([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-SWEEP_CHUNK = 500  # rollouts whose decisions are read, and whose captures deleted, together
+# Rollouts whose decisions are read, and whose captures deleted, together; on local disk each
+# tombstoned one holds its folder open (a descriptor) until its chunk is deleted.
+SWEEP_CHUNK = 256
 TOMBSTONE_GROUP = 64  # rollouts whose tombstones are one staged object (bounds its size)
 GROUP_KEY = "retired"  # a group tombstone: {"retired": {rollout_id: {snapshot_id, version}}}
 
@@ -305,9 +307,9 @@ def sweep_tombstones(byte_store: ByteStore, older_than_seconds: float, now: floa
     swept = 0
     for start in range(0, len(names), SWEEP_CHUNK):
         chunk = names[start : start + SWEEP_CHUNK]
-        swept += _delete_captures(
-            byte_store, _expired_captures(byte_store, chunk, older_than_seconds, now)
-        )
+        with contextlib.ExitStack() as pins:
+            expired = _expired_captures(byte_store, chunk, older_than_seconds, now, pins)
+            swept += _delete_captures(expired)
     return swept
 
 
@@ -323,42 +325,50 @@ def _skip(rollout_id: str, exc: BaseException) -> None:
 
 
 def _expired_captures(
-    byte_store: ByteStore, names: list[str], older_than_seconds: float, now: float
-) -> dict[str, list[str]]:
-    """The listed keys of each rollout in `names` whose capture the sweep may delete."""
+    byte_store: ByteStore,
+    names: list[str],
+    older_than_seconds: float,
+    now: float,
+    pins: contextlib.ExitStack,
+) -> dict[str, tuple[FolderView, list[str]]]:
+    """Each rollout in `names` whose capture the sweep may delete: the view of its folder,
+    pinned (`ByteStore.pinned`) before it was judged, and the keys listed through it."""
     try:
         decisions = byte_store.get_many([retired_key(name) for name in names])
     except Exception as exc:  # one unreadable object: read them one by one, naming it
         if is_transient(exc):
             raise
         decisions = {}
-    doomed: dict[str, list[str]] = {}
+    doomed: dict[str, tuple[FolderView, list[str]]] = {}
     for name in names:
+        if decisions.get(retired_key(name), b"") is None:
+            continue  # no decision: live, or kept as evidence
         try:
-            keys = _sweepable(byte_store, name, decisions, older_than_seconds, now)
+            view = pins.enter_context(byte_store.pinned(name))
+            keys = _sweepable(view, name, decisions, older_than_seconds, now)
         except Exception as exc:
             _skip(name, exc)
             continue
         if keys:
-            doomed[name] = keys
+            doomed[name] = (view, keys)
     return doomed
 
 
 def _sweepable(
-    byte_store: ByteStore,
+    view: FolderView,
     rollout_id: str,
     decisions: dict[str, bytes | None],
     older_than_seconds: float,
     now: float,
 ) -> list[str] | None:
     key = retired_key(rollout_id)
-    data = decisions[key] if key in decisions else byte_store.get(key)
+    data = decisions[key] if key in decisions else view.get(key)
     if data is None:
         return None
     if not tombstone_expired(rollout_id, parse_decision(rollout_id, data), older_than_seconds, now):
         return None
-    keys = byte_store.list_prefix(rollout_id)
-    if key not in keys or byte_store.get(key) != data:
+    keys = view.list_prefix(rollout_id)
+    if key not in keys or view.get(key) != data:
         return None  # cleared, and perhaps dispatched again, since the decision was read
     if any(k.startswith(f"{rollout_id}/{MARKER}/") for k in keys):
         logger.warning(
@@ -371,19 +381,38 @@ def _sweepable(
     return keys
 
 
-def _delete_captures(byte_store: ByteStore, doomed: dict[str, list[str]]) -> int:
-    """Delete each rollout's keys, the decision markers last; return how many rollouts went."""
+def _delete_captures(doomed: dict[str, tuple[FolderView, list[str]]]) -> int:
+    """Delete each rollout's keys through its view, the decision markers last, in one batch
+    per view (on S3 the store's: batch deletes across rollouts); return how many went."""
     decisions = {retired_key(name) for name in doomed} | {frozen_key(name) for name in doomed}
-    payloads = [key for keys in doomed.values() for key in keys if key not in decisions]
-    failed = byte_store.delete_each(payloads, durable=False) if payloads else {}
-    whole = [name for name, keys in doomed.items() if not failed.keys() & set(keys)]
-    last = [key for name in whole for key in doomed[name] if key in decisions]
-    failed.update(byte_store.delete_each(last, durable=False) if last else {})
+    payloads = {name: [k for k in keys if k not in decisions] for name, (_, keys) in doomed.items()}
+    failed = _delete_by_view(doomed, payloads)
+    whole = [name for name, (_, keys) in doomed.items() if not failed.keys() & set(keys)]
+    failed.update(
+        _delete_by_view(
+            doomed, {name: [k for k in doomed[name][1] if k in decisions] for name in whole}
+        )
+    )
     swept = 0
-    for name, keys in doomed.items():
+    for name, (_, keys) in doomed.items():
         reasons = [failed[key] for key in keys if key in failed]
         if reasons:
             _skip(name, CaptureStoreError(f"could not delete {len(reasons)} objects: {reasons[0]}"))
         else:
             swept += 1
     return swept
+
+
+def _delete_by_view(
+    doomed: dict[str, tuple[FolderView, list[str]]], keys: dict[str, list[str]]
+) -> dict[str, str]:
+    """Delete `keys` of each rollout through its view, one batch per distinct view."""
+    batches: dict[int, tuple[FolderView, list[str]]] = {}
+    for name, names_keys in keys.items():
+        view = doomed[name][0]
+        batches.setdefault(id(view), (view, []))[1].extend(names_keys)
+    failed: dict[str, str] = {}
+    for view, batch in batches.values():
+        if batch:
+            failed.update(view.delete_each(batch, durable=False))
+    return failed

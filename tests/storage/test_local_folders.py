@@ -1,15 +1,19 @@
-"""The local store's memory of folders it created: forgetting is exact and stays small.
+"""The local store's folders: what it remembers of them, and views pinned to one.
 
 A long-lived worker creates a folder per rollout it touches, and each retirement removes
 folders again; forgetting one must forget what lies beneath it and nothing else, and leave
 no index entry behind, so the memory and the cost of a removal do not grow with the
-number of rollouts the process has touched.
+number of rollouts the process has touched. A pinned view (the tombstone sweep's) reads,
+lists and deletes only in the folder it pinned, whatever is made again under its name.
 """
 
 from __future__ import annotations
 
 import os
 
+import pytest
+
+from capture_core.errors import UnreadableCaptureError
 from capture_core.storage import LocalStore
 from capture_core.storage.local import _KnownFolders
 
@@ -41,3 +45,62 @@ def test_retiring_many_rollouts_leaves_no_folder_remembered(tmp_path) -> None:
     assert sum(len(beneath) for beneath in known._beneath.values()) == len(known._known)
     store.create("r7/e/again", b"{}")  # a removed folder is made again on the next create
     assert store.get("r7/e/again") == b"{}"
+
+
+def test_a_pinned_folder_made_again_under_its_name_is_never_reached(tmp_path) -> None:
+    """Reads, listings and deletes through a pinned view stay in the folder it pinned."""
+    store = LocalStore(str(tmp_path))
+    for key in ("r1/e/a", "r1/RETIRED"):
+        store.create(key, b"old")
+    with store.pinned("r1") as view:
+        assert view.list_prefix("r1") == ["r1/RETIRED", "r1/e/a"]
+        store.delete(["r1/e/a", "r1/RETIRED"])  # a clear, then the next attempt
+        store.create("r1/e/a", b"new")
+        assert view.list_prefix("r1") == [] and view.get("r1/e/a") is None
+        assert view.delete_each(["r1/e/a", "r1/RETIRED"]) == {}
+    assert store.get("r1/e/a") == b"new"
+    assert store.list_prefix("r1") == ["r1/e/a"]
+
+
+def test_a_pinned_view_deletes_its_folder_and_removes_it_once_empty(tmp_path) -> None:
+    store = LocalStore(str(tmp_path))
+    for key in ("r1/e/a", "r1/x/b", "r1/FROZEN"):
+        store.create(key, b"{}")
+    with store.pinned("r1") as view:
+        assert view.get("r1/FROZEN") == b"{}"
+        assert view.delete_each(["r1/e/a", "r1/x/b"], durable=False) == {}
+        assert sorted(os.listdir(tmp_path / "r1")) == ["FROZEN"]
+        assert view.delete_each(["r1/FROZEN"]) == {}
+    assert not os.path.exists(tmp_path / "r1")
+    store.create("r1/e/c", b"{}")  # the folders it removed are made again on the next create
+    assert store.list_prefix("r1") == ["r1/e/c"]
+
+
+def test_a_pinned_view_of_a_missing_folder_finds_and_deletes_nothing(tmp_path) -> None:
+    store = LocalStore(str(tmp_path))
+    with store.pinned("r1") as view:
+        store.create("r1/e/a", b"{}")  # made after the pin: not the pinned folder
+        assert view.get("r1/e/a") is None and view.list_prefix("r1") == []
+        assert view.delete_each(["r1/e/a"]) == {}
+    assert store.get("r1/e/a") == b"{}"
+
+
+def test_a_link_in_a_pinned_folder_is_refused_by_name(tmp_path) -> None:
+    store = LocalStore(str(tmp_path))
+    store.create("r1/e/a", b"{}")
+    os.symlink("/etc/passwd", tmp_path / "r1" / "e" / "b")
+    with store.pinned("r1") as view, pytest.raises(UnreadableCaptureError, match="r1/e/b"):
+        view.list_prefix("r1")
+
+
+def test_a_pinned_folder_that_is_a_link_is_refused_by_name_and_not_followed(tmp_path) -> None:
+    store = LocalStore(str(tmp_path / "store"))
+    store.create("r1/FROZEN", b"{}")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "RETIRED").write_bytes(b"{}")
+    os.symlink(outside, tmp_path / "store" / "r2")
+    pin = store.pinned("r2")
+    with pytest.raises(UnreadableCaptureError, match="folder r2 is a symbolic link"):
+        pin.__enter__()
+    assert (outside / "RETIRED").read_bytes() == b"{}"

@@ -6,6 +6,7 @@ Tombstones are aged by rewriting their `retired_at`, as if they had been written
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -13,7 +14,7 @@ import time
 import pytest
 
 from capture_core.errors import CaptureRetiredError
-from capture_core.storage import LocalStore
+from capture_core.storage import FolderView, LocalStore
 from capture_core.store import TokenCaptureStore, retirement
 from capture_core.store.capture_layout import entry_key, retired_key
 from capture_core.store.stored_json import encode_json
@@ -86,14 +87,26 @@ def test_the_sweep_removes_old_tombstones_and_never_evidence(store) -> None:
 
 
 def test_a_failed_key_keeps_its_rollout_and_the_others_are_swept(tmp_path, caplog) -> None:
-    class RefusingStore(LocalStore):
-        """A local store whose deletes of one rollout's decision fail, as a denied key does."""
+    class RefusingView:
+        """A pinned folder whose deletes of one rollout's decision fail, as a denied key does."""
+
+        def __init__(self, view: FolderView) -> None:
+            self.view = view
+            self.get, self.list_prefix = view.get, view.list_prefix
 
         def delete_each(self, keys, *, durable=True):
             keys = list(keys)
             failed = {k: "AccessDenied: denied" for k in keys if k.startswith("b2/RETIRED")}
-            rest = super().delete_each([k for k in keys if k not in failed], durable=durable)
+            rest = self.view.delete_each([k for k in keys if k not in failed], durable=durable)
             return {**rest, **failed}
+
+    class RefusingStore(LocalStore):
+        """A local store whose sweep deletes go through a `RefusingView`."""
+
+        @contextlib.contextmanager
+        def pinned(self, prefix):
+            with super().pinned(prefix) as view:
+                yield RefusingView(view)
 
     root = str(tmp_path / "store")
     store = TokenCaptureStore(root)
