@@ -213,6 +213,12 @@ class ByteStore(ABC):
             self.delete(doomed, durable=durable)
         return False
 
+    def delete_folder(self, prefix: str) -> bool:
+        """`delete_prefix(prefix)`, after which no folder is left under that name, so what is
+        written under `prefix` next lands in a new one: a pass still holding the old folder
+        (`pinned`) never reaches it. Object stores have no folders: the prefix is deleted."""
+        return self.delete_prefix(prefix)
+
     def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
         """Delete temporaries crashed writers left, older than `older_than_seconds`; return how
         many. Backends whose writes leave no temporaries have none to remove."""

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import itertools
 import os
+import shutil
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -40,6 +41,7 @@ from capture_core.storage.base import (
 )
 
 TMP_DIR = ".tmp"
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW  # open a folder, never through a link
 
 
 def fsync_dir(path: str) -> None:
@@ -382,13 +384,16 @@ class LocalStore(ByteStore):
         if durable:
             fsync_dir(self.root)
 
-    @contextlib.contextmanager
-    def pinned(self, prefix: str) -> Iterator[FolderView]:
+    def pinned(self, prefix: str) -> contextlib.AbstractContextManager[FolderView]:
         """The folder `prefix` held open: the view works through its descriptor, so a folder
         removed and made again under that name meanwhile is never reached (`ByteStore`)."""
+        return self._pinned_folder(prefix)
+
+    @contextlib.contextmanager
+    def _pinned_folder(self, prefix: str) -> Iterator[_PinnedFolder]:
         path = self._path(prefix)
         try:
-            fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            fd: int | None = os.open(path, _FOLDER)
         except FileNotFoundError:
             fd = None  # gone already: the view finds nothing and deletes nothing
         except OSError as exc:
@@ -406,14 +411,35 @@ class LocalStore(ByteStore):
             if fd is not None:
                 os.close(fd)
 
+    def delete_folder(self, prefix: str) -> bool:
+        """`ByteStore.delete_folder`: emptied folders below `prefix` and the folder itself are
+        removed; one that reserved names still hold (an NFS `.nfs*` file, a `.DS_Store`) is
+        moved aside into `.tmp/`, where `remove_stale_temporaries` removes it later."""
+        if not self.delete_prefix(prefix):
+            return False
+        with self._pinned_folder(prefix) as folder:
+            folder.remove_empty_folders()
+        path = self._path(prefix)
+        if os.path.isdir(path) and not os.path.islink(path):
+            self._ensure_dir(self._tmp_dir)
+            os.rename(path, os.path.join(self._tmp_dir, f"cleared-{uuid.uuid4().hex}"))
+            self._forget_dir(path)
+            fsync_dir(self._tmp_dir)
+        fsync_dir(self.root)
+        return True
+
     def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
-        """Delete temporary files left by crashed writers; return how many were removed."""
+        """Delete temporaries left by crashed writers, and folders a clear moved aside;
+        return how many were removed."""
         tmp_dir = os.path.join(self.root, TMP_DIR)
         removed = 0
         for entry in os.scandir(tmp_dir) if os.path.isdir(tmp_dir) else ():
             try:
-                if now - entry.stat().st_mtime > older_than_seconds:
-                    os.unlink(entry.path)
+                if now - entry.stat(follow_symlinks=False).st_mtime > older_than_seconds:
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path)
+                    else:
+                        os.unlink(entry.path)
                     removed += 1
             except FileNotFoundError:
                 continue
@@ -495,7 +521,7 @@ class _PinnedFolder:
             folder = pending.pop()
             folder_key = self._prefix if folder == "." else f"{self._prefix}/{folder}"
             try:
-                fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._fd)
+                fd = os.open(folder, _FOLDER, dir_fd=self._fd)
             except (FileNotFoundError, NotADirectoryError):
                 continue
             except OSError as exc:
@@ -516,40 +542,78 @@ class _PinnedFolder:
         return sorted(keys)
 
     def delete_each(self, keys: Iterable[str], *, durable: bool = True) -> dict[str, str]:
-        """Delete objects of the pinned folder like `ByteStore.delete_each`; then remove the
-        folders they emptied, the pinned one only while it still bears its name."""
+        """Delete objects of the pinned folder like `ByteStore.delete_each`: return each key
+        that could not be deleted, with why. Each object goes through its own folder opened
+        without following a link. Then the folders left empty are removed, the pinned one
+        only while its name still means it."""
+        keys = list(keys)
         failed: dict[str, str] = {}
-        folders: set[str] = set()
+        if self._fd is None or not keys:
+            return failed
+        by_folder: dict[str, list[str]] = {}
         for key in keys:
-            if self._fd is None:
-                break
-            relative = self._relative(key)
-            try:
-                os.unlink(relative, dir_fd=self._fd)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            except OSError as exc:
-                if is_transient(exc):
-                    raise
-                failed[key] = error_text(exc)
-                continue
-            folders.add(os.path.dirname(relative))
-        for folder in sorted(folders, key=len, reverse=True):
-            self._prune(folder)
-        if durable and self._fd is not None:
+            by_folder.setdefault(os.path.dirname(self._relative(key)), []).append(key)
+        for folder, folder_keys in by_folder.items():
+            self._unlink_in(folder, folder_keys, failed)
+        try:
+            self.remove_empty_folders()
+        except OSError as exc:
+            _report(failed, keys[:1], exc)
+        if durable:
             os.fsync(self._fd)
         return failed
 
-    def _prune(self, folder: str) -> None:
-        while folder:
+    def _unlink_in(self, folder: str, keys: list[str], failed: dict[str, str]) -> None:
+        try:
+            fd = os.open(folder or ".", _FOLDER, dir_fd=self._fd)
+        except FileNotFoundError:
+            return  # gone: nothing of it to delete
+        except OSError as exc:  # a link or a file where the folder was: never followed
+            _report(failed, keys, exc)
+            return
+        try:
+            for key in keys:
+                try:
+                    os.unlink(os.path.basename(key), dir_fd=fd)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    _report(failed, [key], exc)
+        finally:
+            os.close(fd)
+
+    def remove_empty_folders(self) -> None:
+        """Remove every empty folder below the pinned one, deepest first, then the pinned
+        folder itself if it is empty and its name still means it."""
+        if self._fd is None:
+            return
+        found: list[str] = []
+        pending = ["."]
+        while pending:
+            folder = pending.pop()
+            try:
+                fd = os.open(folder, _FOLDER, dir_fd=self._fd)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            try:
+                with os.scandir(fd) as listing:
+                    below = [
+                        os.path.normpath(f"{folder}/{item.name}")
+                        for item in listing
+                        if item.is_dir(follow_symlinks=False)
+                    ]
+            finally:
+                os.close(fd)
+            found.extend(below)
+            pending.extend(below)
+        for folder in reversed(found):
             try:
                 os.rmdir(folder, dir_fd=self._fd)
             except OSError as exc:
-                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
-                    return
-                raise
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                    raise
+                continue
             self._store._forget_dir(self._store._path(f"{self._prefix}/{folder}"))
-            folder = os.path.dirname(folder)
         self._remove_pinned()
 
     def _remove_pinned(self) -> None:
@@ -570,6 +634,14 @@ class _PinnedFolder:
                 raise
             return
         self._store._forget_dir(path)
+
+
+def _report(failed: dict[str, str], keys: list[str], exc: OSError) -> None:
+    """Record why `keys` could not be deleted; an unreachable store raises instead."""
+    if is_transient(exc):
+        raise exc
+    for key in keys:
+        failed[key] = error_text(exc)
 
 
 def _access_error(exc: OSError, what: str) -> OSError:

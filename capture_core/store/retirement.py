@@ -45,9 +45,7 @@ DEFAULT_SWEEP_AGE = "2d"
 MIN_SWEEP_AGE_SECONDS = 3600.0
 _AGE = re.compile(r"([0-9]+)([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-# Rollouts whose decisions are read, and whose captures deleted, together; on local disk each
-# tombstoned one holds its folder open (a descriptor) until its chunk is deleted.
-SWEEP_CHUNK = 256
+SWEEP_CHUNK = 500  # rollouts whose decisions are read, and (on S3) captures deleted, together
 TOMBSTONE_GROUP = 64  # rollouts whose tombstones are one staged object (bounds its size)
 GROUP_KEY = "retired"  # a group tombstone: {"retired": {rollout_id: {snapshot_id, version}}}
 
@@ -297,20 +295,44 @@ def sweep_tombstones(byte_store: ByteStore, older_than_seconds: float, now: floa
 
     Kept: rollouts without a decision (live, or frozen and masked: evidence), refusals, and
     tombstones with an incomplete marker beneath (a loss reported after retirement).
-    Exactly the keys listed beneath an expired tombstone are deleted, in batch deletes across
-    rollouts with every key's result checked: payloads first, then `FROZEN` and `RETIRED`,
-    so a crash part-way leaves a tombstone that still refuses a freeze and is swept next
-    time. A rollout that cannot be read or removed is logged by name and skipped, so one
-    damaged rollout never stops the sweep; an unreachable store fails it (retry).
+    Exactly the keys listed beneath an expired tombstone are deleted, every key's result
+    checked: payloads first, then `FROZEN` and `RETIRED`, so a crash part-way leaves a
+    tombstone that still refuses a freeze and is swept next time. Each rollout is judged
+    through its folder pinned (`ByteStore.pinned`): on local disk it is deleted at once
+    through that folder; where the view is the store itself (S3), the deletes of a chunk
+    go in batches across rollouts. A rollout that cannot be read or removed is logged by
+    name and skipped, so one damaged rollout never stops the sweep; an unreachable store
+    fails it (retry).
     """
     names = [name for name in byte_store.list_children("") if ROLLOUT_ID_PATTERN.fullmatch(name)]
     swept = 0
     for start in range(0, len(names), SWEEP_CHUNK):
         chunk = names[start : start + SWEEP_CHUNK]
-        with contextlib.ExitStack() as pins:
-            expired = _expired_captures(byte_store, chunk, older_than_seconds, now, pins)
-            swept += _delete_captures(expired)
+        batched: dict[str, tuple[FolderView, list[str]]] = {}
+        for name, decision in _decisions(byte_store, chunk).items():
+            try:
+                with byte_store.pinned(name) as view:
+                    keys = _sweepable(view, name, decision, older_than_seconds, now)
+                    if keys and view is byte_store:
+                        batched[name] = (view, keys)  # no folder held: batch across rollouts
+                    elif keys:
+                        swept += _delete_captures({name: (view, keys)})
+            except Exception as exc:
+                _skip(name, exc)
+        swept += _delete_captures(batched)
     return swept
+
+
+def _decisions(byte_store: ByteStore, names: list[str]) -> dict[str, bytes | None]:
+    """Each rollout of `names` that may have a decision, with its `RETIRED` as read now
+    (`None`: read it again through its folder)."""
+    try:
+        read = byte_store.get_many([retired_key(name) for name in names])
+    except Exception as exc:  # one unreadable object: read them one by one, naming it
+        if is_transient(exc):
+            raise
+        return dict.fromkeys(names)
+    return {name: read[retired_key(name)] for name in names if read.get(retired_key(name))}
 
 
 def _skip(rollout_id: str, exc: BaseException) -> None:
@@ -324,45 +346,15 @@ def _skip(rollout_id: str, exc: BaseException) -> None:
     )
 
 
-def _expired_captures(
-    byte_store: ByteStore,
-    names: list[str],
-    older_than_seconds: float,
-    now: float,
-    pins: contextlib.ExitStack,
-) -> dict[str, tuple[FolderView, list[str]]]:
-    """Each rollout in `names` whose capture the sweep may delete: the view of its folder,
-    pinned (`ByteStore.pinned`) before it was judged, and the keys listed through it."""
-    try:
-        decisions = byte_store.get_many([retired_key(name) for name in names])
-    except Exception as exc:  # one unreadable object: read them one by one, naming it
-        if is_transient(exc):
-            raise
-        decisions = {}
-    doomed: dict[str, tuple[FolderView, list[str]]] = {}
-    for name in names:
-        if decisions.get(retired_key(name), b"") is None:
-            continue  # no decision: live, or kept as evidence
-        try:
-            view = pins.enter_context(byte_store.pinned(name))
-            keys = _sweepable(view, name, decisions, older_than_seconds, now)
-        except Exception as exc:
-            _skip(name, exc)
-            continue
-        if keys:
-            doomed[name] = (view, keys)
-    return doomed
-
-
 def _sweepable(
     view: FolderView,
     rollout_id: str,
-    decisions: dict[str, bytes | None],
+    decision: bytes | None,
     older_than_seconds: float,
     now: float,
 ) -> list[str] | None:
     key = retired_key(rollout_id)
-    data = decisions[key] if key in decisions else view.get(key)
+    data = decision if decision is not None else view.get(key)
     if data is None:
         return None
     if not tombstone_expired(rollout_id, parse_decision(rollout_id, data), older_than_seconds, now):

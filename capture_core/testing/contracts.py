@@ -209,6 +209,21 @@ class ByteStoreContract:
         assert store.delete_prefix("r") and store.list_prefix("r") == []
         assert store.list_prefix("other") == ["other/e/a"]
 
+    def test_delete_folder_deletes_the_prefix_and_a_pinned_view_never_reaches_past_it(
+        self,
+    ) -> None:
+        store = self.make_store()
+        for key in ("r/e/a", "r/FROZEN", "other/e/a"):
+            assert store.create(key, b"old")
+        with store.pinned("r") as view:
+            assert view.list_prefix("r") == ["r/FROZEN", "r/e/a"]
+            assert store.delete_folder("r") and store.list_prefix("r") == []
+            assert store.create("r/e/a", b"new")
+            if view is not store:  # a store with folders: the view holds the old one
+                assert view.list_prefix("r") == [] and view.delete_each(["r/e/a"]) == {}
+                assert store.get("r/e/a") == b"new"
+        assert store.list_prefix("other") == ["other/e/a"]
+
     def test_probe_accepts_a_usable_store_and_close_repeats(self) -> None:
         store = self.make_store()
         store.probe(must_exist=False)

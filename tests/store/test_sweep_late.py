@@ -10,13 +10,17 @@ only in the folder it judged; S3 has no folder to hold (a known defect, strict x
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 
-from capture_core.storage import FolderView
+from capture_core.errors import CaptureFencedError
+from capture_core.storage import TMP_DIR, FolderView
 from capture_core.store import TokenCaptureStore
-from tests.store.test_store_attacks import PausingBytes, two_turns
+from tests.store.test_store_attacks import REPO, PausingBytes, two_turns
 from tests.store.test_sweep import DAY, age_tombstone
 from tests.support.reliability_figures import record_case
 
@@ -94,3 +98,81 @@ def test_a_sweep_waking_after_the_next_attempt_keeps_its_calls(
     snapshot = TokenCaptureStore(url, options).freeze_now("r1")
     assert len(snapshot.entries) == 2 and not snapshot.incomplete, "the new attempt is intact"
     record_case("sweep paused past a clear deletes the next attempt's calls", records_lost=0)
+
+
+@pytest.mark.parametrize("residue", ["empty-folders", "reserved-file", "both"])
+@pytest.mark.parametrize("next_attempt_retired", [False, True])
+def test_on_local_disk_whatever_a_crash_left_the_next_attempt_gets_a_new_folder(
+    tmp_path, residue: str, next_attempt_retired: bool
+) -> None:
+    """A drop killed after its unlinks but before removing its folders leaves empty `e/` and
+    `i/` beneath the tombstone; NFS leaves `.nfs*` files. The clear still leaves no folder
+    under the id, so a sweep paused past it and a new attempt (also one retired meanwhile)
+    deletes nothing of that attempt, its tombstone included."""
+    url = str(tmp_path / "store")
+    sweeper, dispatcher = TokenCaptureStore(url), TokenCaptureStore(url)
+    for item in two_turns("r1"):
+        sweeper.put_now(item)
+    snapshot = sweeper.freeze_now("r1")
+    assert sweeper.drop_now("r1", snapshot.snapshot_id, snapshot.version)
+    folder = tmp_path / "store" / "r1"
+    if residue in ("empty-folders", "both"):
+        (folder / "e").mkdir()
+        (folder / "i").mkdir()
+    if residue in ("reserved-file", "both"):
+        (folder / ".nfs0000000001").write_bytes(b"held open elsewhere")
+    age_tombstone(sweeper, "r1", 3 * DAY)
+    fresh: list[TokenCaptureStore] = []
+
+    def next_attempt() -> None:  # the sweep judged r1 expired through its folder, then paused
+        dispatcher.delete("r1")
+        assert not folder.exists(), "the clear leaves no folder under the id"
+        for item in two_turns("r1"):
+            dispatcher.put_now(item)
+        if next_attempt_retired:
+            again = dispatcher.freeze_now("r1")
+            assert dispatcher.drop_now("r1", again.snapshot_id, again.version)
+        fresh.append(TokenCaptureStore(url))
+
+    sweeper._bytes = DeletePausingBytes(sweeper.byte_store, lambda _key: True, next_attempt)
+    assert sweeper.sweep_retired(2 * DAY) == 1
+    keys = fresh[0].byte_store.list_prefix("r1")
+    if next_attempt_retired:
+        assert keys == ["r1/FROZEN", "r1/RETIRED"], "the new tombstone still fences"
+        with pytest.raises(CaptureFencedError):
+            fresh[0].put_now(two_turns("r1")[0])
+    else:
+        snapshot = fresh[0].freeze_now("r1")
+        assert len(snapshot.entries) == 2 and not snapshot.incomplete
+    moved = os.listdir(tmp_path / "store" / TMP_DIR)
+    assert residue == "empty-folders" or any(name.startswith("cleared-") for name in moved)
+
+
+SWEEP_UNDER_A_LOW_DESCRIPTOR_LIMIT = """
+import resource, sys
+from capture_core.store import TokenCaptureStore
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+print(TokenCaptureStore(sys.argv[1]).sweep_retired(0))
+"""
+
+
+def test_a_sweep_holds_no_more_than_one_folder_open_at_once(tmp_path) -> None:
+    """Far more expired rollouts than descriptors: each folder is released once swept."""
+    url = str(tmp_path / "store")
+    store = TokenCaptureStore(url)
+    count = 150
+    for i in range(count):
+        for item in two_turns(f"r{i}"):
+            store.put_now(item)
+        snapshot = store.freeze_now(f"r{i}")
+        assert store.drop_now(f"r{i}", snapshot.snapshot_id, snapshot.version)
+    run = subprocess.run(
+        [sys.executable, "-c", SWEEP_UNDER_A_LOW_DESCRIPTOR_LIMIT, url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(count)
+    assert store.byte_store.list_children("") == []
