@@ -214,9 +214,10 @@ class ByteStore(ABC):
         return False
 
     def delete_folder(self, prefix: str) -> bool:
-        """`delete_prefix(prefix)`, after which no folder is left under that name, so what is
-        written under `prefix` next lands in a new one: a pass still holding the old folder
-        (`pinned`) never reaches it. Object stores have no folders: the prefix is deleted."""
+        """`delete_prefix(prefix)`, after which the store leaves no folder of its own under that
+        name, so what is written under `prefix` next lands in a new one: a pass still holding
+        the old folder (`pinned`) never reaches it. Object stores have no folders: the prefix
+        is deleted."""
         return self.delete_prefix(prefix)
 
     def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:

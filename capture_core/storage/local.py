@@ -15,7 +15,6 @@ import contextlib
 import errno
 import itertools
 import os
-import shutil
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -412,34 +411,31 @@ class LocalStore(ByteStore):
                 os.close(fd)
 
     def delete_folder(self, prefix: str) -> bool:
-        """`ByteStore.delete_folder`: emptied folders below `prefix` and the folder itself are
-        removed; one that reserved names still hold (an NFS `.nfs*` file, a `.DS_Store`) is
-        moved aside into `.tmp/`, where `remove_stale_temporaries` removes it later."""
+        """`ByteStore.delete_folder`: the store's emptied folders below `prefix` and the folder
+        itself are removed. A folder that reserved names still hold (an NFS `.nfs*` file, a
+        `.DS_Store`) stays, and a later write under `prefix` reuses it. A link or a file where
+        the folder should be is refused by name: nothing behind it is listed or deleted."""
+        path = self._path(prefix)
+        if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+            raise UnreadableCaptureError(
+                f"{prefix} in the store root {self.root} is not a folder the store made (a "
+                "symbolic link or a file, planted or copied in); nothing was deleted: remove "
+                "it or replace it with the real folder, then clear again"
+            )
         if not self.delete_prefix(prefix):
             return False
         with self._pinned_folder(prefix) as folder:
             folder.remove_empty_folders()
-        path = self._path(prefix)
-        if os.path.isdir(path) and not os.path.islink(path):
-            self._ensure_dir(self._tmp_dir)
-            os.rename(path, os.path.join(self._tmp_dir, f"cleared-{uuid.uuid4().hex}"))
-            self._forget_dir(path)
-            fsync_dir(self._tmp_dir)
-        fsync_dir(self.root)
         return True
 
     def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
-        """Delete temporaries left by crashed writers, and folders a clear moved aside;
-        return how many were removed."""
+        """Delete temporary files left by crashed writers; return how many were removed."""
         tmp_dir = os.path.join(self.root, TMP_DIR)
         removed = 0
         for entry in os.scandir(tmp_dir) if os.path.isdir(tmp_dir) else ():
             try:
-                if now - entry.stat(follow_symlinks=False).st_mtime > older_than_seconds:
-                    if entry.is_dir(follow_symlinks=False):
-                        shutil.rmtree(entry.path)
-                    else:
-                        os.unlink(entry.path)
+                if now - entry.stat().st_mtime > older_than_seconds:
+                    os.unlink(entry.path)
                     removed += 1
             except FileNotFoundError:
                 continue
@@ -583,8 +579,9 @@ class _PinnedFolder:
             os.close(fd)
 
     def remove_empty_folders(self) -> None:
-        """Remove every empty folder below the pinned one, deepest first, then the pinned
-        folder itself if it is empty and its name still means it."""
+        """Remove every empty folder of the store's below the pinned one (reserved names are
+        not the store's), deepest first, then the pinned folder itself if it is empty and its
+        name still means it."""
         if self._fd is None:
             return
         found: list[str] = []
@@ -593,14 +590,14 @@ class _PinnedFolder:
             folder = pending.pop()
             try:
                 fd = os.open(folder, _FOLDER, dir_fd=self._fd)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
+            except OSError:
+                continue  # gone, or not ours to open: left as it is
             try:
                 with os.scandir(fd) as listing:
                     below = [
                         os.path.normpath(f"{folder}/{item.name}")
                         for item in listing
-                        if item.is_dir(follow_symlinks=False)
+                        if not is_reserved(item.name) and item.is_dir(follow_symlinks=False)
                     ]
             finally:
                 os.close(fd)

@@ -420,9 +420,9 @@ class TokenCaptureStore(CaptureStore):
     def delete(self, rollout_id: str) -> None:
         """Remove a rollout's capture unconditionally, tombstone included, so the id can be reused.
 
-        Used by the dispatch-time clear. Safe to repeat; verified by listing. On local disk no
-        folder is left under the id, so the next attempt's objects land in a new one, which a
-        sweep still holding the old folder (`ByteStore.pinned`) never reaches.
+        Used by the dispatch-time clear. Safe to repeat; verified by listing. On local disk the
+        store's folders under the id go too, so the next attempt's objects land in a new one,
+        which a sweep still holding the old folder (`ByteStore.pinned`) never reaches.
         """
         validate_rollout_id(rollout_id)
         self._parents.forget(rollout_id)

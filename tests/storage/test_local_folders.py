@@ -16,6 +16,7 @@ import pytest
 from capture_core.errors import UnreadableCaptureError
 from capture_core.storage import LocalStore
 from capture_core.storage.local import _KnownFolders
+from capture_core.store import TokenCaptureStore
 
 
 def test_forgetting_a_folder_forgets_exactly_it_and_what_lies_beneath() -> None:
@@ -104,3 +105,36 @@ def test_a_pinned_folder_that_is_a_link_is_refused_by_name_and_not_followed(tmp_
     with pytest.raises(UnreadableCaptureError, match="folder r2 is a symbolic link"):
         pin.__enter__()
     assert (outside / "RETIRED").read_bytes() == b"{}"
+
+
+def test_a_clear_refuses_an_id_that_is_a_link_or_a_file_and_deletes_nothing_behind_it(
+    tmp_path,
+) -> None:
+    (tmp_path / "store").mkdir()
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    outside = tmp_path / "outside"
+    (outside / "e").mkdir(parents=True)
+    (outside / "e" / "precious").write_bytes(b"keep")
+    (outside / "FROZEN").write_bytes(b"keep")
+    os.symlink(outside, tmp_path / "store" / "r1")
+    (tmp_path / "store" / "r2").write_bytes(b"a file")
+    for rollout_id in ("r1", "r2"):
+        with pytest.raises(UnreadableCaptureError, match=f"{rollout_id} in the store root"):
+            store.delete(rollout_id)
+    assert (outside / "e" / "precious").read_bytes() == b"keep"
+    assert (outside / "FROZEN").read_bytes() == b"keep"
+    assert (tmp_path / "store" / "r2").read_bytes() == b"a file"
+
+
+def test_a_clear_removes_the_folders_a_crashed_drop_left_empty(tmp_path) -> None:
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    store.byte_store.create("r1/FROZEN", b"{}")
+    for empty in ("e", "i", "x"):
+        (tmp_path / "store" / "r1" / empty).mkdir()
+    (tmp_path / "store" / "r1" / "e" / ".nfs-left").mkdir()  # reserved: not the store's
+    store.delete("r1")
+    assert sorted(os.listdir(tmp_path / "store" / "r1")) == ["e"]
+    assert os.listdir(tmp_path / "store" / "r1" / "e") == [".nfs-left"]
+    os.rmdir(tmp_path / "store" / "r1" / "e" / ".nfs-left")
+    store.delete("r1")
+    assert not os.path.exists(tmp_path / "store" / "r1")
