@@ -425,7 +425,10 @@ class LocalStore(ByteStore):
         if not self.delete_prefix(prefix):
             return False
         with self._pinned_folder(prefix) as folder:
-            folder.remove_empty_folders()
+            try:
+                folder.remove_empty_folders()
+            except OSError as exc:
+                raise _access_error(exc, f"remove the emptied folders of {prefix}") from exc
         return True
 
     def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
@@ -539,9 +542,9 @@ class _PinnedFolder:
 
     def delete_each(self, keys: Iterable[str], *, durable: bool = True) -> dict[str, str]:
         """Delete objects of the pinned folder like `ByteStore.delete_each`: return each key
-        that could not be deleted, with why. Each object goes through its own folder opened
-        without following a link. Then the folders left empty are removed, the pinned one
-        only while its name still means it."""
+        that could not be deleted, with why. Each object is unlinked in its folder, whose last
+        part is opened without following a link (the capture layout is one level deep). Then
+        the folders left empty are removed, the pinned one only while its name still means it."""
         keys = list(keys)
         failed: dict[str, str] = {}
         if self._fd is None or not keys:
@@ -580,8 +583,8 @@ class _PinnedFolder:
 
     def remove_empty_folders(self) -> None:
         """Remove every empty folder of the store's below the pinned one (reserved names are
-        not the store's), deepest first, then the pinned folder itself if it is empty and its
-        name still means it."""
+        not the store's), deepest first, then the pinned folder itself once nothing is left in
+        it and its name still means it. A failure other than a folder not being empty raises."""
         if self._fd is None:
             return
         found: list[str] = []
@@ -616,6 +619,13 @@ class _PinnedFolder:
     def _remove_pinned(self) -> None:
         """Remove the emptied pinned folder by its name, if the name still means it."""
         assert self._fd is not None
+        fd = os.open(".", _FOLDER, dir_fd=self._fd)
+        try:
+            with os.scandir(fd) as listing:
+                if next(listing, None) is not None:
+                    return  # not empty: nothing to try (a read-only root would refuse anyway)
+        finally:
+            os.close(fd)
         path = self._store._path(self._prefix)
         pinned = os.fstat(self._fd)
         try:

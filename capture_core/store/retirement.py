@@ -45,7 +45,9 @@ DEFAULT_SWEEP_AGE = "2d"
 MIN_SWEEP_AGE_SECONDS = 3600.0
 _AGE = re.compile(r"([0-9]+)([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-SWEEP_CHUNK = 500  # rollouts whose decisions are read, and (on S3) captures deleted, together
+# Rollouts whose decisions are read, and (on S3) captures deleted, together; on S3 a sweep
+# paused within a chunk is the open window of docs/store.md, so the chunk stays small.
+SWEEP_CHUNK = 256
 TOMBSTONE_GROUP = 64  # rollouts whose tombstones are one staged object (bounds its size)
 GROUP_KEY = "retired"  # a group tombstone: {"retired": {rollout_id: {snapshot_id, version}}}
 
@@ -332,7 +334,7 @@ def _decisions(byte_store: ByteStore, names: list[str]) -> dict[str, bytes | Non
         if is_transient(exc):
             raise
         return dict.fromkeys(names)
-    return {name: read[retired_key(name)] for name in names if read.get(retired_key(name))}
+    return {name: data for name in names if (data := read.get(retired_key(name))) is not None}
 
 
 def _skip(rollout_id: str, exc: BaseException) -> None:

@@ -216,3 +216,16 @@ def test_a_late_write_after_the_sweep_is_never_delivered(locations, prefect_api)
     dispatch_clear(records, locations["store"], storage_options=options)
     assert store.byte_store.list_children("") == [], "the next dispatch starts clean"
     record_case("late write after the sweep delivered", records_lost=0)
+
+
+def test_an_empty_decision_is_named_and_kept_and_the_others_are_swept(tmp_path, caplog) -> None:
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    for rollout_id in ("r1", "r2", "r3"):
+        retire(store, rollout_id)
+        age_tombstone(store, rollout_id, 3 * DAY)
+    with open(tmp_path / "store" / "r2" / "RETIRED", "wb"):
+        pass  # truncated to nothing: no decision can be read from it
+    with caplog.at_level(logging.WARNING, logger="capture_core.store"):
+        assert store.sweep_retired(2 * DAY) == 2
+    assert "skipped rollout r2" in caplog.text
+    assert store.byte_store.list_children("") == ["r2"]
