@@ -310,18 +310,18 @@ def sweep_tombstones(byte_store: ByteStore, older_than_seconds: float, now: floa
     swept = 0
     for start in range(0, len(names), SWEEP_CHUNK):
         chunk = names[start : start + SWEEP_CHUNK]
-        batched: dict[str, tuple[FolderView, list[str]]] = {}
+        batched: dict[str, list[str]] = {}
         for name, decision in _decisions(byte_store, chunk).items():
             try:
                 with byte_store.pinned(name) as view:
                     keys = _sweepable(view, name, decision, older_than_seconds, now)
                     if keys and view is byte_store:
-                        batched[name] = (view, keys)  # no folder held: batch across rollouts
+                        batched[name] = keys  # no folder held: batch across rollouts
                     elif keys:
-                        swept += _delete_captures({name: (view, keys)})
+                        swept += _delete_captures(view, {name: keys})
             except Exception as exc:
                 _skip(name, exc)
-        swept += _delete_captures(batched)
+        swept += _delete_captures(byte_store, batched)
     return swept
 
 
@@ -375,38 +375,20 @@ def _sweepable(
     return keys
 
 
-def _delete_captures(doomed: dict[str, tuple[FolderView, list[str]]]) -> int:
-    """Delete each rollout's keys through its view, the decision markers last, in one batch
-    per view (on S3 the store's: batch deletes across rollouts); return how many went."""
+def _delete_captures(view: FolderView, doomed: dict[str, list[str]]) -> int:
+    """Delete each rollout's keys through `view`, the decision markers last (on S3 the view
+    is the store: batch deletes across rollouts); return how many rollouts went."""
     decisions = {retired_key(name) for name in doomed} | {frozen_key(name) for name in doomed}
-    payloads = {name: [k for k in keys if k not in decisions] for name, (_, keys) in doomed.items()}
-    failed = _delete_by_view(doomed, payloads)
-    whole = [name for name, (_, keys) in doomed.items() if not failed.keys() & set(keys)]
-    failed.update(
-        _delete_by_view(
-            doomed, {name: [k for k in doomed[name][1] if k in decisions] for name in whole}
-        )
-    )
+    payloads = [key for keys in doomed.values() for key in keys if key not in decisions]
+    failed = view.delete_each(payloads, durable=False) if payloads else {}
+    whole = [name for name, keys in doomed.items() if not failed.keys() & set(keys)]
+    last = [key for name in whole for key in doomed[name] if key in decisions]
+    failed.update(view.delete_each(last, durable=False) if last else {})
     swept = 0
-    for name, (_, keys) in doomed.items():
+    for name, keys in doomed.items():
         reasons = [failed[key] for key in keys if key in failed]
         if reasons:
             _skip(name, CaptureStoreError(f"could not delete {len(reasons)} objects: {reasons[0]}"))
         else:
             swept += 1
     return swept
-
-
-def _delete_by_view(
-    doomed: dict[str, tuple[FolderView, list[str]]], keys: dict[str, list[str]]
-) -> dict[str, str]:
-    """Delete `keys` of each rollout through its view, one batch per distinct view."""
-    batches: dict[int, tuple[FolderView, list[str]]] = {}
-    for name, names_keys in keys.items():
-        view = doomed[name][0]
-        batches.setdefault(id(view), (view, []))[1].extend(names_keys)
-    failed: dict[str, str] = {}
-    for view, batch in batches.values():
-        if batch:
-            failed.update(view.delete_each(batch, durable=False))
-    return failed
