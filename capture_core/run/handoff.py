@@ -81,15 +81,20 @@ class RolloutOutcome(RolloutFigures):
 
 class FinalizedBatch(BaseModel):
     """A finalized batch ready for upload: its part bytes, its trainer rows' part bytes (when
-    the run writes rows) and per-rollout outcomes."""
+    the run writes rows) and per-rollout outcomes.
+
+    Its repr leaves the bytes out: a part is tens of megabytes, and Python 3.11's
+    `asyncio.run` formats the repr of the main task's result twice when it restores the
+    SIGINT handler (0.4 s each for a 100-rollout part).
+    """
 
     index: int
     receipt_key: str
     part_key: str
-    part: bytes
+    part: bytes = Field(repr=False)
     outcomes: list[RolloutOutcome]
     rows_key: str | None = None
-    rows: bytes | None = None
+    rows: bytes | None = Field(default=None, repr=False)
 
 
 class RowsPart(BaseModel):
