@@ -31,7 +31,7 @@ from capture_core.errors import (
     RowsNotWrittenError,
     UnreadableAcknowledgementError,
 )
-from capture_core.run.handoff import HandoffReceipt, verified_bytes
+from capture_core.run.handoff import HandoffReceipt, verified_bytes, verified_decode
 from capture_core.run.row_cursor import (
     Acknowledgement,
     Cursor,
@@ -69,9 +69,10 @@ class RowPart:
 class RowConsumer:
     """Consumer `name` of run `run_id`'s trainer rows at `dest` (a path or URL).
 
-    A verified part is decoded on pyarrow's CPU thread pool (pyarrow's default), or with
-    `use_threads=False` on the iterating thread (a trainer already using every core, e.g.
-    one data-loading process per core).
+    A part is decoded on pyarrow's CPU thread pool (pyarrow's default) while its digest is
+    computed on a thread of its own, and yielded only once the digest agrees; with
+    `use_threads=False` it is verified first, then decoded on the iterating thread (a trainer
+    already using every core, e.g. one data-loading process per core).
     """
 
     def __init__(
@@ -121,8 +122,12 @@ class RowConsumer:
     def _verified(self, receipt: HandoffReceipt) -> RowPart:
         rows = receipt.rows
         assert rows is not None
-        data = verified_bytes(
-            self.layout.dest, receipt, rows.key, rows.bytes, rows.sha256, NOT_YIELDED
-        )
-        table = read_rows(data, self.use_threads)
+        dest = self.layout.dest
+        if self.use_threads:
+            table = verified_decode(
+                dest, receipt, rows.key, rows.bytes, rows.sha256, read_rows, NOT_YIELDED
+            )
+        else:
+            data = verified_bytes(dest, receipt, rows.key, rows.bytes, rows.sha256, NOT_YIELDED)
+            table = read_rows(data, use_threads=False)
         return RowPart(rows.key, receipt.batch, receipt.receipt_key, table)

@@ -18,7 +18,10 @@ import hashlib
 import logging
 import os
 import re
+import threading
+from collections.abc import Callable
 from concurrent import futures
+from typing import TypeVar
 
 import orjson
 from pydantic import BaseModel, Field
@@ -62,6 +65,7 @@ from capture_core.storage.local import LocalStore
 from capture_core.store.base import drop_each
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class RolloutOutcome(RolloutFigures):
@@ -391,8 +395,63 @@ def verified_bytes(
     digest = None if stored is None else hashlib.sha256(stored).hexdigest()
     if stored is not None and len(stored) == size and digest == sha256:
         return stored
+    raise _part_mismatch(dest, receipt, key, stored, digest, size, sha256, consequence)
+
+
+def verified_decode(
+    dest: ByteStore,
+    receipt: HandoffReceipt,
+    key: str,
+    size: int,
+    sha256: str,
+    decode: Callable[[bytes], T],
+    consequence: str = RETIRED_NOTHING,
+) -> T:
+    """`decode` of part `key`'s bytes when they are the `size` and `sha256` its receipt
+    certifies; else `PartMismatchError` as `verified_bytes` raises it.
+
+    The digest is computed on a thread of its own while `decode` runs (hashlib releases the
+    GIL), so a reader with a free core waits for the longer of the two, not their sum. What
+    `decode` returns, or raises, counts only once the digest agrees: bytes other than the
+    certified ones are never returned, and their decode error is never the one reported. A
+    part of the wrong size is refused before anything decodes it.
+    """
+    stored = dest.get(key)
+    if stored is None or len(stored) != size:
+        digest = None if stored is None else hashlib.sha256(stored).hexdigest()
+        raise _part_mismatch(dest, receipt, key, stored, digest, size, sha256, consequence)
+    digests: list[str] = []
+    hasher = threading.Thread(
+        target=lambda: digests.append(hashlib.sha256(stored).hexdigest()), name="tokcap-digest"
+    )
+    hasher.start()
+    try:
+        decoded = decode(stored)
+    except BaseException:
+        hasher.join()
+        if digests != [sha256]:
+            raise _part_mismatch(
+                dest, receipt, key, stored, digests[0], size, sha256, consequence
+            ) from None
+        raise
+    hasher.join()
+    if digests != [sha256]:
+        raise _part_mismatch(dest, receipt, key, stored, digests[0], size, sha256, consequence)
+    return decoded
+
+
+def _part_mismatch(
+    dest: ByteStore,
+    receipt: HandoffReceipt,
+    key: str,
+    stored: bytes | None,
+    digest: str | None,
+    size: int,
+    sha256: str,
+    consequence: str,
+) -> PartMismatchError:
     found = "is missing" if stored is None else f"has {len(stored)} bytes, sha256 {digest}"
-    raise PartMismatchError(
+    return PartMismatchError(
         f"batch {receipt.batch} of run {receipt.run_id}: part {dest.url}/{key} {found}, but "
         f"its receipt certifies {size} bytes, sha256 {sha256}; {consequence}"
     )

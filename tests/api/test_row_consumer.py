@@ -182,8 +182,9 @@ EDITS = {
 
 def test_a_part_is_refused_as_the_mismatch_whatever_was_edited(locations) -> None:
     """An edit that would still decode and one that would break decoding are both refused
-    as the mismatch (bytes reach the decoder only once they verify), in both decoding
-    modes, and the restored part is yielded again."""
+    as the mismatch, in both decoding modes (on one thread bytes reach the decoder only once
+    they verify; with threads what the decoder made of them, or raised, is discarded), and
+    the restored part is yielded again."""
     finalized(locations, "edits")
     dest = open_byte_store(locations["dest"], locations["options"])
     first = rows_keys(locations, "edits")[0]

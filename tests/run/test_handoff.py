@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
+import resource
 
 import orjson
 import pytest
@@ -17,9 +19,10 @@ from capture_core.run.handoff import (
     retirable,
     retire_receipt,
     upload_part,
+    verified_decode,
     verify_part,
 )
-from capture_core.run.trainer_rows import batch_rows
+from capture_core.run.trainer_rows import batch_rows, read_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from tests.store.test_torn_puts import turns
@@ -85,6 +88,90 @@ def test_an_edited_part_fails_verification_naming_it(dest) -> None:
     dest.replace(receipt.part_key, b"[]\n")
     with pytest.raises(PartMismatchError, match="run/records/p.jsonl"):
         verify_part(dest, receipt)
+
+
+def certified(dest, data: bytes) -> tuple[HandoffReceipt, str, int, str]:
+    """`data` handed off as a batch's part: its receipt, key, size and sha256."""
+    receipt = handed_off(dest, [RolloutOutcome(line=1)], data)
+    return receipt, receipt.part_key, receipt.bytes, receipt.sha256
+
+
+def test_decoding_a_certified_part_returns_what_decode_made(dest) -> None:
+    receipt, key, size, sha = certified(dest, b"certified\n")
+    assert verified_decode(dest, receipt, key, size, sha, bytes.upper) == b"CERTIFIED\n"
+
+
+def test_a_decode_error_of_certified_bytes_is_the_error_raised(dest) -> None:
+    receipt, key, size, sha = certified(dest, b"certified\n")
+
+    def refuse(data: bytes) -> bytes:
+        raise ValueError("not parquet")
+
+    with pytest.raises(ValueError, match="not parquet"):
+        verified_decode(dest, receipt, key, size, sha, refuse)
+
+
+def test_other_bytes_are_the_mismatch_whatever_decode_made_of_them(dest) -> None:
+    """An edit of the same size decodes while its digest is computed: the result, or the
+    decode error, is discarded and the mismatch is raised."""
+    receipt, key, size, sha = certified(dest, b"certified\n")
+    dest.replace(key, b"CERTIFIED\n")
+    decoded: list[bytes] = []
+
+    def refuse(data: bytes) -> bytes:
+        raise ValueError("not parquet")
+
+    for decode in (decoded.append, refuse):
+        with pytest.raises(PartMismatchError, match="certifies 10 bytes") as refused:
+            verified_decode(dest, receipt, key, size, sha, decode)
+        error = refused.value  # the decode error is not reported, not even as context
+        assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
+    assert decoded == [b"CERTIFIED\n"]  # decoded once, never returned
+
+
+def test_a_part_of_another_size_is_never_decoded(dest) -> None:
+    receipt, key, size, sha = certified(dest, b"certified\n")
+    decoded: list[bytes] = []
+    for stored in (b"certified\n+", None):
+        dest.delete([key])
+        if stored is not None:
+            dest.create(key, stored)
+        with pytest.raises(PartMismatchError, match="is missing" if stored is None else "has 11"):
+            verified_decode(dest, receipt, key, size, sha, decoded.append)
+    assert decoded == []
+
+
+@pytest.mark.integrity
+def test_randomly_edited_rows_parts_are_refused_as_the_mismatch_without_a_large_allocation(
+    dest,
+) -> None:
+    """Edited bytes reach pyarrow's decoder while their digest is computed: whatever an
+    edit does to the decode, the outcome is the mismatch, and decoding them never takes
+    hundreds of megabytes (the process's peak memory is checked after every edit)."""
+    rng = random.Random(7)
+    records = [
+        (n, part_record(RolloutOutcome(line=n, rollout_id=f"r{n}")), False) for n in range(1, 9)
+    ]
+    for _, record, _ in records:
+        item = record["response"]["output"][0]
+        item["prompt_token_ids"] = [rng.randrange(150_000) for _ in range(1500)]
+        item["generation_token_ids"] = [rng.randrange(150_000) for _ in range(500)]
+        item["generation_log_probs"] = [-rng.random() for _ in range(500)]
+    data = batch_rows(records)
+    receipt, key, size, sha = certified(dest, data)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    for _ in range(300):
+        edited = bytearray(data)
+        for _ in range(rng.choice((1, 1, 2, 8))):
+            edited[rng.randrange(len(data))] = rng.randrange(256)
+        if edited == data:
+            continue
+        dest.replace(key, bytes(edited))
+        with pytest.raises(PartMismatchError):
+            verified_decode(dest, receipt, key, size, sha, read_rows)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 256 * 1024
+    dest.replace(key, data)
+    assert verified_decode(dest, receipt, key, size, sha, read_rows).num_rows == 8
 
 
 def test_a_finalized_batch_repr_leaves_its_parts_out() -> None:
