@@ -21,7 +21,8 @@ For one batch of synthetic agent rollouts finalized from a local store:
   untimed call of its own, and what it made is freed after its clocks are read;
 - write: finalize and hand off the batch (freeze, rebuild, encode, create-only upload and
   read-back, as the upload task does) with `rows="parquet"` against `rows="none"`, sides
-  alternated, each run to a fresh destination; the goal figure is the median of the
+  alternated, each run to a fresh destination (removed, and the disk flushed, untimed
+  after it); the goal figure is the median of the
   per-pair ratios of wall seconds, CPU beside, and the rows' own CPU cost alone.
 Goals: bytes at most 0.35x, a trainer's read at least 10x faster, writing rows adds at most
 15%. Prints the load, medians, ranges and ratios; asserts nothing.
@@ -75,15 +76,22 @@ def capture(root: str, rollouts: int, shape: RolloutShape) -> list[dict]:
 
 
 def finalize(rollouts: str, store: str, dest: str, rows: str) -> FinalizedBatch:
-    """Finalize the file's single batch and hand it off to a fresh `dest` (then removed)."""
+    """Finalize the file's single batch and hand it off to `dest` (a fresh one: `clear`)."""
     plan = plan_rollout_file(rollouts, 1_000_000)
     (batch,) = plan.batches
     lines = read_batch(rollouts, batch)
     source = TokenCaptureStore(store)
     finalized = asyncio.run(finalize_batch("bench", batch, lines, source, rows=rows))
     handoff_batch("bench", finalized, open_byte_store(dest))
-    shutil.rmtree(dest, ignore_errors=True)
     return finalized
+
+
+def clear(dest: str) -> None:
+    """Remove a destination and flush the disk, so the next run starts from the same state:
+    the removal's writes and the device's discards otherwise land in whichever run comes
+    next (on this machine's disk, a handoff that waits for them takes twice as long)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    os.sync()
 
 
 def emitted(finalized: FinalizedBatch) -> list[tuple[int, dict, bool]]:
@@ -172,12 +180,19 @@ class Clocks:
     wall: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     cpu: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
-    def timed(self, side: str, fn: Callable[[], object], warm: bool = False) -> Callable[[], float]:
+    def timed(
+        self,
+        side: str,
+        fn: Callable[[], object],
+        warm: bool = False,
+        after: Callable[[], None] | None = None,
+    ) -> Callable[[], float]:
         """`fn` as an `alternate_sides` side that records both clocks, returning wall seconds.
 
         What `fn` returns is freed after the clocks are read: freeing is not part of having
         it. With `warm`, an untimed call first, so each side is timed in the state its own
         previous call leaves (as a reader of part after part is), not the other side's.
+        `after` runs untimed once the clocks are read (removing what `fn` wrote).
         """
 
         def run() -> float:
@@ -187,6 +202,8 @@ class Clocks:
             kept = fn()
             cpu, wall = self.cpu_clock() - cpu, time.perf_counter() - wall
             del kept
+            if after is not None:
+                after()
             self.wall.setdefault(side, []).append(wall)
             self.cpu.setdefault(side, []).append(cpu)
             return wall
@@ -246,6 +263,7 @@ def main() -> None:
         with open(rollouts, "wb") as f:
             f.writelines(orjson.dumps(r) + b"\n" for r in records)
         finalized = finalize(rollouts, store, f"{work}/warm", "parquet")  # freezes once
+        clear(f"{work}/warm")
         parquet = finalized.rows or b""
         as_json = json_rows(finalized)
         table = read_rows(parquet)
@@ -303,7 +321,11 @@ def main() -> None:
         # not the builder's projection are derived comparing every item, the dearer path.
         alternate_sides(
             {
-                side: writes.timed(side, lambda side=side: finalize(rollouts, store, dest, side))
+                side: writes.timed(
+                    side,
+                    lambda side=side: finalize(rollouts, store, dest, side),
+                    after=lambda: clear(dest),
+                )
                 for side in ("none", "parquet")
             },
             args.repetitions,
