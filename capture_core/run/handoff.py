@@ -259,7 +259,6 @@ async def finalize_batch(
 
     built_all = await asyncio.gather(*(map(finalize_one, lines, guards)))
     outcomes: list[RolloutOutcome] = []
-    chunks: list[bytes] = []
     emitted: list[tuple[int, dict, bool]] = []
     for parsed, guard, built in zip(lines, guards, built_all, strict=True):
         if guard.failure is not None:
@@ -273,15 +272,17 @@ async def finalize_batch(
             continue
         record = parsed.record or {}
         outcomes.append(_outcome(parsed.line, record, built))
-        chunks.append(orjson.dumps(record) + b"\n")
         emitted.append((parsed.line, record, _projected(built)))
+    rows_key, encoding = _rows_part(run_id, batch, rows, emitted)
+    part = b"".join([orjson.dumps(record) + b"\n" for _, record, _ in emitted])
     return FinalizedBatch(
         index=batch.index,
         receipt_key=receipt_key(batch),
         part_key=part_key(run_id, batch),
-        part=b"".join(chunks),
+        part=part,
         outcomes=outcomes,
-        **_rows_part(run_id, batch, rows, emitted),
+        rows_key=rows_key,
+        rows=None if encoding is None else encoding.result(),
     )
 
 
@@ -293,15 +294,20 @@ def _projected(built: BuildResult | None) -> bool:
 
 def _rows_part(
     run_id: str, batch: BatchPlan, rows: str, emitted: list[tuple[int, dict, bool]]
-) -> dict[str, object]:
-    """The batch's rows part key and bytes, or nothing when the run writes no rows."""
+) -> tuple[str | None, futures.Future[bytes] | None]:
+    """The batch's rows part key and its bytes to come, or nothing when the run writes no rows.
+
+    The rows are derived here and encoded on the I/O pool (pyarrow encodes without the GIL),
+    while the caller encodes the records part.
+    """
     if rows == "none":
-        return {}
-    from capture_core.run.trainer_rows import batch_rows, check_row_format
+        return None, None
+    from capture_core.run.trainer_rows import check_row_format, encode_rows, record_rows
 
     check_row_format(rows)
+    derived = [row for line, rec, projected in emitted for row in record_rows(rec, line, projected)]
     key = run_layout.rows_key(run_id, batch.index, batch.sha256)
-    return {"rows_key": key, "rows": batch_rows(emitted)}
+    return key, io_pool().submit(encode_rows, derived)
 
 
 def upload_part(dest: ByteStore, key: str, data: bytes) -> tuple[str, int]:

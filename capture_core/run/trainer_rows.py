@@ -18,6 +18,7 @@ made, and nothing `import capture_core` loads imports it.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -124,7 +125,7 @@ def _trace_rows(rollout_id: str, envelope: Mapping[str, Any]) -> list[Shaped]:
     """The envelope's traces as rows, unchanged (it was validated before it was handed off)."""
     rows = []
     for trace in envelope.get("traces") or []:
-        tokens = np.asarray(trace["token_ids"], dtype=np.int64)
+        tokens = _int64(trace["token_ids"])
         logprobs = np.asarray(trace["generation_logprobs"], dtype=np.float32)
         mask = (np.asarray(trace["loss_mask"]) != 0).astype(np.int8)
         if not len(tokens) == len(logprobs) == len(mask):
@@ -151,10 +152,7 @@ def _chain_rows(rollout_id: str, response: Any, projected: bool) -> list[Shaped]
     rows = []
     for n, group in enumerate(g for g in groups if g):
         last = group[-1]
-        tokens = np.asarray(
-            list(last.get("prompt_token_ids") or []) + list(last["generation_token_ids"]),
-            dtype=np.int64,
-        )
+        tokens = _int64(last.get("prompt_token_ids") or [], last["generation_token_ids"])
         logprobs = np.zeros(len(tokens), dtype=np.float32)
         mask = np.zeros(len(tokens), dtype=np.int8)
         for item in group:
@@ -165,6 +163,18 @@ def _chain_rows(rollout_id: str, response: Any, projected: bool) -> list[Shaped]
         trace_id = f"{rollout_id}:main" if n == 0 else f"{rollout_id}:main-{n}"
         rows.append((trace_id, tokens, logprobs, mask))
     return rows
+
+
+def _int64(*parts: Any) -> np.ndarray:
+    """The parts' integers, concatenated, as int64 (from lists in one C pass each, about
+    half the time `np.asarray` takes; any other sequence as `np.asarray` reads it)."""
+    ids = array("q")
+    try:
+        for part in parts:
+            ids.fromlist(part)
+    except TypeError:
+        return np.asarray([value for part in parts for value in part], dtype=np.int64)
+    return np.frombuffer(ids, dtype=np.int64)
 
 
 def _extending_runs(items: list[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:

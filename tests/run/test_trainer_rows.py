@@ -111,6 +111,15 @@ def test_token_ids_widen_to_int64_only_when_an_id_needs_it() -> None:
     assert table.column("token_ids").to_pylist() == [[1, 2**31]]
 
 
+def test_token_ids_that_are_not_lists_give_the_same_row() -> None:
+    """Token ids in a tuple (a record built in Python, not parsed from JSON) take the slower
+    conversion and give the same row as a list."""
+    as_lists = record_rows(record([item([1, 2], [3, 4], [-0.5, -0.25])]), 1)
+    as_tuples = record_rows(record([item((1, 2), (3, 4), [-0.5, -0.25])]), 1)  # type: ignore[arg-type]
+    assert as_tuples[0].token_ids.tolist() == as_lists[0].token_ids.tolist() == [1, 2, 3, 4]
+    assert as_tuples[0].loss_mask.tolist() == as_lists[0].loss_mask.tolist() == [0, 0, 1, 1]
+
+
 def test_row_groups_stay_within_the_token_budget(monkeypatch) -> None:
     monkeypatch.setattr(trainer_rows, "ROW_GROUP_TOKENS", 10)
     chain = [item([1, 2, 3], [4, 5, 6], [-0.5] * 3)]
