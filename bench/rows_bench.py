@@ -328,7 +328,7 @@ def main() -> None:
                 )
                 for side in ("none", "parquet")
             },
-            args.repetitions,
+            3 * args.repetitions,
         )
         share = median(encode.cpu["encode"]) / median(writes.cpu["none"])
         print(
