@@ -279,6 +279,9 @@ BROKEN = {
     "nan outside spans": lambda e: e["traces"][0]["generation_logprobs"].__setitem__(
         3, float("nan")
     ),
+    "a span's 0.0 traded for a gap's log prob": lambda e: e["traces"][0][
+        "generation_logprobs"
+    ].__setitem__(slice(2, 4), [0.0, -1.0]),
     "null outside spans": lambda e: e["traces"][0]["generation_logprobs"].__setitem__(1, None),
     "text outside spans": lambda e: e["traces"][0]["generation_logprobs"].__setitem__(1, "0"),
     "float mask": lambda e: e["traces"][0]["loss_mask"].__setitem__(2, 1.0),
@@ -312,6 +315,13 @@ def test_any_zero_outside_the_spans_is_accepted() -> None:
             lambda e, z=zero: e["traces"][0]["generation_logprobs"].__setitem__(3, z)
         )
         check_envelope(envelope, "r", calls=calls, owners=["a", "b"])
+
+
+def test_a_sampled_log_prob_of_zero_is_accepted() -> None:
+    """A sampled token may have log prob 0.0 (probability 1): it is a span's value, not a
+    gap's, and the gaps are still all 0.0."""
+    envelope = _broken(lambda e: e["traces"][0]["generation_logprobs"].__setitem__(2, 0.0))
+    check_envelope(envelope, "r")
 
 
 def test_check_envelope_against_the_capture_refuses_other_tokens() -> None:
