@@ -7,7 +7,8 @@ For one batch of synthetic agent rollouts finalized from a local store:
   destination holding the handed-off batch and its persisted receipt to every token id,
   log prob and mask position of every row as numpy arrays (int32, float32, int8).
   Parquet: one pass of `RowConsumer` (receipt listed and read, cursor checked, part read,
-  its sha256 checked, then decoded with pyarrow's default threading), then each row
+  its sha256 checked on a thread of its own while pyarrow decodes it with its default
+  threading), then each row
   group's list values as arrays, views of what pyarrow decoded; "one thread" is the same
   consumer decoding on the iterating thread. JSON: the same rows' JSON lines file read from
   the same disk, each line parsed with orjson into lists, then each row's three arrays made
