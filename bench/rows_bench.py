@@ -8,12 +8,12 @@ For one batch of synthetic agent rollouts finalized from a local store:
   log prob and mask position of every row as numpy arrays (int32, float32, int8).
   Parquet: one pass of `RowConsumer` (receipt listed and read, cursor checked, part read,
   its sha256 checked on a thread of its own while pyarrow decodes it with its default
-  threading), then each row
-  group's list values as arrays, views of what pyarrow decoded; "one thread" is the same
-  consumer decoding on the iterating thread. JSON: the same rows' JSON lines file read from
-  the same disk, each line parsed with orjson into lists, then each row's three arrays made
-  by the fastest conversion measured. The goal figure is the median of the per-pair ratios
-  of wall seconds (what a trainer waits for), process CPU beside;
+  threading), then each row group's list values as arrays, views of what pyarrow decoded;
+  "one thread" is the same consumer verifying first, then decoding on the iterating thread.
+  JSON: the same rows' JSON lines file read from the same disk, each line parsed with orjson
+  into lists, then each row's three arrays made by the fastest conversion measured. The
+  goal figure is the median of the per-pair ratios of wall seconds (what a trainer waits
+  for), process CPU beside;
 - read every token, the work figure: the same from the part's bytes in memory, on one
   thread (`read_rows(use_threads=False)`; "verified" adds the sha256 check the consumer
   makes first; "json" is the parse alone), as the median of the per-pair ratios of the
