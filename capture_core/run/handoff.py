@@ -18,7 +18,6 @@ import hashlib
 import logging
 import os
 import re
-import threading
 from collections.abc import Callable
 from concurrent import futures
 from typing import TypeVar
@@ -282,7 +281,7 @@ async def finalize_batch(
         part=part,
         outcomes=outcomes,
         rows_key=rows_key,
-        rows=None if encoding is None else encoding.result(),
+        rows=None if encoding is None else await asyncio.wrap_future(encoding),
     )
 
 
@@ -298,7 +297,8 @@ def _rows_part(
     """The batch's rows part key and its bytes to come, or nothing when the run writes no rows.
 
     The rows are derived here and encoded on the I/O pool (pyarrow encodes without the GIL),
-    while the caller encodes the records part.
+    while the caller encodes the records part. So `finalize_batch` waits for the pool and,
+    like `storage.io_pool.run_blocking`, must not run on one of its threads.
     """
     if rows == "none":
         return None, None
@@ -418,31 +418,29 @@ def verified_decode(
 
     The digest is computed on a thread of its own while `decode` runs (hashlib releases the
     GIL), so a reader with a free core waits for the longer of the two, not their sum. What
-    `decode` returns, or raises, counts only once the digest agrees: bytes other than the
-    certified ones are never returned, and their decode error is never the one reported. A
+    `decode` returns, or the `Exception` it raises, counts only once the digest agrees: bytes
+    other than the certified ones are never returned, and their decode error is never the
+    one reported. An interrupt (`KeyboardInterrupt`, `SystemExit`) is raised as it is. A
     part of the wrong size is refused before anything decodes it.
     """
     stored = dest.get(key)
     if stored is None or len(stored) != size:
         digest = None if stored is None else hashlib.sha256(stored).hexdigest()
         raise _part_mismatch(dest, receipt, key, stored, digest, size, sha256, consequence)
-    digests: list[str] = []
-    hasher = threading.Thread(
-        target=lambda: digests.append(hashlib.sha256(stored).hexdigest()), name="tokcap-digest"
-    )
-    hasher.start()
-    try:
-        decoded = decode(stored)
-    except BaseException:
-        hasher.join()
-        if digests != [sha256]:
-            raise _part_mismatch(
-                dest, receipt, key, stored, digests[0], size, sha256, consequence
-            ) from None
-        raise
-    hasher.join()
-    if digests != [sha256]:
-        raise _part_mismatch(dest, receipt, key, stored, digests[0], size, sha256, consequence)
+
+    def mismatch(digest: str) -> PartMismatchError:
+        return _part_mismatch(dest, receipt, key, stored, digest, size, sha256, consequence)
+
+    with futures.ThreadPoolExecutor(1, thread_name_prefix="tokcap-digest") as digesting:
+        hashing = digesting.submit(lambda: hashlib.sha256(stored).hexdigest())
+        try:
+            decoded = decode(stored)
+        except Exception:
+            if (digest := hashing.result()) != sha256:
+                raise mismatch(digest) from None
+            raise
+        if (digest := hashing.result()) != sha256:
+            raise mismatch(digest)
     return decoded
 
 
