@@ -302,12 +302,11 @@ def _rows_part(
     """
     if rows == "none":
         return None, None
-    from capture_core.run.trainer_rows import check_row_format, encode_rows, record_rows
+    from capture_core.run.trainer_rows import check_row_format, emitted_rows, encode_rows
 
     check_row_format(rows)
-    derived = [row for line, rec, projected in emitted for row in record_rows(rec, line, projected)]
     key = run_layout.rows_key(run_id, batch.index, batch.sha256)
-    return key, io_pool().submit(encode_rows, derived)
+    return key, io_pool().submit(encode_rows, emitted_rows(emitted))
 
 
 def upload_part(dest: ByteStore, key: str, data: bytes) -> tuple[str, int]:

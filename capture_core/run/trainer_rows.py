@@ -282,11 +282,14 @@ def _row_groups(rows: Sequence[TrainerRow]) -> Iterable[tuple[int, int]]:
         yield start, len(rows)
 
 
+def emitted_rows(records: Iterable[tuple[int, Mapping[str, Any], bool]]) -> list[TrainerRow]:
+    """The rows of a batch's emitted records, as `(input line, record, projected)`."""
+    return [row for line, rec, projected in records for row in record_rows(rec, line, projected)]
+
+
 def batch_rows(records: Iterable[tuple[int, Mapping[str, Any], bool]]) -> bytes:
     """The rows part of a batch's emitted records, as `(input line, record, projected)`."""
-    return encode_rows(
-        [row for line, rec, projected in records for row in record_rows(rec, line, projected)]
-    )
+    return encode_rows(emitted_rows(records))
 
 
 def count_rows(data: bytes) -> int:
