@@ -96,6 +96,11 @@ def certified(dest, data: bytes) -> tuple[HandoffReceipt, str, int, str]:
     return receipt, receipt.part_key, receipt.bytes, receipt.sha256
 
 
+def not_parquet(data: bytes) -> bytes:
+    """A decode that refuses whatever it is given."""
+    raise ValueError("not parquet")
+
+
 def test_decoding_a_certified_part_returns_what_decode_made(dest) -> None:
     receipt, key, size, sha = certified(dest, b"certified\n")
     assert verified_decode(dest, receipt, key, size, sha, bytes.upper) == b"CERTIFIED\n"
@@ -104,11 +109,8 @@ def test_decoding_a_certified_part_returns_what_decode_made(dest) -> None:
 def test_a_decode_error_of_certified_bytes_is_the_error_raised(dest) -> None:
     receipt, key, size, sha = certified(dest, b"certified\n")
 
-    def refuse(data: bytes) -> bytes:
-        raise ValueError("not parquet")
-
     with pytest.raises(ValueError, match="not parquet"):
-        verified_decode(dest, receipt, key, size, sha, refuse)
+        verified_decode(dest, receipt, key, size, sha, not_parquet)
 
 
 def test_other_bytes_are_the_mismatch_whatever_decode_made_of_them(dest) -> None:
@@ -118,10 +120,7 @@ def test_other_bytes_are_the_mismatch_whatever_decode_made_of_them(dest) -> None
     dest.replace(key, b"CERTIFIED\n")
     decoded: list[bytes] = []
 
-    def refuse(data: bytes) -> bytes:
-        raise ValueError("not parquet")
-
-    for decode in (decoded.append, refuse):
+    for decode in (decoded.append, not_parquet):
         with pytest.raises(PartMismatchError, match="certifies 10 bytes") as refused:
             verified_decode(dest, receipt, key, size, sha, decode)
         error = refused.value  # the decode error is not reported, not even as context
