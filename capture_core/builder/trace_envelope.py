@@ -13,6 +13,7 @@ This module imports only `records`.
 from __future__ import annotations
 
 import itertools
+import math
 from array import array
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -179,9 +180,11 @@ def _check_trace(
     if n and mask[0] != 0:
         raise _fail(f"{where}.loss_mask", "trains the first position, which has no context")
     spans = _check_spans(trace["sampled_spans"], set(row_calls), where, n)
-    marks = _mask_bytes(mask, where)
-    _check_positions(logprobs, marks, spans, where, owned)
-    if calls is not None:
+    _check_mask(_mask_bytes(mask, where), spans, where)
+    _claim(spans, owned, where)
+    if calls is None:
+        _check_log_probs(logprobs, spans, where)
+    else:
         _check_against_capture(tokens, logprobs, spans, calls, where)
 
 
@@ -195,39 +198,35 @@ def _mask_bytes(mask: list[Any], where: str) -> bytearray:
         ) from None
 
 
-def _check_positions(
-    logprobs: list[Any],
-    marks: bytearray,
-    spans: list[tuple[str, int, int]],
-    where: str,
-    owned: dict[str, str],
-) -> None:
-    """Per span, in position order: 0.0 log probs in the gap before it, finite ones over it,
-    1s over it, its call owned once. Then 0s everywhere else in the mask.
-
-    Only the spans are summed for finiteness: a gap holds nothing but values equal to 0.0.
-
-    One loop for the row's own per-span rules (the capture's are `_check_against_capture`):
-    this runs once per span of every delivered row.
-    """
-    gap_start = covered = 0
-    for call_id, start, end in spans:
-        if logprobs[gap_start:start].count(ZERO_LOG_PROB) != start - gap_start:
-            raise _fail(f"{where}.generation_logprobs", "is not 0.0 outside the sampled spans")
-        _check_finite(logprobs[start:end], where)
-        gap_start = end
-        covered += end - start
+def _check_mask(marks: bytearray, spans: list[tuple[str, int, int]], where: str) -> None:
+    """1s over every span and nothing but 0s elsewhere (position 0 is in no span)."""
+    covered = 0
+    for _, start, end in spans:
         if marks.count(1, start, end) != end - start:
             raise _fail(f"{where}.loss_mask", "is not 1 exactly at the positions the spans cover")
-        if call_id in owned:
-            raise _fail(where, f"call {call_id!r} is owned twice ({owned[call_id]} and here)")
-        owned[call_id] = where
-    if logprobs[gap_start:].count(ZERO_LOG_PROB) != len(logprobs) - gap_start:
-        raise _fail(f"{where}.generation_logprobs", "is not 0.0 outside the sampled spans")
+        covered += end - start
     # Every span is all 1s and spans do not overlap: the mask is exact iff it holds no other
     # 1 and nothing but 0 elsewhere.
     if marks.count(1) != covered or marks.count(0) != len(marks) - covered:
         raise _fail(f"{where}.loss_mask", "is not 1 exactly at the positions the spans cover")
+
+
+def _claim(spans: list[tuple[str, int, int]], owned: dict[str, str], where: str) -> None:
+    """Each span's call, owned by this row; a call another span owns is refused."""
+    for call_id, _, _ in spans:
+        if call_id in owned:
+            raise _fail(where, f"call {call_id!r} is owned twice ({owned[call_id]} and here)")
+        owned[call_id] = where
+
+
+def _check_log_probs(logprobs: list[Any], spans: list[tuple[str, int, int]], where: str) -> None:
+    """Finite numbers, and 0.0 at every position no span owns."""
+    _check_finite(logprobs, where)
+    gap_start = 0
+    for _, start, end in [*spans, ("", len(logprobs), len(logprobs))]:
+        if logprobs[gap_start:start].count(ZERO_LOG_PROB) != start - gap_start:
+            raise _fail(f"{where}.generation_logprobs", "is not 0.0 outside the sampled spans")
+        gap_start = end
 
 
 def _check_against_capture(
@@ -238,11 +237,16 @@ def _check_against_capture(
     where: str,
 ) -> None:
     """Each span is exactly its call: the row before it is the call's prompt, the span its
-    generation and log probs.
+    generation and log probs; every other log prob is 0.0.
 
     Prompts are compared longest first against one copy of the row's head, cut shorter for
-    each: every position is copied once per row, however many spans' prompts hold it.
+    each: every position is copied once per row, however many spans' prompts hold it. The
+    log probs are compared in one comparison with the row they must be: 0.0 in the gaps and
+    each span's captured log probs, checked finite (a value equal to a finite number is
+    finite). A row that differs is read again rule by rule, to name the rule it breaks.
     """
+    expected = [ZERO_LOG_PROB] * len(logprobs)
+    sampled: list[list[float]] = []
     head = tokens[: spans[-1][1]] if spans else []
     for call_id, start, end in reversed(spans):
         entry = calls.get(call_id)
@@ -259,10 +263,28 @@ def _check_against_capture(
             raise _fail(
                 f"{where} span of {call_id!r}", "is not exactly the tokens the call generated"
             )
-        if logprobs[start:end] != entry.generation_log_probs:
-            raise _fail(
-                f"{where} span of {call_id!r}", "does not carry the call's sampling-time log probs"
-            )
+        expected[start:end] = entry.generation_log_probs
+        sampled.append(entry.generation_log_probs)
+    if not _sums_to_finite(sampled):
+        _check_finite(expected, where)  # decided value by value
+    if logprobs != expected:
+        _check_log_probs(logprobs, spans, where)
+        wrong = [
+            call_id for call_id, start, end in spans if logprobs[start:end] != expected[start:end]
+        ]
+        raise _fail(
+            f"{where} span of {wrong[0]!r}" if wrong else f"{where}.generation_logprobs",
+            "does not carry the call's sampling-time log probs",
+        )
+
+
+def _sums_to_finite(parts: list[list[float]]) -> bool:
+    """Whether the parts' total is a finite number; false also when it cannot be summed or
+    overflows (then each value must be looked at)."""
+    try:
+        return math.isfinite(sum(map(sum, parts)))
+    except (TypeError, OverflowError):
+        return False
 
 
 def check_envelope(

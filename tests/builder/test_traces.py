@@ -300,11 +300,19 @@ BROKEN = {
 }
 
 
+def _capture() -> dict:
+    return {"a": token_call("a", [1, 2], [3]), "b": token_call("b", [1, 2, 3, 4], [5, 6])}
+
+
+@pytest.mark.parametrize("against_capture", [False, True], ids=["alone", "against the capture"])
 @pytest.mark.parametrize("name", sorted(BROKEN))
-def test_check_envelope_refuses_each_broken_rule(name: str) -> None:
-    check_envelope(_valid(), "r")
+def test_check_envelope_refuses_each_broken_rule(name: str, against_capture: bool) -> None:
+    """Every rule holds on its own and beside the capture: the capture's comparisons never
+    stand in for a rule of the envelope."""
+    calls = _capture() if against_capture else None
+    check_envelope(_valid(), "r", calls=calls)
     with pytest.raises(TraceEnvelopeError, match="training_traces"):
-        check_envelope(_broken(BROKEN[name]), "r")
+        check_envelope(_broken(BROKEN[name]), "r", calls=calls)
 
 
 def test_any_zero_outside_the_spans_is_accepted() -> None:
@@ -335,6 +343,33 @@ def test_check_envelope_against_the_capture_refuses_other_tokens() -> None:
         check_envelope(context, "r", calls=calls)
     with pytest.raises(TraceEnvelopeError, match="unowned"):
         check_envelope(_valid(), "r", calls=calls, owners=["a", "b", "c"])
+
+
+@pytest.mark.parametrize(
+    "bad", [float("nan"), float("-inf"), None, -(10**400)], ids=["nan", "-inf", "null", "huge"]
+)
+def test_a_capture_log_prob_that_is_no_finite_number_is_refused(bad: object) -> None:
+    """A log prob reassigned on a validated call after the fact (validation is skipped on
+    assignment) is refused even where the row carries that very object."""
+    calls = _capture()
+    calls["b"].generation_log_probs = [-0.5, bad]
+    envelope = _broken(lambda e: e["traces"][0]["generation_logprobs"].__setitem__(5, bad))
+    with pytest.raises(TraceEnvelopeError, match="not a finite number"):
+        check_envelope(envelope, "r", calls=calls)
+
+
+def test_finite_log_probs_whose_sum_overflows_are_accepted() -> None:
+    """The log probs are summed to decide finiteness at once; a sum that overflows is
+    decided value by value, so large finite values are not refused."""
+    calls = _capture()
+    calls["a"].generation_log_probs = [-1e308]
+    calls["b"].generation_log_probs = [-1e308, -1e308]
+    envelope = _broken(
+        lambda e: e["traces"][0]["generation_logprobs"].__setitem__(
+            slice(2, 6), [-1e308, 0.0, -1e308, -1e308]
+        )
+    )
+    check_envelope(envelope, "r", calls=calls, owners=["a", "b"])
 
 
 def test_spans_listed_out_of_order_are_read_by_position() -> None:
