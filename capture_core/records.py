@@ -198,12 +198,14 @@ def all_finite(values: list[float]) -> bool:
     """Whether every value is a finite float: no NaN, no infinity, no integer beyond any
     float (such a log prob is no probability). A NaN or infinity makes the sum non-finite,
     so a finite sum decides at C speed; only an overflowing sum needs the value-by-value
-    check. A value that is not a number raises `TypeError`."""
+    check. The sum is a float from its start, so integers too large for a float cannot
+    cancel out unseen. A value that is neither a float nor an integer (`None`, a string, a
+    `Decimal`) raises `TypeError`."""
     try:
-        if math.isfinite(sum(values)):
+        if math.isfinite(sum(values, 0.0)):
             return True
     except OverflowError:
-        pass  # a sum of huge ints: decide value by value
+        pass  # an integer beyond any float, or finite values whose sum overflows
     try:
         return all(map(math.isfinite, values))
     except OverflowError:

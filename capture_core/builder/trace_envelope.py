@@ -242,8 +242,9 @@ def _check_against_capture(
     Prompts are compared longest first against one copy of the row's head, cut shorter for
     each: every position is copied once per row, however many spans' prompts hold it. The
     log probs are compared in one comparison with the row they must be: 0.0 in the gaps and
-    each span's captured log probs, checked finite (a value equal to a finite number is
-    finite). A row that differs is read again rule by rule, to name the rule it breaks.
+    each span's captured log probs, as many as the span's tokens and checked finite (what
+    JSON gives that equals a finite float, an integer, a float or a bool, is a finite number).
+    A row that differs is read again rule by rule, to name the rule it breaks.
     """
     expected = [ZERO_LOG_PROB] * len(logprobs)
     sampled: list[list[float]] = []
@@ -263,8 +264,13 @@ def _check_against_capture(
             raise _fail(
                 f"{where} span of {call_id!r}", "is not exactly the tokens the call generated"
             )
-        expected[start:end] = entry.generation_log_probs
-        sampled.append(entry.generation_log_probs)
+        captured = entry.generation_log_probs
+        if type(captured) is not list or len(captured) != end - start:
+            raise _fail(
+                f"{where} span of {call_id!r}", "does not carry the call's sampling-time log probs"
+            )
+        expected[start:end] = captured
+        sampled.append(captured)
     if not _sums_to_finite(sampled):
         _check_finite(expected, where)  # decided value by value
     if logprobs != expected:
@@ -279,11 +285,12 @@ def _check_against_capture(
 
 
 def _sums_to_finite(parts: list[list[float]]) -> bool:
-    """Whether the parts' total is a finite number; false also when it cannot be summed or
-    overflows (then each value must be looked at)."""
+    """Whether the parts' total is a finite float (each part summed as a float from its
+    start, as `all_finite` does); false also when it cannot be summed or overflows, and then
+    each value must be looked at."""
     try:
-        return math.isfinite(sum(map(sum, parts)))
-    except (TypeError, OverflowError):
+        return math.isfinite(sum(map(sum, parts, itertools.repeat(0.0))))
+    except (TypeError, ArithmeticError):
         return False
 
 

@@ -82,6 +82,8 @@ def test_finite_log_probs_whose_sum_overflows_are_accepted() -> None:
 def test_a_log_prob_no_float_can_hold_is_not_finite() -> None:
     """As stdlib `json` parses a 400-digit number: refused by name, not `OverflowError`."""
     assert not all_finite([-0.5, -(10**400)])
+    assert not all_finite([10**400, -(10**400), -0.5]), "no cancelling out unseen"
+    assert all_finite([0, -1, True, -0.5]), "integers a float holds are finite numbers"
     built = TokenEntry.model_construct(**entry(generation_log_probs=[10**400]))
     with pytest.raises(InvalidRecordError, match="NaN or infinite"):
         check_entry_consistency(built)

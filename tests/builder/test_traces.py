@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import random
 from collections import defaultdict
+from decimal import Decimal
 
 import pytest
 
@@ -356,6 +357,46 @@ def test_a_capture_log_prob_that_is_no_finite_number_is_refused(bad: object) -> 
     envelope = _broken(lambda e: e["traces"][0]["generation_logprobs"].__setitem__(5, bad))
     with pytest.raises(TraceEnvelopeError, match="not a finite number"):
         check_envelope(envelope, "r", calls=calls)
+
+
+def test_log_probs_no_float_can_hold_are_refused_even_where_they_cancel_out() -> None:
+    """Integers beyond any float, as stdlib `json` parses 400-digit numbers, in two spans
+    whose exact sum is 0: refused alone and against a capture reassigned to hold them."""
+    huge = 10**400
+
+    def cancel(envelope: dict) -> None:
+        envelope["traces"][0]["generation_logprobs"][:] = [0, 0, huge, 0, -huge, -1]
+
+    with pytest.raises(TraceEnvelopeError, match="not a finite number"):
+        check_envelope(_broken(cancel), "r")
+    calls = _capture()
+    calls["a"].generation_log_probs = [huge]
+    calls["b"].generation_log_probs = [-huge, -1]
+    with pytest.raises(TraceEnvelopeError, match="not a finite number"):
+        check_envelope(_broken(cancel), "r", calls=calls)
+
+
+def test_a_capture_whose_log_probs_miss_their_span_is_refused() -> None:
+    """Reassigned log probs one too long on one call and one too short on the next leave the
+    row's length whole; each call's count must still be its span's."""
+    calls = _capture()
+    calls["a"].generation_log_probs = [-0.5, 0.0]
+    calls["b"].generation_log_probs = [-0.5]
+    envelope = _broken(
+        lambda e: e["traces"][0]["generation_logprobs"].__setitem__(
+            slice(None), [0.0, 0.0, -0.5, 0.0, 0.0, -0.5]
+        )
+    )
+    with pytest.raises(TraceEnvelopeError, match="sampling-time log probs"):
+        check_envelope(envelope, "r", calls=calls)
+
+
+def test_a_capture_of_decimal_infinities_is_refused_by_name() -> None:
+    calls = _capture()
+    calls["a"].generation_log_probs = [Decimal("Infinity")]
+    calls["b"].generation_log_probs = [Decimal("-Infinity"), Decimal(0)]
+    with pytest.raises(TraceEnvelopeError):
+        check_envelope(_valid(), "r", calls=calls)
 
 
 def test_finite_log_probs_whose_sum_overflows_are_accepted() -> None:
