@@ -13,7 +13,7 @@ Time, in CPU seconds of the process (the machine is shared): finalize (freeze, r
 check, encode) of all rollouts per delivery, sides alternating over the repetitions; and the
 in-memory build alone (`assemble` against `assemble_traces` over the entries already read),
 also alternating, with the envelope check inside it (`check_envelope` against the capture, as
-the build runs it before handoff) timed on its own as a third side.
+the build runs it before handoff) timed on its own as a third side, and the build per shape.
 Prints figures; asserts nothing.
 Usage: .venv/bin/python -m bench.traces_bench [--per-shape N] [--seed S] [--scale K]
        [--repetitions R]
@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from bench.ratios import alternate_sides, describe_seconds
+from bench.ratios import alternate, alternate_sides, describe_seconds
 from bench.trace_shapes import SHAPES, Episode, episodes, write_episode
 from capture_core.builder.snapshot import assemble, assemble_traces
 from capture_core.builder.terminal import TerminalInputs
@@ -140,12 +140,12 @@ def time_sides(eps: list[Episode], store: TokenCaptureStore, repetitions: int) -
     inputs = [TerminalInputs.from_record(ep.record) for ep in eps]
     pairs = list(zip(eps, entries, inputs, strict=True))
 
-    def build_main() -> None:
-        for ep, calls, terminal in pairs:
+    def build_main(chosen: list = pairs) -> None:
+        for ep, calls, terminal in chosen:
             assemble(ep.rollout_id, calls, "prefix_merging", "", terminal)
 
-    def build_traces() -> None:
-        for ep, calls, terminal in pairs:
+    def build_traces(chosen: list = pairs) -> None:
+        for ep, calls, terminal in chosen:
             assemble_traces(ep.rollout_id, calls, "prefix_merging", terminal)
 
     built = [
@@ -179,7 +179,16 @@ def time_sides(eps: list[Episode], store: TokenCaptureStore, repetitions: int) -
         },
         repetitions,
     )
-    return {"finalize": finalize, "build": build}
+    by_shape = {
+        shape: alternate(
+            lambda chosen=chosen: _timed(lambda: build_main(chosen)),
+            lambda chosen=chosen: _timed(lambda: build_traces(chosen)),
+            repetitions,
+        )
+        for shape in SHAPES
+        if (chosen := [pair for pair in pairs if pair[0].shape == shape])
+    }
+    return {"finalize": finalize, "build": build, "build by shape": by_shape}
 
 
 def _share(trained: int, sampled: int) -> str:
@@ -220,6 +229,7 @@ def report(tally: Tally, seconds: dict, eps: list[Episode]) -> None:
         len(e.prompt_token_ids) + len(e.generation_token_ids) for ep in eps for e in ep.entries
     )
     print(f"{len(eps)} rollouts, {tokens} captured prompt+generation tokens")
+    by_shape = seconds.pop("build by shape")
     for kind, sides in seconds.items():
         main, traces = sides["main_chain"], sides["all_traces"]
         ratios = [t / m for t, m in zip(traces, main, strict=True)]
@@ -235,6 +245,10 @@ def report(tally: Tally, seconds: dict, eps: list[Episode]) -> None:
                 f"{statistics.median(shares):.2f}x the main chain's build "
                 f"(range {min(shares):.2f}-{max(shares):.2f})"
             )
+    print(
+        "build by shape (all_traces vs main_chain, median of the alternated repetitions): "
+        + ", ".join(f"{shape} {ratio.median:.2f}x" for shape, ratio in by_shape.items())
+    )
 
 
 @dataclass
