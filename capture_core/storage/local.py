@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import logging
 import os
+import shutil
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -40,6 +42,8 @@ from capture_core.storage.base import (
 )
 
 TMP_DIR = ".tmp"
+logger = logging.getLogger(__name__)
+
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW  # open a folder, never through a link
 
 
@@ -412,9 +416,10 @@ class LocalStore(ByteStore):
 
     def delete_folder(self, prefix: str) -> bool:
         """`ByteStore.delete_folder`: the store's emptied folders below `prefix` and the folder
-        itself are removed. A folder that reserved names still hold (an NFS `.nfs*` file, a
-        `.DS_Store`) stays, and a later write under `prefix` reuses it. A link or a file where
-        the folder should be is refused by name: nothing behind it is listed or deleted."""
+        itself are removed. Entries of reserved names in them (an NFS `.nfs*` file, a
+        `.DS_Store`) are moved into the temporaries first, so no folder stays under `prefix`:
+        a later write makes a new one, never the one a paused sweep may hold. A link or a file
+        where the folder should be is refused by name: nothing behind it is listed or deleted."""
         path = self._path(prefix)
         if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
             raise UnreadableCaptureError(
@@ -426,22 +431,35 @@ class LocalStore(ByteStore):
             return False
         with self._pinned_folder(prefix) as folder:
             try:
+                folder.set_aside_reserved()
                 folder.remove_empty_folders()
             except OSError as exc:
                 raise _access_error(exc, f"remove the emptied folders of {prefix}") from exc
         return True
 
+    def set_aside_path(self) -> str:
+        """A fresh name in the temporaries for an entry moved out of a folder being removed."""
+        self._ensure_dir(self._tmp_dir)
+        return os.path.join(self._tmp_dir, f"set-aside-{uuid.uuid4().hex}")
+
     def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
-        """Delete temporary files left by crashed writers; return how many were removed."""
-        tmp_dir = os.path.join(self.root, TMP_DIR)
+        """Delete temporary files left by crashed writers and entries a clear set aside;
+        return how many were removed. One that cannot go yet (an NFS `.nfs*` file still open
+        elsewhere) is left for a later sweep."""
         removed = 0
-        for entry in os.scandir(tmp_dir) if os.path.isdir(tmp_dir) else ():
+        for entry in os.scandir(self._tmp_dir) if os.path.isdir(self._tmp_dir) else ():
             try:
-                if now - entry.stat().st_mtime > older_than_seconds:
+                if now - entry.stat(follow_symlinks=False).st_mtime <= older_than_seconds:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
                     os.unlink(entry.path)
-                    removed += 1
+                removed += 1
             except FileNotFoundError:
                 continue
+            except OSError as exc:
+                logger.warning("temporary %s not removed yet: %s", entry.path, exc)
         return removed
 
 
@@ -580,6 +598,47 @@ class _PinnedFolder:
                     _report(failed, [key], exc)
         finally:
             os.close(fd)
+
+    def set_aside_reserved(self) -> None:
+        """Move every entry of a reserved name below the pinned folder into the store's
+        temporaries, each through its folder's descriptor (never a name that may mean another
+        folder by now), so the folders can be removed. An entry that cannot be moved (a
+        filesystem that refuses, say) stays, with a warning, and keeps its folder, as before."""
+        if self._fd is None:
+            return
+        pending = ["."]
+        while pending:
+            folder = pending.pop()
+            try:
+                fd = os.open(folder, _FOLDER, dir_fd=self._fd)
+            except OSError:
+                continue  # gone, or not ours to open: left as it is
+            try:
+                with os.scandir(fd) as listing:
+                    items = list(listing)
+                for item in items:
+                    if is_reserved(item.name):
+                        self._set_aside(item.name, fd, folder)
+                    elif item.is_dir(follow_symlinks=False):
+                        pending.append(os.path.normpath(f"{folder}/{item.name}"))
+            finally:
+                os.close(fd)
+
+    def _set_aside(self, name: str, fd: int, folder: str) -> None:
+        try:
+            os.rename(name, self._store.set_aside_path(), src_dir_fd=fd)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            where = os.path.normpath(f"{self._prefix}/{folder}/{name}")
+            logger.warning(
+                "%s in the store root %s could not be set aside (%s); its folder stays, and "
+                "the next write under %s reuses it",
+                where,
+                self._store.root,
+                exc,
+                self._prefix,
+            )
 
     def remove_empty_folders(self) -> None:
         """Remove every empty folder of the store's below the pinned one (reserved names are

@@ -9,7 +9,9 @@ lists and deletes only in the folder it pinned, whatever is made again under its
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 
 import pytest
 
@@ -131,10 +133,42 @@ def test_a_clear_removes_the_folders_a_crashed_drop_left_empty(tmp_path) -> None
     store.byte_store.create("r1/FROZEN", b"{}")
     for empty in ("e", "i", "x"):
         (tmp_path / "store" / "r1" / empty).mkdir()
-    (tmp_path / "store" / "r1" / "e" / ".nfs-left").mkdir()  # reserved: not the store's
-    store.delete("r1")
-    assert sorted(os.listdir(tmp_path / "store" / "r1")) == ["e"]
-    assert os.listdir(tmp_path / "store" / "r1" / "e") == [".nfs-left"]
-    os.rmdir(tmp_path / "store" / "r1" / "e" / ".nfs-left")
     store.delete("r1")
     assert not os.path.exists(tmp_path / "store" / "r1")
+
+
+def test_a_clear_sets_reserved_entries_aside_and_a_sweep_removes_them_once_old(tmp_path) -> None:
+    """A `.nfs*` entry (a file still open elsewhere on NFS) or a `.DS_Store` is not the store's
+    and may not go yet: the clear moves it into the temporaries, so no folder stays under the
+    id for the next attempt to write into; the sweep of temporaries removes it once old."""
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    store.byte_store.create("r1/e/c1", b"{}")
+    (tmp_path / "store" / "r1" / "e" / ".nfs-left").mkdir()
+    (tmp_path / "store" / "r1" / ".DS_Store").write_bytes(b"finder")
+    store.delete("r1")
+    assert not os.path.exists(tmp_path / "store" / "r1")
+    aside = sorted(os.listdir(tmp_path / "store" / ".tmp"))
+    assert len(aside) == 2 and all(name.startswith("set-aside-") for name in aside)
+    assert store.sweep_retired(0) == 0
+    assert len(os.listdir(tmp_path / "store" / ".tmp")) == 2, "an hour old at the least"
+    for name in aside:
+        os.utime(tmp_path / "store" / ".tmp" / name, (0, 0))
+    store.sweep_retired(0)
+    assert os.listdir(tmp_path / "store" / ".tmp") == []
+
+
+def test_a_reserved_entry_that_cannot_be_set_aside_keeps_its_folder_with_a_warning(
+    tmp_path, caplog
+) -> None:
+    """Where the move is refused (here the temporaries' folder is a file), the clear still
+    deletes every object, warns by name, and leaves the folder as it always did."""
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    store.byte_store.create("r1/e/c1", b"{}")
+    (tmp_path / "store" / "r1" / ".DS_Store").write_bytes(b"finder")
+    shutil.rmtree(tmp_path / "store" / ".tmp")
+    (tmp_path / "store" / ".tmp").write_bytes(b"not a folder")
+    with caplog.at_level(logging.WARNING):
+        store.delete("r1")
+    assert os.listdir(tmp_path / "store" / "r1") == [".DS_Store"]
+    assert store.byte_store.list_prefix("r1") == []
+    assert "r1/.DS_Store" in caplog.text and "could not be set aside" in caplog.text

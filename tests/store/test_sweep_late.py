@@ -99,23 +99,14 @@ def test_a_sweep_waking_after_the_next_attempt_keeps_its_calls(
     record_case("sweep paused past a clear deletes the next attempt's calls", records_lost=0)
 
 
-RESERVED_DEFECT = pytest.mark.xfail(
-    strict=True,
-    reason="sweep defect on local disk: a file of a reserved name (NFS's .nfs*, .DS_Store) keeps "
-    "the rollout folder through the clear, so the next attempt writes into the folder a paused "
-    "sweep holds, and the sweep deletes its objects of the same keys",
-)
-
-
-@pytest.mark.parametrize(
-    "residue", ["empty-folders", pytest.param("reserved-file", marks=RESERVED_DEFECT)]
-)
+@pytest.mark.parametrize("residue", ["empty-folders", "reserved-file"])
 @pytest.mark.parametrize("next_attempt_retired", [False, True])
 def test_on_local_disk_a_crashed_drop_s_folders_do_not_outlive_the_clear(
     tmp_path, residue: str, next_attempt_retired: bool
 ) -> None:
     """A drop killed after its unlinks but before removing its folders leaves empty `e/` and
-    `i/` beneath the tombstone. The clear still leaves no folder under the id, so a sweep
+    `i/` beneath the tombstone (and perhaps an entry of a reserved name: NFS's `.nfs*` for a
+    file still open elsewhere). The clear still leaves no folder under the id, so a sweep
     paused past it and a new attempt (also one retired meanwhile) deletes nothing of that
     attempt, its tombstone included."""
     url = str(tmp_path / "store")
