@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -437,30 +438,65 @@ class LocalStore(ByteStore):
                 raise _access_error(exc, f"remove the emptied folders of {prefix}") from exc
         return True
 
-    def set_aside_path(self) -> str:
-        """A fresh name in the temporaries for an entry moved out of a folder being removed."""
-        self._ensure_dir(self._tmp_dir)
-        return os.path.join(self._tmp_dir, f"set-aside-{uuid.uuid4().hex}")
+    def open_temporaries(self) -> int:
+        """The temporaries' folder, made if missing and opened without following a link: a
+        link planted as `.tmp` raises, so nothing is moved into or deleted from its target."""
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self._tmp_dir)
+        return os.open(self._tmp_dir, _FOLDER)
 
     def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
         """Delete temporary files left by crashed writers and entries a clear set aside;
-        return how many were removed. One that cannot go yet (an NFS `.nfs*` file still open
-        elsewhere) is left for a later sweep."""
+        return how many were removed. A set-aside entry's age counts from the clear (its
+        name holds the time: a rename keeps the entry's own times). One that cannot go yet
+        (an NFS `.nfs*` file still open elsewhere) is left for a later sweep, with a warning."""
+        try:
+            fd = os.open(self._tmp_dir, _FOLDER)
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            logger.warning("temporaries folder %s not swept: %s", self._tmp_dir, exc)
+            return 0
         removed = 0
-        for entry in os.scandir(self._tmp_dir) if os.path.isdir(self._tmp_dir) else ():
-            try:
-                if now - entry.stat(follow_symlinks=False).st_mtime <= older_than_seconds:
+        try:
+            with os.scandir(fd) as listing:
+                items = list(listing)
+            for item in items:
+                try:
+                    if now - _born(item) <= older_than_seconds:
+                        continue
+                    if item.is_dir(follow_symlinks=False):
+                        shutil.rmtree(item.name, dir_fd=fd)
+                    else:
+                        os.unlink(item.name, dir_fd=fd)
+                    removed += 1
+                except FileNotFoundError:
                     continue
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
-                removed += 1
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                logger.warning("temporary %s not removed yet: %s", entry.path, exc)
+                except OSError as exc:
+                    logger.warning(
+                        "temporary %s/%s not removed yet: %s", self._tmp_dir, item.name, exc
+                    )
+        finally:
+            os.close(fd)
         return removed
+
+
+SET_ASIDE = "set-aside"
+"""Entries a clear moved into the temporaries are named `set-aside-<unix seconds>-<hex>`."""
+
+
+def set_aside_name(now: float) -> str:
+    """A fresh name for an entry a clear sets aside at `now`."""
+    return f"{SET_ASIDE}-{int(now)}-{uuid.uuid4().hex}"
+
+
+def _born(item: os.DirEntry[str]) -> float:
+    """When a temporary began: a set-aside entry's clear, else its last modification."""
+    if item.name.startswith(f"{SET_ASIDE}-"):
+        stamp = item.name[len(SET_ASIDE) + 1 :].partition("-")[0]
+        if stamp.isdigit():
+            return float(stamp)
+    return item.stat(follow_symlinks=False).st_mtime
 
 
 def _kind(item: os.DirEntry[str], key: str, dir_fd: int | None = None) -> str:
@@ -601,44 +637,58 @@ class _PinnedFolder:
 
     def set_aside_reserved(self) -> None:
         """Move every entry of a reserved name below the pinned folder into the store's
-        temporaries, each through its folder's descriptor (never a name that may mean another
-        folder by now), so the folders can be removed. An entry that cannot be moved (a
-        filesystem that refuses, say) stays, with a warning, and keeps its folder, as before."""
+        temporaries, so the folders can be removed. Each folder is opened from its parent's
+        descriptor without following a link, so the walk never leaves the pinned folder,
+        whatever is renamed meanwhile. An entry that cannot be moved (a filesystem that
+        refuses, a link planted as `.tmp`) stays, with a warning, and keeps its folder."""
         if self._fd is None:
             return
-        pending = ["."]
-        while pending:
-            folder = pending.pop()
-            try:
-                fd = os.open(folder, _FOLDER, dir_fd=self._fd)
-            except OSError:
-                continue  # gone, or not ours to open: left as it is
-            try:
-                with os.scandir(fd) as listing:
-                    items = list(listing)
-                for item in items:
-                    if is_reserved(item.name):
-                        self._set_aside(item.name, fd, folder)
-                    elif item.is_dir(follow_symlinks=False):
-                        pending.append(os.path.normpath(f"{folder}/{item.name}"))
-            finally:
-                os.close(fd)
-
-    def _set_aside(self, name: str, fd: int, folder: str) -> None:
         try:
-            os.rename(name, self._store.set_aside_path(), src_dir_fd=fd)
-        except FileNotFoundError:
-            return
+            temporaries = self._store.open_temporaries()
         except OSError as exc:
-            where = os.path.normpath(f"{self._prefix}/{folder}/{name}")
-            logger.warning(
-                "%s in the store root %s could not be set aside (%s); its folder stays, and "
-                "the next write under %s reuses it",
-                where,
-                self._store.root,
-                exc,
-                self._prefix,
-            )
+            self._warn_kept(self._prefix, exc)
+            return
+        pending = [(os.dup(self._fd), self._prefix)]
+        try:
+            while pending:
+                fd, where = pending.pop()
+                try:
+                    self._set_aside_in(fd, where, temporaries, pending)
+                finally:
+                    os.close(fd)
+        finally:
+            for fd, _ in pending:
+                os.close(fd)
+            os.close(temporaries)
+
+    def _set_aside_in(
+        self, fd: int, where: str, temporaries: int, pending: list[tuple[int, str]]
+    ) -> None:
+        """Set aside the reserved entries of one folder; queue its subfolders, opened."""
+        with os.scandir(fd) as listing:
+            items = list(listing)
+        for item in items:
+            if is_reserved(item.name):
+                try:
+                    name = set_aside_name(time.time())
+                    os.rename(item.name, name, src_dir_fd=fd, dst_dir_fd=temporaries)
+                except FileNotFoundError:
+                    continue  # gone meanwhile
+                except OSError as exc:
+                    self._warn_kept(f"{where}/{item.name}", exc)
+            elif item.is_dir(follow_symlinks=False):
+                with contextlib.suppress(OSError):  # gone, or no longer a folder: left as is
+                    pending.append((os.open(item.name, _FOLDER, dir_fd=fd), f"{where}/{item.name}"))
+
+    def _warn_kept(self, where: str, exc: OSError) -> None:
+        logger.warning(
+            "%s in the store root %s could not be set aside (%s); its folder stays, and the "
+            "next write under %s reuses it",
+            where,
+            self._store.root,
+            exc,
+            self._prefix,
+        )
 
     def remove_empty_folders(self) -> None:
         """Remove every empty folder of the store's below the pinned one (reserved names are

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 
 import pytest
 
@@ -137,38 +138,62 @@ def test_a_clear_removes_the_folders_a_crashed_drop_left_empty(tmp_path) -> None
     assert not os.path.exists(tmp_path / "store" / "r1")
 
 
-def test_a_clear_sets_reserved_entries_aside_and_a_sweep_removes_them_once_old(tmp_path) -> None:
+def test_a_clear_sets_reserved_entries_aside_and_a_sweep_removes_them_an_hour_later(
+    tmp_path,
+) -> None:
     """A `.nfs*` entry (a file still open elsewhere on NFS) or a `.DS_Store` is not the store's
     and may not go yet: the clear moves it into the temporaries, so no folder stays under the
-    id for the next attempt to write into; the sweep of temporaries removes it once old."""
+    id for the next attempt to write into. Its age counts from the clear, not from its own
+    times (a rename keeps them): the sweep of temporaries removes it an hour after."""
     store = TokenCaptureStore(str(tmp_path / "store"))
     store.byte_store.create("r1/e/c1", b"{}")
-    (tmp_path / "store" / "r1" / "e" / ".nfs-left").mkdir()
+    held = tmp_path / "store" / "r1" / "e" / ".nfs0000000001"
+    held.write_bytes(b"open elsewhere")
+    os.utime(held, (time.time() - 7200, time.time() - 7200))
     (tmp_path / "store" / "r1" / ".DS_Store").write_bytes(b"finder")
     store.delete("r1")
     assert not os.path.exists(tmp_path / "store" / "r1")
     aside = sorted(os.listdir(tmp_path / "store" / ".tmp"))
     assert len(aside) == 2 and all(name.startswith("set-aside-") for name in aside)
     assert store.sweep_retired(0) == 0
-    assert len(os.listdir(tmp_path / "store" / ".tmp")) == 2, "an hour old at the least"
-    for name in aside:
-        os.utime(tmp_path / "store" / ".tmp" / name, (0, 0))
-    store.sweep_retired(0)
+    assert sorted(os.listdir(tmp_path / "store" / ".tmp")) == aside, "cleared just now"
+    assert store.byte_store.remove_stale_temporaries(3600, time.time() + 3601) == 2
     assert os.listdir(tmp_path / "store" / ".tmp") == []
 
 
+def test_a_clear_makes_the_temporaries_folder_again_when_it_was_removed(tmp_path) -> None:
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    store.byte_store.create("r1/e/c1", b"{}")  # the store now knows `.tmp` exists
+    shutil.rmtree(tmp_path / "store" / ".tmp")
+    (tmp_path / "store" / "r1" / ".DS_Store").write_bytes(b"finder")
+    store.delete("r1")
+    assert not os.path.exists(tmp_path / "store" / "r1")
+    assert len(os.listdir(tmp_path / "store" / ".tmp")) == 1
+
+
+@pytest.mark.parametrize("planted", ["file", "link"])
 def test_a_reserved_entry_that_cannot_be_set_aside_keeps_its_folder_with_a_warning(
-    tmp_path, caplog
+    tmp_path, caplog, planted: str
 ) -> None:
-    """Where the move is refused (here the temporaries' folder is a file), the clear still
-    deletes every object, warns by name, and leaves the folder as it always did."""
+    """Where the temporaries' folder is a file, or a link planted to another folder, the
+    clear still deletes every object, warns by name and leaves the folder as it always did;
+    nothing is moved into the link's target, and the sweep deletes nothing there."""
     store = TokenCaptureStore(str(tmp_path / "store"))
     store.byte_store.create("r1/e/c1", b"{}")
     (tmp_path / "store" / "r1" / ".DS_Store").write_bytes(b"finder")
     shutil.rmtree(tmp_path / "store" / ".tmp")
-    (tmp_path / "store" / ".tmp").write_bytes(b"not a folder")
+    victim = tmp_path / "victim"
+    (victim / "project").mkdir(parents=True)
+    os.utime(victim / "project", (0, 0))
+    if planted == "file":
+        (tmp_path / "store" / ".tmp").write_bytes(b"not a folder")
+    else:
+        (tmp_path / "store" / ".tmp").symlink_to(victim)
     with caplog.at_level(logging.WARNING):
         store.delete("r1")
+        store.sweep_retired(0)
+        store.byte_store.remove_stale_temporaries(3600, time.time() + 7200)
     assert os.listdir(tmp_path / "store" / "r1") == [".DS_Store"]
     assert store.byte_store.list_prefix("r1") == []
-    assert "r1/.DS_Store" in caplog.text and "could not be set aside" in caplog.text
+    assert "r1 in the store root" in caplog.text and "could not be set aside" in caplog.text
+    assert os.listdir(victim) == ["project"]
