@@ -491,12 +491,16 @@ def set_aside_name(now: float) -> str:
 
 
 def _born(item: os.DirEntry[str]) -> float:
-    """When a temporary began: a set-aside entry's clear, else its last modification."""
+    """When a temporary was last touched: its last change or modification (a rename is a
+    change on most filesystems, and on NFS the server's clock), or, if later, the time a
+    clear set it aside, from its name (a rename may keep the entry's own times)."""
+    info = item.stat(follow_symlinks=False)
+    touched = max(info.st_mtime, info.st_ctime)
     if item.name.startswith(f"{SET_ASIDE}-"):
         stamp = item.name[len(SET_ASIDE) + 1 :].partition("-")[0]
-        if stamp.isdigit():
-            return float(stamp)
-    return item.stat(follow_symlinks=False).st_mtime
+        if stamp.isascii() and stamp.isdigit() and len(stamp) <= 12:
+            return max(touched, float(stamp))
+    return touched
 
 
 def _kind(item: os.DirEntry[str], key: str, dir_fd: int | None = None) -> str:
@@ -639,8 +643,9 @@ class _PinnedFolder:
         """Move every entry of a reserved name below the pinned folder into the store's
         temporaries, so the folders can be removed. Each folder is opened from its parent's
         descriptor without following a link, so the walk never leaves the pinned folder,
-        whatever is renamed meanwhile. An entry that cannot be moved (a filesystem that
-        refuses, a link planted as `.tmp`) stays, with a warning, and keeps its folder."""
+        whatever is renamed meanwhile; it holds one descriptor per level it is down. An entry
+        that cannot be moved (a filesystem that refuses, a link planted as `.tmp`) stays,
+        with a warning, and keeps its folder."""
         if self._fd is None:
             return
         try:
@@ -648,25 +653,32 @@ class _PinnedFolder:
         except OSError as exc:
             self._warn_kept(self._prefix, exc)
             return
-        pending = [(os.dup(self._fd), self._prefix)]
+        stack: list[tuple[int, str, list[str]]] = []
         try:
-            while pending:
-                fd, where = pending.pop()
-                try:
-                    self._set_aside_in(fd, where, temporaries, pending)
-                finally:
+            top = os.dup(self._fd)
+            stack.append((top, self._prefix, []))
+            stack[-1][2].extend(self._set_aside_in(top, self._prefix, temporaries))
+            while stack:
+                fd, where, below = stack[-1]
+                if not below:
+                    stack.pop()
                     os.close(fd)
+                    continue
+                name = below.pop()
+                child = self._open_below(fd, name, f"{where}/{name}")
+                if child is not None:
+                    stack.append((child, f"{where}/{name}", []))
+                    stack[-1][2].extend(self._set_aside_in(child, f"{where}/{name}", temporaries))
         finally:
-            for fd, _ in pending:
+            for fd, _, _ in stack:
                 os.close(fd)
             os.close(temporaries)
 
-    def _set_aside_in(
-        self, fd: int, where: str, temporaries: int, pending: list[tuple[int, str]]
-    ) -> None:
-        """Set aside the reserved entries of one folder; queue its subfolders, opened."""
+    def _set_aside_in(self, fd: int, where: str, temporaries: int) -> list[str]:
+        """Set aside the reserved entries of one folder; return its subfolders' names."""
         with os.scandir(fd) as listing:
             items = list(listing)
+        below = []
         for item in items:
             if is_reserved(item.name):
                 try:
@@ -677,8 +689,17 @@ class _PinnedFolder:
                 except OSError as exc:
                     self._warn_kept(f"{where}/{item.name}", exc)
             elif item.is_dir(follow_symlinks=False):
-                with contextlib.suppress(OSError):  # gone, or no longer a folder: left as is
-                    pending.append((os.open(item.name, _FOLDER, dir_fd=fd), f"{where}/{item.name}"))
+                below.append(item.name)
+        return below
+
+    def _open_below(self, fd: int, name: str, where: str) -> int | None:
+        """A subfolder opened from its parent, or `None` when it is gone or no folder now."""
+        try:
+            return os.open(name, _FOLDER, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                self._warn_kept(where, exc)
+            return None
 
     def _warn_kept(self, where: str, exc: OSError) -> None:
         logger.warning(

@@ -155,7 +155,7 @@ def test_a_clear_sets_reserved_entries_aside_and_a_sweep_removes_them_an_hour_la
     assert not os.path.exists(tmp_path / "store" / "r1")
     aside = sorted(os.listdir(tmp_path / "store" / ".tmp"))
     assert len(aside) == 2 and all(name.startswith("set-aside-") for name in aside)
-    assert store.sweep_retired(0) == 0
+    store.sweep_retired(0)
     assert sorted(os.listdir(tmp_path / "store" / ".tmp")) == aside, "cleared just now"
     assert store.byte_store.remove_stale_temporaries(3600, time.time() + 3601) == 2
     assert os.listdir(tmp_path / "store" / ".tmp") == []
@@ -196,4 +196,31 @@ def test_a_reserved_entry_that_cannot_be_set_aside_keeps_its_folder_with_a_warni
     assert os.listdir(tmp_path / "store" / "r1") == [".DS_Store"]
     assert store.byte_store.list_prefix("r1") == []
     assert "r1 in the store root" in caplog.text and "could not be set aside" in caplog.text
+    assert "not swept" in caplog.text
     assert os.listdir(victim) == ["project"]
+
+
+def test_a_clear_sets_aside_the_reserved_entries_of_many_subfolders(tmp_path) -> None:
+    """The walk holds one descriptor per level, not one per subfolder waiting its turn."""
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    store.byte_store.create("r1/e/c1", b"{}")
+    for k in range(60):
+        (tmp_path / "store" / "r1" / f"x{k}" / "y").mkdir(parents=True)
+        (tmp_path / "store" / "r1" / f"x{k}" / "y" / ".DS_Store").write_bytes(b"finder")
+    store.delete("r1")
+    assert not os.path.exists(tmp_path / "store" / "r1")
+    assert len(os.listdir(tmp_path / "store" / ".tmp")) == 60
+
+
+@pytest.mark.parametrize("stamp", ["\u00b2", "9" * 200, "x", ""])
+def test_a_temporary_whose_name_holds_no_time_is_judged_by_its_own_times(
+    tmp_path, stamp: str
+) -> None:
+    """A crafted `set-aside-*` name never stops the sweep: without a plain time in it, the
+    entry's own times decide."""
+    store = TokenCaptureStore(str(tmp_path / "store"))
+    store.byte_store.create("r1/e/c1", b"{}")
+    (tmp_path / "store" / ".tmp" / f"set-aside-{stamp}-x").write_bytes(b"left")
+    store.sweep_retired(0)
+    assert len(os.listdir(tmp_path / "store" / ".tmp")) == 1
+    assert store.byte_store.remove_stale_temporaries(3600, time.time() + 3601) == 1
