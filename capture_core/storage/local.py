@@ -438,7 +438,7 @@ class LocalStore(ByteStore):
                 raise _access_error(exc, f"remove the emptied folders of {prefix}") from exc
         return True
 
-    def open_temporaries(self) -> int:
+    def _open_temporaries(self) -> int:
         """The temporaries' folder, made if missing and opened without following a link: a
         link planted as `.tmp` raises, so nothing is moved into or deleted from its target."""
         with contextlib.suppress(FileExistsError):
@@ -447,8 +447,8 @@ class LocalStore(ByteStore):
 
     def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
         """Delete temporary files left by crashed writers and entries a clear set aside;
-        return how many were removed. A set-aside entry's age counts from the clear (its
-        name holds the time: a rename keeps the entry's own times). One that cannot go yet
+        return how many were removed. Age counts from when an entry was last touched
+        (`_born`: for a set-aside entry, no earlier than the clear). One that cannot go yet
         (an NFS `.nfs*` file still open elsewhere) is left for a later sweep, with a warning."""
         try:
             fd = os.open(self._tmp_dir, _FOLDER)
@@ -481,13 +481,13 @@ class LocalStore(ByteStore):
         return removed
 
 
-SET_ASIDE = "set-aside"
+_SET_ASIDE = "set-aside"
 """Entries a clear moved into the temporaries are named `set-aside-<unix seconds>-<hex>`."""
 
 
-def set_aside_name(now: float) -> str:
+def _set_aside_name(now: float) -> str:
     """A fresh name for an entry a clear sets aside at `now`."""
-    return f"{SET_ASIDE}-{int(now)}-{uuid.uuid4().hex}"
+    return f"{_SET_ASIDE}-{int(now)}-{uuid.uuid4().hex}"
 
 
 def _born(item: os.DirEntry[str]) -> float:
@@ -496,8 +496,8 @@ def _born(item: os.DirEntry[str]) -> float:
     clear set it aside, from its name (a rename may keep the entry's own times)."""
     info = item.stat(follow_symlinks=False)
     touched = max(info.st_mtime, info.st_ctime)
-    if item.name.startswith(f"{SET_ASIDE}-"):
-        stamp = item.name[len(SET_ASIDE) + 1 :].partition("-")[0]
+    if item.name.startswith(f"{_SET_ASIDE}-"):
+        stamp = item.name[len(_SET_ASIDE) + 1 :].partition("-")[0]
         if stamp.isascii() and stamp.isdigit() and len(stamp) <= 12:
             return max(touched, float(stamp))
     return touched
@@ -649,17 +649,19 @@ class _PinnedFolder:
         if self._fd is None:
             return
         try:
-            temporaries = self._store.open_temporaries()
+            temporaries = self._store._open_temporaries()
         except OSError as exc:
             self._warn_kept(self._prefix, exc)
             return
-        stack: list[tuple[int, str, list[str]]] = []
+        # (folder, where, its subfolders still to visit: None until it is listed)
+        stack: list[tuple[int, str, list[str] | None]] = []
         try:
-            top = os.dup(self._fd)
-            stack.append((top, self._prefix, []))
-            stack[-1][2].extend(self._set_aside_in(top, self._prefix, temporaries))
+            stack.append((os.dup(self._fd), self._prefix, None))
             while stack:
                 fd, where, below = stack[-1]
+                if below is None:
+                    below = self._set_aside_in(fd, where, temporaries)
+                    stack[-1] = (fd, where, below)
                 if not below:
                     stack.pop()
                     os.close(fd)
@@ -667,8 +669,7 @@ class _PinnedFolder:
                 name = below.pop()
                 child = self._open_below(fd, name, f"{where}/{name}")
                 if child is not None:
-                    stack.append((child, f"{where}/{name}", []))
-                    stack[-1][2].extend(self._set_aside_in(child, f"{where}/{name}", temporaries))
+                    stack.append((child, f"{where}/{name}", None))
         finally:
             for fd, _, _ in stack:
                 os.close(fd)
@@ -682,7 +683,7 @@ class _PinnedFolder:
         for item in items:
             if is_reserved(item.name):
                 try:
-                    name = set_aside_name(time.time())
+                    name = _set_aside_name(time.time())
                     os.rename(item.name, name, src_dir_fd=fd, dst_dir_fd=temporaries)
                 except FileNotFoundError:
                     continue  # gone meanwhile

@@ -144,7 +144,7 @@ def test_a_clear_sets_reserved_entries_aside_and_a_sweep_removes_them_an_hour_la
     """A `.nfs*` entry (a file still open elsewhere on NFS) or a `.DS_Store` is not the store's
     and may not go yet: the clear moves it into the temporaries, so no folder stays under the
     id for the next attempt to write into. Its age counts from the clear, not from its own
-    times (a rename keeps them): the sweep of temporaries removes it an hour after."""
+    old modification time: the sweep of temporaries removes it an hour after."""
     store = TokenCaptureStore(str(tmp_path / "store"))
     store.byte_store.create("r1/e/c1", b"{}")
     held = tmp_path / "store" / "r1" / "e" / ".nfs0000000001"
