@@ -28,7 +28,6 @@ This module imports only `errors`, `forest`, `prefix`, `records`, `terminal`, `t
 
 from __future__ import annotations
 
-import itertools
 from array import array
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -482,24 +481,35 @@ def _partition(members: Sequence[Any], same: Any) -> list[list[Any]]:
 def _same_prompt_groups(calls: list[TokenEntry]) -> list[list[int]]:
     """Positions of calls sharing one prompt (two or more), deepest prompts first.
 
-    One prompt has one length, so only calls whose prompt length recurs are read: distinct
-    lengths (the usual case) read no token.
+    Calls are in call order, shortest prompt first, and one prompt has one length: only runs
+    of calls with equal prompt lengths are read, and distinct lengths (the usual case) read
+    no token.
     """
     lengths = [len(c.prompt_token_ids) for c in calls]
     if len(set(lengths)) == len(lengths):
         return []
-    same = lambda i, j: calls[i].prompt_token_ids == calls[j].prompt_token_ids  # noqa: E731
     groups: list[list[int]] = []
-    by_length = sorted(range(len(calls)), key=lengths.__getitem__)  # stable: in call order
-    for length, run in itertools.groupby(by_length, key=lengths.__getitem__):
-        members = list(run)
-        if len(members) < 2:
+    start = 0
+    for end in range(1, len(calls) + 1):
+        if end < len(calls) and lengths[end] == lengths[start]:
             continue
-        keys = [prefix_key(calls[i].prompt_token_ids, length) if length else (0,) for i in members]
-        for clash in _clashes(keys, members):
-            groups.extend(g for g in _partition(clash, same) if len(g) > 1)
+        if end - start > 1:
+            groups += _identical_prompts(calls, list(range(start, end)))
+        start = end
     groups.sort(key=lambda g: (-lengths[g[0]], g[0]))
     return groups
+
+
+def _identical_prompts(calls: list[TokenEntry], members: list[int]) -> list[list[int]]:
+    """The groups (two or more, in call order) of `members`, calls of one prompt length, whose
+    prompts are identical; more than two members are first told apart by their prefix keys."""
+    same = lambda i, j: calls[i].prompt_token_ids == calls[j].prompt_token_ids  # noqa: E731
+    if len(members) == 2:
+        return [members] if same(*members) else []
+    length = len(calls[members[0]].prompt_token_ids)
+    keys = [prefix_key(calls[i].prompt_token_ids, length) if length else (0,) for i in members]
+    clashes = _clashes(keys, members)
+    return [group for clash in clashes for group in _partition(clash, same) if len(group) > 1]
 
 
 def _transcript_reading(terminal: TerminalInputs | None) -> tuple:

@@ -113,6 +113,23 @@ def test_a_retry_is_found_with_another_root_called_between_its_tries() -> None:
     assert built.excluded == {"retry": ABANDONED_TRY}
 
 
+def test_retry_groups_of_one_prompt_length_are_told_apart_by_their_prompts() -> None:
+    # Five roots with prompts of one length: two retry groups, and a prompt sharing the first
+    # group's first, middle and last tokens but not its tokens.
+    calls = [
+        token_call("x1", [1, 7, 7, 2], [3]),
+        token_call("x2", [1, 7, 7, 2], [4]),
+        token_call("y", [1, 8, 7, 2], [5]),
+        token_call("z1", [6, 6, 6, 6], [3]),
+        token_call("z2", [6, 6, 6, 6], [4]),
+        token_call("xn", [1, 7, 7, 2, 3, 0], [6]),
+        token_call("zn", [6, 6, 6, 6, 4, 0], [6]),
+    ]
+    built = build_training_traces("r", calls)
+    assert sorted(_owned(built)) == ["x1", "xn", "y", "z2", "zn"]
+    assert built.excluded == {"x2": ABANDONED_TRY, "z1": ABANDONED_TRY}
+
+
 def test_the_scored_try_of_a_final_retry_is_kept_and_a_judge_of_the_other_is_not() -> None:
     calls = [
         token_call("a", [1, 2], [3]),
