@@ -10,6 +10,7 @@ This module imports only `records` and `transcript`.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,33 @@ class TerminalInputs:
             declared_response_id=_nonempty_str(record.get(DECLARED_RESPONSE_KEY)),
             response=response if isinstance(response, Mapping) else None,
         )
+
+
+class ContentReader:
+    """Model-authored content, read once per build: each call's own keys, and the scored
+    response's items with their readings. Both are remembered with the object they were
+    read from, and a reader lives for one build."""
+
+    def __init__(self) -> None:
+        self._own: dict[int, tuple[TokenEntry, tuple]] = {}
+        self._response: tuple[Mapping[str, Any], list[Any], tuple[tuple, tuple]] | None = None
+
+    def own(self, call: TokenEntry) -> tuple:
+        """The call's own model-authored keys (`entry_fingerprint`)."""
+        found = self._own.get(id(call))
+        if found is None or found[0] is not call:
+            found = self._own[id(call)] = (call, entry_fingerprint(call))
+        return found[1]
+
+    def transcript(self, response: Mapping[str, Any]) -> tuple[list[Any], tuple, tuple]:
+        """The response's items and their readings, all of them and the trailing block
+        (`transcript_readings`); a malformed response raises, each time it is asked."""
+        cached = self._response
+        if cached is None or cached[0] is not response:
+            items = response_items(response)
+            cached = self._response = (response, items, transcript_readings(items))
+        items, (full, trailing) = cached[1], cached[2]
+        return items, full, trailing
 
 
 @dataclass(frozen=True)
@@ -155,13 +183,18 @@ def collapse_identical(candidates: Sequence[TokenEntry]) -> TokenEntry | None:
 
 
 def attribute_terminal(
-    entries: Iterable[TokenEntry], inputs: TerminalInputs | None
+    entries: Iterable[TokenEntry],
+    inputs: TerminalInputs | None,
+    reader: ContentReader | None = None,
 ) -> TerminalAttribution:
-    """Join the scored response to the captured call that produced it; never raises."""
+    """Join the scored response to the captured call that produced it; never raises.
+
+    `reader` keeps what attribution read of the content for the rest of the build.
+    """
     if inputs is None:
         return NOT_ATTRIBUTED
     try:
-        return _attribute(list(entries), inputs)
+        return _attribute(list(entries), inputs, reader or ContentReader())
     except Exception as exc:  # attribution must never fail a build
         logger.warning("terminal attribution failed, abstaining: %s", exc)
         witness = _declaring_witness(inputs)
@@ -178,7 +211,9 @@ def _declaring_witness(inputs: TerminalInputs) -> str | None:
     return "explicit" if inputs.explicit_call_id is not None else None
 
 
-def _attribute(entries: list[TokenEntry], inputs: TerminalInputs) -> TerminalAttribution:
+def _attribute(
+    entries: list[TokenEntry], inputs: TerminalInputs, reader: ContentReader
+) -> TerminalAttribution:
     """The verdict; a declaration (explicit call or declared response id) naming no captured
     call stops attribution and masks: the harness said what it kept, and it is not there."""
     by_id = {entry.model_call_id: entry for entry in entries}
@@ -192,7 +227,8 @@ def _attribute(entries: list[TokenEntry], inputs: TerminalInputs) -> TerminalAtt
         return TerminalAttribution(reason=_trail(unmet), must_mask=True)
     if inputs.response is not None:
         testimonies.append(_guarded("response_id", _response_id, entries, inputs.response))
-        testimonies.append(_guarded("content", _content, entries, inputs.response))
+        content = functools.partial(_content, reader=reader)
+        testimonies.append(_guarded("content", content, entries, inputs.response))
     return _verdict(testimonies, by_id)
 
 
@@ -241,7 +277,9 @@ def _response_id(entries: list[TokenEntry], response: Mapping[str, Any]) -> _Tes
     return _by_response_id("response_id", entries, response_id)
 
 
-def _content(entries: list[TokenEntry], response: Mapping[str, Any]) -> _Testimony:
+def _content(
+    entries: list[TokenEntry], response: Mapping[str, Any], reader: ContentReader
+) -> _Testimony:
     """The call whose model-authored items the scored response holds, or an abstention.
 
     A call matches when its own items are all of the response's (a harness that returned
@@ -250,12 +288,11 @@ def _content(entries: list[TokenEntry], response: Mapping[str, Any]) -> _Testimo
     break between turns). Matches with identical sequences collapse; different ones are
     settled by `_settle`, else ambiguous.
     """
-    items = response_items(response)
+    items, full, trailing = reader.transcript(response)
     if ends_in_silent_turn(items):
         return _Testimony("content", reason="final_turn_without_content")
-    full, trailing = transcript_readings(items)
     readings = {reading for reading in (full, trailing) if reading}
-    own = {id(e): entry_fingerprint(e) for e in entries}
+    own = {id(e): reader.own(e) for e in entries}
     matches = [e for e in entries if own[id(e)] and own[id(e)] in readings]
     if not matches and full:
         ends = [e for e in entries if own[id(e)] and full[-len(own[id(e)]) :] == own[id(e)]]

@@ -22,8 +22,8 @@ different captures of one call id, writer lineage the tokens contradict (an edit
 misrecorded capture, a lost parent), a disputed terminal, an unsettled group without an
 attributed scored call, a call with an empty prompt, and an envelope that fails
 `trace_envelope.check_envelope` against the capture.
-This module imports only `errors`, `forest`, `prefix`, `records`, `terminal`, `trace_envelope` and
-`transcript`; nothing here recurses.
+This module imports only `errors`, `forest`, `prefix`, `records`, `terminal` and
+`trace_envelope`; nothing here recurses.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from capture_core.builder.forest import CallForest, call_order
 from capture_core.builder.prefix import joined_key, prefix_key
 from capture_core.builder.terminal import (
     NOT_ATTRIBUTED,
+    ContentReader,
     TerminalAttribution,
     TerminalInputs,
     attribute_terminal,
@@ -49,9 +50,8 @@ from capture_core.builder.trace_envelope import (
     TraceEnvelopeError,
     check_envelope,
 )
-from capture_core.builder.transcript import own_items, transcript_readings
 from capture_core.errors import InvalidInputError
-from capture_core.records import TokenEntry, coerce_token_entry, response_items
+from capture_core.records import TokenEntry, coerce_token_entry
 
 EMPTY_GENERATION = "empty_generation"
 IDENTICAL_DUPLICATE = "identical_duplicate"
@@ -150,7 +150,7 @@ class _Plan:
         self.excluded: dict[int, str] = {}
         self.forest: CallForest | None = None
         self._kept: list[int] = []
-        self._own_items: dict[int, tuple] = {}
+        self.reader = ContentReader()
 
     def build(
         self, builder: str, envelope: dict[str, Any] | None, error: str | None = None
@@ -224,7 +224,7 @@ class _Plan:
 
     def _scored_call(self, distinct: list[TokenEntry], twins: dict[str, str]) -> int | None:
         """The position of the attributed scored call; a disputed attribution is unsafe."""
-        self.attribution = attribute_terminal(distinct, self.terminal)
+        self.attribution = attribute_terminal(distinct, self.terminal, self.reader)
         if self.attribution.must_mask:
             raise _Unsafe(f"the record's scored call is disputed: {self.attribution.reason}")
         call_id = self.attribution.call_id
@@ -281,10 +281,7 @@ class _Plan:
 
     def _own(self, i: int) -> tuple:
         """Call `i`'s own model-authored items, read once per build."""
-        own = self._own_items.get(i)
-        if own is None:
-            own = self._own_items[i] = own_items(self.calls[i].output_items)
-        return own
+        return self.reader.own(self.calls[i])
 
     def _abandon(self, i: int) -> None:
         self.excluded[i] = ABANDONED_TRY
@@ -299,7 +296,7 @@ class _Plan:
         assert self.forest is not None
         children = self.forest.children
         groups = _same_prompt_groups(self.calls)
-        reading = _transcript_reading(self.terminal) if groups else ()
+        reading = self._transcript_reading() if groups else ()
         unsettled: list[list[str]] = []
         for group in groups:
             live = [i for i in group if i not in self.excluded]
@@ -324,6 +321,16 @@ class _Plan:
                 f"unsettled retry groups {unsettled}: nothing extends or names one of their "
                 "tries and no scored call is attributed, so any of them may be abandoned"
             )
+
+    def _transcript_reading(self) -> tuple:
+        """The scored response's model-authored items, in order; empty when there is none."""
+        response = self.terminal.response if self.terminal is not None else None
+        if response is None:
+            return ()
+        try:
+            return self.reader.transcript(response)[1]
+        except Exception:  # an unreadable transcript names nothing
+            return ()
 
     def _continues(self, i: int, reading: tuple) -> bool:
         """Whether a later turn of the scored transcript was made on top of call `i`."""
@@ -510,17 +517,6 @@ def _identical_prompts(calls: list[TokenEntry], members: list[int]) -> list[list
     keys = [prefix_key(calls[i].prompt_token_ids, length) if length else (0,) for i in members]
     clashes = _clashes(keys, members)
     return [group for clash in clashes for group in _partition(clash, same) if len(group) > 1]
-
-
-def _transcript_reading(terminal: TerminalInputs | None) -> tuple:
-    """The scored response's model-authored items, in order; empty when there is none."""
-    response = terminal.response if terminal is not None else None
-    if response is None:
-        return ()
-    try:
-        return transcript_readings(response_items(response))[0]
-    except Exception:  # an unreadable transcript names nothing
-        return ()
 
 
 def _named(own_of: Callable[[int], tuple], i: int, group: list[int], reading: tuple) -> bool:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from capture_core.builder.terminal import (
+    ContentReader,
     TerminalInputs,
     abstention_reasons,
     attribute_terminal,
     blocking_reason,
+    entry_fingerprint,
     transcript_readings,
 )
 from capture_core.records import TokenEntry, token_entry_from_response
@@ -195,6 +199,25 @@ def test_attribution_never_raises_an_internal_error_is_an_abstention() -> None:
     broken = attribute_terminal(unreadable, TerminalInputs(None, "resp_b"))  # type: ignore[list-item]
     assert broken.call_id is None and broken.must_mask, "a declaration never checked masks"
     assert abstention_reasons(broken.reason) == ["attribution_error[AttributeError]"]
+
+
+def test_a_reader_reads_each_object_once_and_a_malformed_response_each_time() -> None:
+    reader, calls = ContentReader(), chain()
+    own = reader.own(calls[1])
+    assert own == entry_fingerprint(calls[1]) and reader.own(calls[1]) is own
+    assert reader.own(chain()[1]) == own, "an equal call read anew gives the same keys"
+    response = {"output": [tool_call("search", q="x", n=1), message("the answer")]}
+    items, full, trailing = reader.transcript(response)
+    assert reader.transcript(response)[0] is items
+    assert (full, trailing) == transcript_readings(items)
+    assert reader.transcript({"output": [message("other")]})[1] != full, "another is read"
+    shared = attribute_terminal(calls, TerminalInputs(response=response), reader)
+    assert (shared.method, shared.call_id) == ("content", "b")
+    assert shared == attribute_terminal(calls, TerminalInputs(response=response))
+    malformed = {"output": [{"type": "message", "role": "assistant", "tool_calls": 5}]}
+    for _ in range(2):
+        with pytest.raises(TypeError):
+            reader.transcript(malformed)
 
 
 def test_inputs_come_from_the_record_and_ignore_wrong_types() -> None:
