@@ -29,7 +29,7 @@ This module imports only `errors`, `forest`, `prefix`, `records`, `terminal` and
 from __future__ import annotations
 
 from array import array
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,9 +98,10 @@ class TraceBuild:
 
     def excluded_counts(self) -> dict[str, int]:
         """Left-out calls per reason, reasons sorted."""
-        if not self.excluded:
-            return {}
-        return dict(sorted(Counter(self.excluded.values()).items()))
+        counts: dict[str, int] = {}
+        for why in self.excluded.values():
+            counts[why] = counts.get(why, 0) + 1
+        return dict(sorted(counts.items())) if len(counts) > 1 else counts
 
 
 class _Unsafe(Exception):

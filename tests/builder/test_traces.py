@@ -140,6 +140,8 @@ def test_the_scored_try_of_a_final_retry_is_kept_and_a_judge_of_the_other_is_not
     built = build_training_traces("r", calls, terminal=_scored("try2"))
     assert sorted(_owned(built)) == ["a", "try2"]
     assert built.excluded == {"try1": ABANDONED_TRY, "judge": ON_ABANDONED_TRY}
+    counts = built.excluded_counts()
+    assert counts == {ABANDONED_TRY: 1, ON_ABANDONED_TRY: 1} and list(counts) == sorted(counts)
 
 
 def test_an_unsettled_retry_masks_without_a_scored_call() -> None:
