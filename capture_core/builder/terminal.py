@@ -69,12 +69,14 @@ class TerminalInputs:
 
 class ContentReader:
     """Model-authored content, read once per build: each call's own keys, and the scored
-    response's items with their readings. Both are remembered with the object they were
-    read from, and a reader lives for one build."""
+    response's items and readings. Each is remembered with the object it was read from, so a
+    reader serves one build: content changed in place after it was read is not read again."""
 
     def __init__(self) -> None:
         self._own: dict[int, tuple[TokenEntry, tuple]] = {}
-        self._response: tuple[Mapping[str, Any], list[Any], tuple[tuple, tuple]] | None = None
+        self._response: Mapping[str, Any] | None = None
+        self._items: list[Any] = []
+        self._readings: tuple[tuple, tuple] | None = None
 
     def own(self, call: TokenEntry) -> tuple:
         """The call's own model-authored keys (`entry_fingerprint`)."""
@@ -83,15 +85,20 @@ class ContentReader:
             found = self._own[id(call)] = (call, entry_fingerprint(call))
         return found[1]
 
-    def transcript(self, response: Mapping[str, Any]) -> tuple[list[Any], tuple, tuple]:
-        """The response's items and their readings, all of them and the trailing block
-        (`transcript_readings`); a malformed response raises, each time it is asked."""
-        cached = self._response
-        if cached is None or cached[0] is not response:
-            items = response_items(response)
-            cached = self._response = (response, items, transcript_readings(items))
-        items, (full, trailing) = cached[1], cached[2]
-        return items, full, trailing
+    def items(self, response: Mapping[str, Any]) -> list[Any]:
+        """The response's items (`response_items`)."""
+        if self._response is not response:
+            self._items, self._readings = response_items(response), None
+            self._response = response
+        return self._items
+
+    def readings(self, response: Mapping[str, Any]) -> tuple[tuple, tuple]:
+        """The readings of the response's items, all of them and the trailing block
+        (`transcript_readings`); a malformed item raises, each time they are asked for."""
+        items = self.items(response)
+        if self._readings is None:
+            self._readings = transcript_readings(items)
+        return self._readings
 
 
 @dataclass(frozen=True)
@@ -189,7 +196,7 @@ def attribute_terminal(
 ) -> TerminalAttribution:
     """Join the scored response to the captured call that produced it; never raises.
 
-    `reader` keeps what attribution read of the content for the rest of the build.
+    `reader` keeps what attribution read of the content for the rest of one build.
     """
     if inputs is None:
         return NOT_ATTRIBUTED
@@ -288,9 +295,10 @@ def _content(
     break between turns). Matches with identical sequences collapse; different ones are
     settled by `_settle`, else ambiguous.
     """
-    items, full, trailing = reader.transcript(response)
+    items = reader.items(response)
     if ends_in_silent_turn(items):
         return _Testimony("content", reason="final_turn_without_content")
+    full, trailing = reader.readings(response)
     readings = {reading for reading in (full, trailing) if reading}
     own = {id(e): reader.own(e) for e in entries}
     matches = [e for e in entries if own[id(e)] and own[id(e)] in readings]

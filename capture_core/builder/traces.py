@@ -329,7 +329,7 @@ class _Plan:
         if response is None:
             return ()
         try:
-            return self.reader.transcript(response)[1]
+            return self.reader.readings(response)[0]
         except Exception:  # an unreadable transcript names nothing
             return ()
 

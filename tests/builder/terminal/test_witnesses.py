@@ -207,17 +207,32 @@ def test_a_reader_reads_each_object_once_and_a_malformed_response_each_time() ->
     assert own == entry_fingerprint(calls[1]) and reader.own(calls[1]) is own
     assert reader.own(chain()[1]) == own, "an equal call read anew gives the same keys"
     response = {"output": [tool_call("search", q="x", n=1), message("the answer")]}
-    items, full, trailing = reader.transcript(response)
-    assert reader.transcript(response)[0] is items
-    assert (full, trailing) == transcript_readings(items)
-    assert reader.transcript({"output": [message("other")]})[1] != full, "another is read"
+    items = reader.items(response)
+    assert reader.items(response) is items and len(items) == 2
+    assert reader.readings(response) == transcript_readings(items)
+    assert reader.readings({"output": [message("other")]}) != transcript_readings(items)
     shared = attribute_terminal(calls, TerminalInputs(response=response), reader)
     assert (shared.method, shared.call_id) == ("content", "b")
     assert shared == attribute_terminal(calls, TerminalInputs(response=response))
     malformed = {"output": [{"type": "message", "role": "assistant", "tool_calls": 5}]}
     for _ in range(2):
         with pytest.raises(TypeError):
-            reader.transcript(malformed)
+            reader.readings(malformed)
+
+
+def test_a_silent_final_turn_is_told_before_an_unreadable_earlier_item() -> None:
+    response = {
+        "output": [
+            {"type": "message", "role": "assistant", "tool_calls": 5},
+            {"type": "message", "role": "user", "content": "u"},
+            {"type": "reasoning"},
+        ]
+    }
+    verdict = attribute(chain(), response=response)
+    assert abstention_reasons(verdict.reason) == [
+        "response_has_no_id",
+        "final_turn_without_content",
+    ]
 
 
 def test_inputs_come_from_the_record_and_ignore_wrong_types() -> None:
