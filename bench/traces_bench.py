@@ -158,7 +158,7 @@ def time_sides(eps: list[Episode], store: TokenCaptureStore, repetitions: int) -
 
     def check_traces() -> None:
         for rollout_id, envelope, calls in built:
-            check_envelope(envelope, rollout_id, calls=calls)
+            check_envelope(envelope, rollout_id, calls=calls, calls_finite=True)
 
     finalize = alternate_sides(
         {

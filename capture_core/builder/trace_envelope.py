@@ -158,6 +158,7 @@ def _check_trace(
     rollout_id: str,
     owned: dict[str, str],
     calls: Mapping[str, TokenEntry] | None,
+    calls_finite: bool,
 ) -> None:
     """The rules of one row; each span's call is added to `owned` (by the row's `where`)."""
     if not _is_mapping(trace) or not trace.keys() >= _TRACE_KEYS:
@@ -185,7 +186,7 @@ def _check_trace(
     if calls is None:
         _check_log_probs(logprobs, spans, where)
     else:
-        _check_against_capture(tokens, logprobs, spans, calls, where)
+        _check_against_capture(tokens, logprobs, spans, calls, where, calls_finite)
 
 
 def _mask_bytes(mask: list[Any], where: str) -> bytearray:
@@ -235,6 +236,7 @@ def _check_against_capture(
     spans: list[tuple[str, int, int]],
     calls: Mapping[str, TokenEntry],
     where: str,
+    calls_finite: bool,
 ) -> None:
     """Each span is exactly its call: the row before it is the call's prompt, the span its
     generation and log probs; every other log prob is 0.0.
@@ -242,8 +244,9 @@ def _check_against_capture(
     Prompts are compared longest first against one copy of the row's head, cut shorter for
     each: every position is copied once per row, however many spans' prompts hold it. The
     log probs are compared in one comparison with the row they must be: 0.0 in the gaps and
-    each span's captured log probs, as many as the span's tokens and checked finite (what
-    JSON gives that equals a finite float, an integer, a float or a bool, is a finite number).
+    each span's captured log probs, as many as the span's tokens and finite (what JSON gives
+    that equals a finite float, an integer, a float or a bool, is a finite number); they are
+    summed for that unless `calls_finite` says they were just checked.
     A row that differs is read again rule by rule, to name the rule it breaks.
     """
     expected = [ZERO_LOG_PROB] * len(logprobs)
@@ -271,7 +274,7 @@ def _check_against_capture(
             )
         expected[start:end] = captured
         sampled.append(captured)
-    if not _sums_to_finite(sampled):
+    if not calls_finite and not _sums_to_finite(sampled):
         _check_finite(expected, where)  # decided value by value
     if logprobs != expected:
         _check_log_probs(logprobs, spans, where)
@@ -300,6 +303,7 @@ def check_envelope(
     *,
     calls: Mapping[str, TokenEntry] | None = None,
     owners: Collection[str] | None = None,
+    calls_finite: bool = False,
 ) -> None:
     """Raise `TraceEnvelopeError` unless `envelope` obeys every rule of version 1.
 
@@ -307,7 +311,10 @@ def check_envelope(
     not overlap and cover exactly the mask's 1s, log probs 0.0 outside spans and finite,
     trace ids `<rollout_id>:<last call>` (unique), and no call owned by two spans. With
     `calls` (the capture by call id) each span must be exactly its call; with `owners` the
-    owned calls must be exactly those.
+    owned calls must be exactly those. `calls_finite` tells that every call's log probs were
+    found finite since they last changed (`records.check_entry_consistency`, which a build
+    runs on each entry it reads), so they are not summed again: a row's log probs must still
+    equal them exactly.
     """
     traces = _check_header(envelope, rollout_id)
     rollout = envelope["rollout_id"]
@@ -315,7 +322,7 @@ def check_envelope(
     seen_ids: set[str] = set()
     for t, trace in enumerate(traces):
         where = f"traces[{t}]"
-        _check_trace(trace, where, rollout, owned, calls)
+        _check_trace(trace, where, rollout, owned, calls, calls_finite)
         if trace["trace_id"] in seen_ids:
             raise _fail(f"{where}.trace_id", f"{trace['trace_id']!r} is used twice")
         seen_ids.add(trace["trace_id"])

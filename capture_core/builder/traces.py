@@ -129,7 +129,9 @@ def build_training_traces(
         plan.settle()
         envelope = plan.envelope(builder)
         calls = dict(zip(plan.call_ids, plan.calls, strict=True))
-        check_envelope(envelope, rollout_id, calls=calls, owners=plan.kept_ids())
+        # Every call was checked by `coerce_token_entry` above, log probs finite included.
+        owners = plan.kept_ids()
+        check_envelope(envelope, rollout_id, calls=calls, owners=owners, calls_finite=True)
     except _Unsafe as exc:
         return plan.build(builder, None, error=str(exc))
     except TraceEnvelopeError as exc:

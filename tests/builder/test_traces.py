@@ -324,15 +324,31 @@ def _capture() -> dict:
     return {"a": token_call("a", [1, 2], [3]), "b": token_call("b", [1, 2, 3, 4], [5, 6])}
 
 
-@pytest.mark.parametrize("against_capture", [False, True], ids=["alone", "against the capture"])
+@pytest.mark.parametrize(
+    "against_capture, calls_finite",
+    [(False, False), (True, False), (True, True)],
+    ids=["alone", "against the capture", "against a capture checked finite"],
+)
 @pytest.mark.parametrize("name", sorted(BROKEN))
-def test_check_envelope_refuses_each_broken_rule(name: str, against_capture: bool) -> None:
+def test_check_envelope_refuses_each_broken_rule(
+    name: str, against_capture: bool, calls_finite: bool
+) -> None:
     """Every rule holds on its own and beside the capture: the capture's comparisons never
-    stand in for a rule of the envelope."""
+    stand in for a rule of the envelope, nor does a capture known to be finite."""
     calls = _capture() if against_capture else None
-    check_envelope(_valid(), "r", calls=calls)
+    check_envelope(_valid(), "r", calls=calls, calls_finite=calls_finite)
     with pytest.raises(TraceEnvelopeError, match="training_traces"):
-        check_envelope(_broken(BROKEN[name]), "r", calls=calls)
+        check_envelope(_broken(BROKEN[name]), "r", calls=calls, calls_finite=calls_finite)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_build_refuses_calls_made_non_finite_after_validation(bad: float) -> None:
+    """The build checks its envelope against calls it found finite itself, when it read them:
+    a call whose log probs were reassigned after validation is refused there."""
+    calls = [token_call("a", [1, 2], [3]), token_call("b", [1, 2, 3, 4], [5, 6])]
+    calls[1].generation_log_probs = [-0.5, bad]
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        build_training_traces("r", calls)
 
 
 def test_any_zero_outside_the_spans_is_accepted() -> None:
