@@ -118,12 +118,14 @@ def build_training_traces(
 
     `terminal` (from the finished record) names the scored call and its transcript, the
     evidence that tells a used try from an abandoned one. Invalid entries raise
-    `ValueError`; an unknown builder too.
+    `ValueError`; an unknown builder too. Every entry is read before any is checked; entries
+    another thread changes while the build runs are not defended against.
     """
     if builder not in ENVELOPE_BUILDERS:
         known = ", ".join(ENVELOPE_BUILDERS)
         raise InvalidInputError(f"unknown builder {builder!r}; use one of {known}")
-    records = [coerce_token_entry(entry) for entry in entries]
+    # Every entry is read before any is checked, so the checks see the entries the build uses.
+    records = [coerce_token_entry(entry) for entry in list(entries)]
     plan = _Plan(rollout_id, records, terminal)
     try:
         plan.settle()

@@ -350,6 +350,15 @@ def test_a_build_refuses_calls_made_non_finite_after_validation(bad: float) -> N
     with pytest.raises(ValueError, match="NaN or infinite"):
         build_training_traces("r", calls)
 
+    def changing_as_read():  # an entry changed after it was handed over, as the next is read
+        fresh = [token_call("a", [1, 2], [3]), token_call("b", [1, 2, 3, 4], [5, 6])]
+        yield fresh[0]
+        fresh[0].generation_log_probs[0] = bad
+        yield fresh[1]
+
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        build_training_traces("r", changing_as_read())
+
 
 def test_any_zero_outside_the_spans_is_accepted() -> None:
     """A gap is compared with 0.0 by value: a parsed `0`, `0.0` or `-0.0` is not refused."""
