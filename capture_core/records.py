@@ -131,10 +131,15 @@ def check_entry_consistency(entry: TokenEntry) -> None:
             f"call {entry.model_call_id!r}: generation_token_ids has {n_ids} ids but "
             f"generation_log_probs has {n_lps} values; capture one log prob per generated token"
         )
-    if not all_finite(entry.generation_log_probs):
+    try:
+        finite = all_finite(entry.generation_log_probs)
+    except TypeError:  # a value reassigned after validation that is no number
+        finite = False
+    if not finite:
         raise InvalidRecordError(
-            f"call {entry.model_call_id!r}: generation_log_probs holds a NaN or infinite value; "
-            "store finite log probs (clip -inf to a large negative number)"
+            f"call {entry.model_call_id!r}: generation_log_probs holds a NaN or infinite value "
+            "or one that is no number; store finite float log probs (clip -inf to a large "
+            "negative number)"
         )
     index = entry.token_item_index
     if index is not None and not 0 <= index < len(entry.output_items):

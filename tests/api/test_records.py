@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 
 import orjson
 import pytest
@@ -86,6 +87,15 @@ def test_a_log_prob_no_float_can_hold_is_not_finite() -> None:
     assert all_finite([0, -1, True, -0.5]), "integers a float holds are finite numbers"
     built = TokenEntry.model_construct(**entry(generation_log_probs=[10**400]))
     with pytest.raises(InvalidRecordError, match="NaN or infinite"):
+        check_entry_consistency(built)
+
+
+@pytest.mark.parametrize("bad", [None, "-0.5", Decimal("-0.5")])
+def test_a_log_prob_reassigned_to_no_number_is_refused_by_name(bad: object) -> None:
+    """Assignment skips validation; the cross-field check names the field, never `TypeError`."""
+    built = TokenEntry(**entry())
+    built.generation_log_probs = [bad]
+    with pytest.raises(InvalidRecordError, match="one that is no number"):
         check_entry_consistency(built)
 
 
