@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import orjson
+
 from bench import filesystem
 from bench.finalize_bench import PRESETS, stored_entry_blobs
 from bench.ratios import alternate, median
@@ -53,7 +55,7 @@ def workload(rollouts: int) -> list[list[TokenEntry]]:
     """Seeded rollouts, each entry parsed from its own JSON (fresh token objects)."""
     return [
         [
-            TokenEntry.model_validate_json(e.model_dump_json())
+            TokenEntry.model_validate_json(orjson.dumps(e.wire_dump()))
             for e in synthetic_rollout(f"{i}-0", SHAPE, seed=i)
         ]
         for i in range(rollouts)
@@ -238,7 +240,7 @@ def bench_against(
     old = tree_of(commit, space)
     entries = os.path.join(space, "entries.jsonl")
     with open(entries, "wb") as f:
-        f.write(b"\n\n".join(b"\n".join(e.model_dump_json().encode() for e in r) for r in rollouts))
+        f.write(b"\n\n".join(b"\n".join(orjson.dumps(e.wire_dump()) for e in r) for r in rollouts))
     puts = sum(len(r) for r in rollouts)
     ratio = alternate(
         lambda: child_put_seconds(old, entries, space, concurrency),

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from capture_core.builder.build_result import BuildResult
-from capture_core.builder.snapshot import build_from_snapshot, warn_masked
+from capture_core.builder.snapshot import assemble, build_from_snapshot, warn_masked
 from capture_core.builder.terminal import TerminalInputs
 from capture_core.config import TokenIdCaptureConfig
 from capture_core.errors import InvalidRecordError, error_text
@@ -26,6 +26,27 @@ from capture_core.run.capture_source import clear_captures
 from capture_core.store import open_capture_store
 
 logger = logging.getLogger(__name__)
+
+
+def _failed_build(rollout_id: str, builder: str, error: str, n_calls: int = 0) -> dict:
+    """A build that produced nothing to deliver, as NeMo Gym's dict: masked, with its error."""
+    return BuildResult.failed(rollout_id, builder, error, n_calls=n_calls).to_dict()
+
+
+def _assemble(
+    rollout_id: str,
+    entries: list,
+    builder: str,
+    model: str,
+    *,
+    terminal: TerminalInputs | None = None,
+) -> dict:
+    """Build and project one rollout's entries as NeMo Gym's dict; a failure is a failed build.
+
+    It never raises. Unlike the seed functions it has no snapshot, so the dict carries no
+    `_capture_snapshot` and cannot retire anything.
+    """
+    return assemble(rollout_id, entries, builder, model, terminal).to_dict()
 
 
 def _freeze_failed(rollout_id: str, builder: str, exc: Exception) -> dict:

@@ -10,15 +10,31 @@ from __future__ import annotations
 
 import logging
 
-from capture_core.builder.build_result import BuildResult
+from capture_core.builder.build_result import MASK_SAMPLE_KEY as MASK_SAMPLE_KEY
+from capture_core.builder.build_result import REDUNDANT_CAPTURE_KEY, BuildResult
+from capture_core.builder.build_result import TOKEN_CAPTURE_KEY as TOKEN_CAPTURE_KEY
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.protocols import TokenSource
+from capture_core.run.finalize import BuildOptions, finalize_rollout, mask_unusable
 
 # A NeMo Gym seed name, so importable from here; it lives with the finalizer that uses it.
-from capture_core.run.finalize import BuildOptions, finalize_rollout
 from capture_core.run.finalize import rollout_carries_token_ids as rollout_carries_token_ids
 
 logger = logging.getLogger(__name__)
+
+_REDUNDANT_CAPTURE_KEY = REDUNDANT_CAPTURE_KEY
+"""The record key of a capture frozen for a record that already carried token ids."""
+
+
+def _unusable(result: dict, error: str, message: str) -> dict:
+    """Mask a rollout that needed token ids and could not get them.
+
+    An unmasked rollout would appear healthy until it reaches the trainer.
+    The record retains the reason for aggregate reporting; `message` is the one warning.
+    """
+    built = mask_unusable(result, error)
+    logger.warning(message)
+    return built.to_dict()
 
 
 def capture_build_can_retire(built: dict | None) -> bool:

@@ -18,10 +18,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
@@ -46,9 +44,10 @@ class TokenEntry(BaseModel):
     NeMo Gym 0.7.0 records); terminal attribution joins the scored response to it. It is
     optional evidence: a value that is not a non-empty string reads as `None`, so it never
     fails the record.
-    Fields are in NeMo Gym's order. A dump writes `schema_version`, every field that was set
-    (given, read, or assigned) and the extras, never an optional field left at its default
-    unset: a NeMo Gym entry read and written back is the entry it was.
+    Fields are in NeMo Gym's order. `model_dump()` returns every field, defaults included,
+    as NeMo Gym's does. What a store writes is `wire_dump()`: `schema_version`, every field
+    that was set (given, read, or assigned) and the extras, never an optional field left
+    at its default unset, so a NeMo Gym entry read and written back is the entry it was.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -93,11 +92,11 @@ class TokenEntry(BaseModel):
         check_entry_consistency(self)
         return self
 
-    @model_serializer(mode="wrap")
-    def _only_fields_it_has(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
+    def wire_dump(self) -> dict[str, Any]:
+        """The JSON fields a store writes: unset optional fields are left out, nothing else."""
+        data = self.model_dump(mode="json")
         for name in _OPTIONAL_FIELDS.difference(self.model_fields_set):
-            data.pop(name, None)
+            del data[name]
         return data
 
 

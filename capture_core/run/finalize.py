@@ -36,7 +36,7 @@ NO_CAPTURE_KEY = "no capture key"
 """The error of a record that names no rollout (NeMo Gym's words): its capture has no key."""
 
 
-def _mask_unusable(result: dict, error: str) -> BuildResult:
+def mask_unusable(result: dict, error: str) -> BuildResult:
     """Mask a rollout that needed token ids and could not get them; the record keeps why.
 
     An unmasked rollout would appear healthy until it reaches the trainer.
@@ -114,7 +114,7 @@ async def finalize_record(
             return await _finalize(result, source, builder)
         return await _finalize_traces(result, source, builder, delivery)
     except Exception as exc:
-        return _mask_unusable(result, error_text(exc))
+        return mask_unusable(result, error_text(exc))
 
 
 def plain_rollout_id(result: dict) -> str | None:
@@ -135,17 +135,17 @@ async def _finalize_traces(
     """
     if delivery not in DELIVERIES:
         error = f"unknown delivery {delivery!r}; use one of {', '.join(DELIVERIES)}"
-        return _mask_unusable(result, error)
+        return mask_unusable(result, error)
     try:
         rollout_id = maybe_rollout_id_from_run_body(result)
     except ValueError as exc:
-        return _mask_unusable(result, f"malformed rollout id: {exc}")
+        return mask_unusable(result, f"malformed rollout id: {exc}")
     if rollout_id is None:
-        return _mask_unusable(result, NO_CAPTURE_KEY)
+        return mask_unusable(result, NO_CAPTURE_KEY)
     try:
         snapshot = await source.freeze(rollout_id)
     except Exception as exc:
-        return _mask_unusable(result, f"{type(exc).__name__}: {exc}")
+        return mask_unusable(result, f"{type(exc).__name__}: {exc}")
     terminal = TerminalInputs.from_record(result)
     built = build_from_snapshot(snapshot, builder, "", terminal, delivery)
     _apply(result, built)
@@ -156,7 +156,7 @@ async def _finalize(result: dict, source: TokenSource, builder: str) -> BuildRes
     try:
         rollout_id = maybe_rollout_id_from_run_body(result)
     except ValueError as exc:
-        return _mask_unusable(result, f"malformed rollout id: {exc}")
+        return mask_unusable(result, f"malformed rollout id: {exc}")
     malformed = None
     if rollout_carries_token_ids(result):
         malformed = malformed_token_arrays(result)
@@ -164,11 +164,11 @@ async def _finalize(result: dict, source: TokenSource, builder: str) -> BuildRes
             return await _redundant_capture(rollout_id, source)
         logger.warning("rollout %s: rebuilding it from its capture: %s", rollout_id, malformed)
     if rollout_id is None:
-        return _mask_unusable(result, _noting(NO_CAPTURE_KEY, malformed))
+        return mask_unusable(result, _noting(NO_CAPTURE_KEY, malformed))
     try:
         snapshot = await source.freeze(rollout_id)
     except Exception as exc:
-        return _mask_unusable(result, _noting(error_text(exc), malformed))
+        return mask_unusable(result, _noting(error_text(exc), malformed))
     response = result.get("response")
     model = str(response.get("model") or "") if isinstance(response, dict) else ""
     built = build_from_snapshot(snapshot, builder, model, TerminalInputs.from_record(result))

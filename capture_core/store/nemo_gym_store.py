@@ -192,7 +192,7 @@ class NemoGymFileStore(CaptureStore):
         """
         record = coerce_token_entry(entry)
         rollout_id = validate_rollout_id(record.rollout_id)
-        canonical = orjson.dumps(record.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+        canonical = orjson.dumps(record.wire_dump(), option=orjson.OPT_SORT_KEYS)
         digest = layout.line_digest(canonical)
         with self._locked(rollout_id):
             state = self._read_state(rollout_id)

@@ -265,3 +265,46 @@ def test_metrics_hold_numbers_beside_the_one_attribution_mapping(tmp_path) -> No
         metrics = dict(built["metrics"])
         assert set(metrics.pop("terminal_attribution")) == set(NOT_ATTRIBUTED)
         assert all(type(v) in (int, float) for v in metrics.values()), metrics
+
+
+def test_unusable_masks_the_record_and_warns_its_message(caplog) -> None:
+    from capture_core.delivery import _unusable
+
+    record = {"reward": 0.5, "response": {"output": []}}
+    with caplog.at_level("WARNING", logger="capture_core.delivery"):
+        built = _unusable(record, "no capture key", "rollout masked: no capture key")
+    assert built == {
+        "rebuilt_response": None,
+        "mask_sample": True,
+        "error": "no capture key",
+        "metrics": {"n_calls": 0, "error": "no capture key"},
+    }
+    assert record["mask_sample"] is True and record["reward"] == 0.5
+    assert record[TOKEN_CAPTURE_KEY] == {"n_calls": 0, "error": "no capture key"}
+    assert [r.getMessage() for r in caplog.records] == ["rollout masked: no capture key"]
+
+
+def test_failed_build_is_nemo_gyms_failed_dict() -> None:
+    from capture_core.consumer import _failed_build
+
+    failed = _failed_build("3-4", "prefix_merging", "capture contains no token records", 2)
+    assert set(failed) == FAILED_KEYS
+    assert failed["rebuilt_response"] is None and failed["mask_sample"] is True
+    assert failed["error"] == "capture contains no token records"
+    assert failed["metrics"]["n_calls"] == 2
+
+
+def test_assemble_builds_entries_as_the_seed_functions_do(tmp_path) -> None:
+    from capture_core.consumer import _assemble
+
+    entries = synthetic_rollout("3-4", RolloutShape(turns=3))
+    store = TokenCaptureStore(tmp_path / "store")
+    for entry in entries:
+        store.put_now(entry)
+    through_store = trajectories_for_rollout("3-4", [tmp_path / "store"])
+    built = _assemble("3-4", entries, "prefix_merging", "")
+    assert built["mask_sample"] is False and "_capture_snapshot" not in built
+    assert set(built) == BUILD_KEYS - {"_capture_snapshot"}
+    assert built["rebuilt_response"] == through_store["rebuilt_response"]
+    refused = _assemble("3-4", entries, "per_request", "")
+    assert refused["mask_sample"] is True and refused["rebuilt_response"] is None

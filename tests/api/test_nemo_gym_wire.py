@@ -2,8 +2,10 @@
 
 `GymEntry` mirrors NeMo Gym's `TokenEntry` (its field names, defaults and order, schema 1
 with `response_id`); `OlderGymEntry` the same before `response_id` existed. Every record
-shape round-trips unchanged in Python and in JSON, and through every store: NeMo Gym reads
-back an entry equal to the one it wrote.
+shape round-trips unchanged on the wire (`wire_dump`, what stores write) in Python and in
+JSON, and through every store: NeMo Gym reads back an entry equal to the one it wrote.
+`model_dump()` is NeMo Gym's: every field, defaults included, as its current `TokenEntry`
+dumps the same record.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from capture_core.records import TokenEntry, token_entry_from_response
 from capture_core.store import TokenCaptureStore
 from capture_core.store.nemo_gym_store import NemoGymFileStore
+from tests.support.reliability_figures import record_case
 
 # NeMo Gym's schema-1 `TokenEntry` fields, in its order: (type, default); `...` is required.
 GYM_FIELDS: dict[str, tuple[Any, Any]] = {
@@ -88,27 +91,41 @@ def _written(model: type[BaseModel], fields: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(("name", "model", "fields"), SHAPES, ids=SHAPE_IDS)
 def test_round_trip_is_the_identity_in_python(name: str, model: type, fields: dict) -> None:
     written = _written(model, fields)
-    assert TokenEntry.model_validate(written).model_dump(mode="json") == written
-    assert TokenEntry.model_validate(written).model_dump() == model(**fields).model_dump()
+    assert TokenEntry.model_validate(written).wire_dump() == written
+    assert TokenEntry.model_validate(written).model_dump() == GymEntry(**fields).model_dump()
 
 
 @pytest.mark.parametrize(("name", "model", "fields"), SHAPES, ids=SHAPE_IDS)
 def test_round_trip_is_the_identity_in_json(name: str, model: type, fields: dict) -> None:
     text = model(**fields).model_dump_json()
-    assert TokenEntry.model_validate_json(text).model_dump_json() == text
+    assert TokenEntry.model_validate_json(text).wire_dump() == orjson.loads(text)
+    gym = GymEntry.model_validate_json(text).model_dump_json()
+    assert TokenEntry.model_validate_json(text).model_dump_json() == gym
 
 
-def test_a_record_without_optional_fields_gains_none_of_them() -> None:
+def test_a_record_without_optional_fields_is_written_without_them() -> None:
     sparse = dict(REQUIRED)
-    assert TokenEntry.model_validate(sparse).model_dump() == {"schema_version": 1, **sparse}
+    assert TokenEntry.model_validate(sparse).wire_dump() == {"schema_version": 1, **sparse}
+
+
+@pytest.mark.integrity
+def test_model_dump_returns_nemo_gyms_fields_defaults_included() -> None:
+    """Code written against NeMo Gym reads `entry.model_dump()["created_at"]` and the like."""
+    dumped = TokenEntry.model_validate(dict(REQUIRED)).model_dump()
+    assert dumped == GymEntry(**REQUIRED).model_dump()
+    assert list(dumped) == list(GymEntry.model_fields)
+    assert dumped["created_at"] == 0.0 and dumped["model"] == "" and dumped["output_items"] == []
+    assert dumped["token_item_index"] is None and dumped["routed_experts"] is None
+    record_case("TokenEntry.model_dump() omits NeMo Gym's default fields")
 
 
 def test_a_served_response_without_an_id_writes_no_response_id() -> None:
     response = {"output": [{**ITEM, "prompt_token_ids": [1], **_generated()}]}
     entry = token_entry_from_response("3-4", "c1", response)
-    assert entry is not None and "response_id" not in entry.model_dump()
+    assert entry is not None and "response_id" not in entry.wire_dump()
+    assert entry.model_dump()["response_id"] is None
     served = token_entry_from_response("3-4", "c1", {**response, "id": "resp_9"})
-    assert served is not None and served.model_dump()["response_id"] == "resp_9"
+    assert served is not None and served.wire_dump()["response_id"] == "resp_9"
 
 
 def _generated() -> dict[str, Any]:
@@ -122,8 +139,8 @@ def test_nemo_gym_reads_back_what_it_wrote_from_tokcaps_store(
     written = _written(model, fields)
     store.put_now(TokenEntry.model_validate(written))
     (read,) = store.freeze_now("3-4").entries
-    assert model.model_validate(read.model_dump(mode="json")) == model.model_validate(written)
-    assert set(read.model_dump()) <= set(written), "no key the entry never had"
+    assert model.model_validate(read.wire_dump()) == model.model_validate(written)
+    assert set(read.wire_dump()) <= set(written), "no key the entry never had"
 
 
 @pytest.mark.parametrize(("name", "model", "fields"), SHAPES, ids=SHAPE_IDS)
@@ -136,7 +153,7 @@ def test_nemo_gym_file_store_lines_are_the_lines_nemo_gym_writes(
     line = (tmp_path / "3-4.tokens.jsonl").read_bytes()
     assert line == orjson.dumps(written, option=orjson.OPT_SORT_KEYS) + b"\n"
     (read,) = store.freeze_now("3-4").entries
-    assert read.model_dump(mode="json") == written
+    assert read.wire_dump() == written
 
 
 def test_schema_zero_survives_tokcaps_store(store: TokenCaptureStore) -> None:
