@@ -41,12 +41,15 @@ def test_the_check_meets_a_real_permission_error_as_any_user() -> None:
     with traversable_folder() as path:
         locked = os.path.join(path, "locked")
         os.mkdir(locked, mode=0)
-        result = run_as_other_user(
-            "import os, sys",
-            "try:\n    os.listdir(sys.argv[1])\n"
-            "except PermissionError as exc:\n    print('refused', exc.errno)\n",
-            locked,
-        )
+        try:
+            result = run_as_other_user(
+                "import os, sys",
+                "try:\n    os.listdir(sys.argv[1])\n"
+                "except PermissionError as exc:\n    print('refused', exc.errno)\n",
+                locked,
+            )
+        finally:
+            os.chmod(locked, 0o755)  # so the owner, when not root, can remove it
     assert result.returncode == 0, result.stderr
     assert result.stdout == "refused 13\n", result.stdout
 
