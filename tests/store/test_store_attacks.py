@@ -11,11 +11,8 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import pwd
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +29,7 @@ from capture_core.store import TokenCaptureStore, compact
 from capture_core.store.capture_entries import encode_entry
 from capture_core.store.capture_layout import call_key
 from tests.support.backends import PROCESS_SHARED_BACKENDS, store_location
+from tests.support.other_user import hand_over, run_as_other_user, traversable_folder
 from tests.support.reliability_figures import record_case
 
 pytestmark = pytest.mark.integrity
@@ -250,10 +248,13 @@ def test_drop_and_loss_report_in_two_processes_never_both_succeed(root) -> None:
 
 # -- 3: unreadable folders -----------------------------------------------------------------
 
-FREEZE_AS_OTHER_USER = """
+PREPARE_FREEZE = """
 import asyncio, sys
 from capture_core.consumer import trajectories_from_source
 from capture_core.store import TokenCaptureStore
+"""
+
+FREEZE = """
 store = TokenCaptureStore(sys.argv[1])
 try:
     store.freeze_now("r1")
@@ -266,36 +267,15 @@ print("masked:", built["mask_sample"], "|", built.get("error"))
 """
 
 
-def unprivileged() -> tuple[list[str], int | None]:
-    """A command prefix that runs a subprocess as a user file permissions apply to, and its uid.
-
-    Root ignores permissions, so as root the subprocess drops to `nobody` with `setpriv`.
-    """
-    if os.geteuid() != 0:
-        return [], None
-    setpriv = shutil.which("setpriv")
-    try:
-        nobody = pwd.getpwnam("nobody")
-    except KeyError:
-        pytest.skip("running as root and no 'nobody' user exists to drop privileges to")
-    if setpriv is None:
-        pytest.skip("running as root and no setpriv to drop privileges with")
-    prefix = [setpriv, f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups"]
-    return prefix, nobody.pw_uid
-
-
 @pytest.fixture()
 def shared_dir() -> Iterator[str]:
-    """A store folder outside pytest's private temp tree, so another user can traverse it."""
-    path = tempfile.mkdtemp(prefix="tokcap-perm-")
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    """A store folder outside pytest's private temp tree, so another user can reach it."""
+    with traversable_folder() as path:
+        yield path
 
 
 @pytest.mark.parametrize("folder", ["x", "i"])
 def test_unreadable_lost_call_or_intent_folder_fails_the_freeze(shared_dir, folder) -> None:
-    prefix, uid = unprivileged()
     root = os.path.join(shared_dir, "store")
     store = TokenCaptureStore(root)
     for item in two_turns("r1"):
@@ -304,19 +284,10 @@ def test_unreadable_lost_call_or_intent_folder_fails_the_freeze(shared_dir, fold
         store.mark_incomplete_now("r1", "turn-2", "turn-2 was lost")
     else:
         store.begin_call_now("r1", "turn-2")
-    if uid is not None:
-        for path, _dirs, files in os.walk(root):
-            for name in [path, *(os.path.join(path, f) for f in files)]:
-                os.chown(name, uid, -1)
+    hand_over(root)
     os.chmod(os.path.join(root, "r1", folder), 0)
     try:
-        result = subprocess.run(
-            [*prefix, sys.executable, "-c", FREEZE_AS_OTHER_USER, root],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=REPO,
-        )
+        result = run_as_other_user(PREPARE_FREEZE, FREEZE, root)
     finally:
         os.chmod(os.path.join(root, "r1", folder), 0o755)
     assert result.returncode == 0, result.stderr
@@ -328,25 +299,17 @@ def test_unreadable_lost_call_or_intent_folder_fails_the_freeze(shared_dir, fold
 
 
 def test_permission_error_on_a_check_is_not_read_as_absent(shared_dir) -> None:
-    prefix, uid = unprivileged()
     root = os.path.join(shared_dir, "store")
     TokenCaptureStore(root).put_now(two_turns("r1")[0])
-    if uid is not None:
-        for path, _dirs, _files in os.walk(root):
-            os.chown(path, uid, -1)
+    hand_over(root)
     os.chmod(os.path.join(root, "r1"), 0o600)  # listable names, but nothing inside reachable
-    script = (
-        "import sys\nfrom capture_core.storage import LocalStore\n"
-        "try:\n    print(LocalStore(sys.argv[1]).exists('r1/FROZEN'))\n"
-        "except PermissionError as exc:\n    print('raised', exc)\n"
-    )
     try:
-        result = subprocess.run(
-            [*prefix, sys.executable, "-c", script, root],
-            capture_output=True,
-            text=True,
+        result = run_as_other_user(
+            "import sys\nfrom capture_core.storage import LocalStore",
+            "try:\n    print(LocalStore(sys.argv[1]).exists('r1/FROZEN'))\n"
+            "except PermissionError as exc:\n    print('raised', exc)\n",
+            root,
             timeout=60,
-            cwd=REPO,
         )
     finally:
         os.chmod(os.path.join(root, "r1"), 0o755)
