@@ -8,7 +8,7 @@ resolved retry), `abandoned` (a final call retried, the scored try named by its 
 and `lost` (a call whose intent never completed: nothing of the rollout may train).
 Each episode knows which calls the policy sampled for the episode (`used`) and which are
 abandoned tries. Everything is deterministic for a seed.
-This module imports only `capture_core.records`.
+This module imports only `capture_core.records` and the dispatch-time clear.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capture_core.records import TokenEntry
+from capture_core.run.capture_source import clear_captures
 
 SHAPES = ("thinking", "compaction", "subagent", "fork", "parallel", "plain", "abandoned", "lost")
 VOCAB = 151_000
@@ -217,7 +218,9 @@ def episodes(n_per_shape: int, *, seed: int = 0, scale: int = 1) -> list[Episode
 
 
 def write_episode(store: Any, ep: Episode) -> None:
-    """Capture an episode as a model server would: an intent per call, then its entry."""
+    """Dispatch and capture an episode: the dispatch-time clear of its rollout id (which marks
+    the attempt), then, as a model server would, an intent per call and its entry."""
+    clear_captures(store, [ep.rollout_id])
     for call_id in ep.lost_call_ids:
         store.begin_call_now(ep.rollout_id, call_id)
     for entry in ep.entries:

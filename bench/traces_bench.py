@@ -2,10 +2,11 @@
 
 Captures come from `bench.trace_shapes` (seeded): stripped thinking history, compaction,
 sub-agents, forks, parallel samples, plain chains with a resolved retry, an abandoned retry
-of the scored call, and lost calls. Each is written to a local store (an intent per call;
-a lost call leaves only its intent). Every rollout is finalized from that store with both
-deliveries (`finalize_rollout_token_capture`, `delivery="main_chain"` and `"all_traces"`),
-and its record encoded as the part line it becomes. Judged against the generator's truth:
+of the scored call, and lost calls. Each is written to a local store after the dispatch-time
+clear of its id (an intent per call; a lost call leaves only its intent). Every rollout is
+finalized from that store with both deliveries (`finalize_rollout_token_capture`,
+`delivery="main_chain"` and `"all_traces"`), and its record encoded as the part line it
+becomes. Judged against the generator's truth:
 per shape, the share of healthy episodes' sampled tokens trained exactly once; calls owned
 twice; abandoned tries trained; rollouts with a lost call trained. Every delivered envelope
 is checked again as a consumer would (`check_envelope` against the frozen capture).
@@ -40,6 +41,7 @@ from capture_core.builder.snapshot import assemble, assemble_traces
 from capture_core.builder.terminal import TerminalInputs
 from capture_core.builder.trace_envelope import ENVELOPE_KEY, TraceEnvelopeError, check_envelope
 from capture_core.delivery import finalize_rollout_token_capture
+from capture_core.run.capture_source import clear_captures
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.agent_captures import AgentRollout, agent_rollouts, write_capture
 
@@ -284,6 +286,7 @@ def measure_mix(n: int, seed: int, root: str) -> MixTally:
     tally = MixTally()
     store = TokenCaptureStore(root)
     for rollout in agent_rollouts(n, seed=seed):
+        clear_captures(store, [rollout.rollout_id])  # the dispatch-time clear marks the attempt
         write_capture(store, rollout)
         record = copy.deepcopy(rollout.record)
         asyncio.run(finalize_rollout_token_capture(record, store, delivery="all_traces"))

@@ -26,6 +26,9 @@ class TokenCaptureSnapshot:
 
     `incomplete` means a call was lost or conflicted; such a snapshot must be masked.
     `incomplete_reasons` says why, for the record's error and the run report.
+    `attempt_marked` means the dispatch-time clear's attempt marker was there: the capture
+    was emptied before this attempt, so it holds no earlier attempt's calls. A source that
+    keeps no marker leaves it `False`; `all_traces` then delivers one trace at most.
     Entry order carries no meaning.
     """
 
@@ -35,6 +38,7 @@ class TokenCaptureSnapshot:
     snapshot_id: str
     version: int
     incomplete_reasons: tuple[str, ...] = field(default=())
+    attempt_marked: bool = False
 
 
 @runtime_checkable

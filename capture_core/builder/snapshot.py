@@ -195,11 +195,22 @@ def _undeliverable(attribution: TerminalAttribution, chain: str) -> str:
 
 
 def assemble_traces(
-    rollout_id: str, entries: list, builder: str, terminal: TerminalInputs | None = None
+    rollout_id: str,
+    entries: list,
+    builder: str,
+    terminal: TerminalInputs | None = None,
+    *,
+    one_attempt: bool = True,
 ) -> BuildResult:
-    """The `all_traces` build of one rollout's entries; any failure is a failed (masked) build."""
+    """The `all_traces` build of one rollout's entries; any failure is a failed (masked) build.
+
+    `one_attempt`: the capture shows it holds one attempt (see `build_training_traces`).
+    """
     try:
-        return BuildResult.traced(build_training_traces(rollout_id, entries, builder, terminal))
+        built = build_training_traces(
+            rollout_id, entries, builder, terminal, one_attempt=one_attempt
+        )
+        return BuildResult.traced(built)
     except Exception as exc:
         logger.debug("rollout %s: traces build failed: %s", rollout_id, exc, exc_info=True)
         error = f"{type(exc).__name__}: {exc}"
@@ -222,12 +233,14 @@ def build_from_snapshot(
     left they are also the failed build's error. It does not log a mask: its caller warns
     once per masked rollout (`warn_masked`), or reports it with the input line. `terminal`
     (from the finished record) anchors the build to the scored call. `delivery="all_traces"`
-    builds the envelope instead of the main chain (an incomplete snapshot never carries one).
+    builds the envelope instead of the main chain (an incomplete snapshot never carries one);
+    several traces need the snapshot's `attempt_marked` (absent: not marked).
     """
     rollout_id = str(getattr(snapshot, "rollout_id", ""))
     try:
         entries = list(snapshot.entries)
         incomplete = bool(snapshot.incomplete)
+        marked = getattr(snapshot, "attempt_marked", False) is True
         identity = SnapshotIdentity(snapshot.snapshot_id, snapshot.version)
         reasons = tuple(map(str, getattr(snapshot, "incomplete_reasons", ()))) or (
             "a call was lost",
@@ -241,7 +254,7 @@ def build_from_snapshot(
     elif delivery == MAIN_CHAIN:
         built = assemble(rollout_id, entries, builder, model, terminal)
     else:
-        built = assemble_traces(rollout_id, entries, builder, terminal)
+        built = assemble_traces(rollout_id, entries, builder, terminal, one_attempt=marked)
     return built.of_snapshot(identity, incomplete, reasons)
 
 

@@ -20,8 +20,9 @@ Left out, never owned (`TraceBuild.excluded`, with the reason):
 What makes the tokens unsafe masks the rollout (`TraceBuild.error`, no envelope): two
 different captures of one call id, writer lineage the tokens contradict (an edited or
 misrecorded capture, a lost parent), a disputed terminal, an unsettled group without an
-attributed scored call, a call with an empty prompt, and an envelope that fails
-`trace_envelope.check_envelope` against the capture.
+attributed scored call, a call with an empty prompt, several traces in a capture that
+cannot show it holds one attempt (an earlier attempt of the id looks like independent
+traces), and an envelope that fails `trace_envelope.check_envelope` against the capture.
 This module imports only `errors`, `forest`, `prefix`, `records`, `terminal` and
 `trace_envelope`; nothing here recurses.
 """
@@ -69,6 +70,7 @@ EXCLUSION_REASONS = (
 )
 # A generation this short may occur in another prompt by chance; it is no evidence of order.
 MIN_SEEN_GENERATION = 8
+NO_ATTEMPT_MARKER = "no dispatch-time clear recorded"
 _ZERO, _OFF, _ON = [ZERO_LOG_PROB], [0], [1]
 
 
@@ -113,13 +115,18 @@ def build_training_traces(
     entries: Iterable[Any],
     builder: str = "prefix_merging",
     terminal: TerminalInputs | None = None,
+    *,
+    one_attempt: bool = True,
 ) -> TraceBuild:
     """The envelope of one frozen snapshot's entries, checked; an unsafe capture has none.
 
     `terminal` (from the finished record) names the scored call and its transcript, the
-    evidence that tells a used try from an abandoned one. Invalid entries raise
-    `ValueError`; an unknown builder too. Every entry is read before any is checked; entries
-    another thread changes while the build runs are not defended against.
+    evidence that tells a used try from an abandoned one. `one_attempt` says whether the
+    capture shows it holds one attempt (the snapshot's attempt marker); without it, calls
+    that form more than one trace mask the rollout, since an earlier attempt of the id left
+    in the capture would look like independent traces. Invalid entries raise `ValueError`;
+    an unknown builder too. Every entry is read before any is checked; entries another
+    thread changes while the build runs are not defended against.
     """
     if builder not in ENVELOPE_BUILDERS:
         known = ", ".join(ENVELOPE_BUILDERS)
@@ -129,6 +136,8 @@ def build_training_traces(
     plan = _Plan(rollout_id, records, terminal)
     try:
         plan.settle()
+        if not one_attempt:
+            plan.refuse_unproven_attempt()
         envelope = plan.envelope(builder)
         calls = dict(zip(plan.call_ids, plan.calls, strict=True))
         # Every call was checked by `coerce_token_entry` above, log probs finite included.
@@ -225,6 +234,27 @@ class _Plan:
         if not self.calls[kept[0]].prompt_token_ids:
             raise _Unsafe(
                 "a call with an empty prompt cannot train: its first token has no context"
+            )
+
+    def refuse_unproven_attempt(self) -> None:
+        """Raise `_Unsafe` when the kept calls form more than one trace (root-to-leaf path).
+
+        One trace is one prefix chain: a call of an earlier attempt is on it only with the
+        tokens this attempt was served, so it cannot add another attempt's samples. Several
+        traces may be sub-agents, forks or an earlier attempt; only the marker tells.
+        """
+        assert self.forest is not None
+        children, excluded = self.forest.children, self.excluded
+        leaves = sum(
+            1 for i in self._kept if not any(kid not in excluded for kid in children.get(i, ()))
+        )
+        if leaves > 1:
+            raise _Unsafe(
+                f"{NO_ATTEMPT_MARKER}: the capture holds {leaves} traces and no attempt "
+                "marker, so an earlier attempt of this rollout id left in it cannot be told "
+                "from independent traces; run the dispatch-time clear (tokcap clear, or "
+                "clear_token_captures_for_rollouts) before every dispatch, re-dispatches "
+                "included, into a tokcap store (NeMo Gym's file store keeps no marker)"
             )
 
     def _scored_call(self, distinct: list[TokenEntry], twins: dict[str, str]) -> int | None:

@@ -87,16 +87,19 @@ def check_separate_locations(named: Mapping[str, str | None]) -> None:
 def clear_captures(source: Any, rollout_ids: list[str], name: str = "") -> int:
     """Delete each rollout's capture, tombstone included; safe to repeat. Returns the count.
 
-    This is the one dispatch-time clear: the seed API and the clear task both call it.
+    This is the one dispatch-time clear: the seed API and the clear task both call it. A
+    capture store also marks each rollout's next attempt (`CaptureStore.clear_for_dispatch`),
+    which is what lets `all_traces` trust several traces (docs/traces.md); another source
+    is cleared with its `delete`.
     """
-    delete = getattr(source, "delete", None)
-    if delete is None:
+    clear = getattr(source, "clear_for_dispatch", None) or getattr(source, "delete", None)
+    if clear is None:
         raise InvalidInputError(
             f"source {name or type(source).__name__} has no delete(rollout_id); it cannot "
             "clear captures"
         )
     for rollout_id in rollout_ids:
-        delete(rollout_id)
+        clear(rollout_id)
         crash_point("mid-clear")
     return len(rollout_ids)
 

@@ -74,6 +74,15 @@ class CaptureStore(ABC):
     def delete(self, rollout_id: str) -> None:
         """Remove a rollout's capture unconditionally so the id can be reused; safe to repeat."""
 
+    def clear_for_dispatch(self, rollout_id: str) -> None:
+        """The dispatch-time clear of one rollout: `delete`, then mark the next attempt.
+
+        A store that can record an attempt marker writes it after the delete, so a freeze
+        can show that the capture holds one attempt (`TokenCaptureSnapshot.attempt_marked`);
+        this base keeps none. Safe to repeat.
+        """
+        self.delete(rollout_id)
+
     @abstractmethod
     def sweep_retired(self, older_than_seconds: float) -> int:
         """Remove tombstones retired longer ago than the cutoff; return how many."""

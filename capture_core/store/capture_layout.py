@@ -1,8 +1,9 @@
 """The capture store's key layout: where each event of a rollout lives under the root.
 
 `<rollout>/e/<call>` entries, `<rollout>/i/<call>` intents, `<rollout>/x/<id>` incomplete
-markers, `<rollout>/FROZEN` (the freeze claim) and `<rollout>/RETIRED` (the retirement
-decision). Call ids are free-form, so they are keyed by `call_key`.
+markers, `<rollout>/ATTEMPT` (the dispatch-time clear's attempt marker), `<rollout>/FROZEN`
+(the freeze claim) and `<rollout>/RETIRED` (the retirement decision).
+Call ids are free-form, so they are keyed by `call_key`.
 A snapshot's version is the number of event objects (entries, intents, markers).
 """
 
@@ -15,7 +16,7 @@ from capture_core.errors import UnreadableCaptureError
 
 ENTRY, INTENT, MARKER = "e", "i", "x"
 EVENT_KINDS = (ENTRY, INTENT, MARKER)
-FROZEN, RETIRED = "FROZEN", "RETIRED"
+FROZEN, RETIRED, ATTEMPT = "FROZEN", "RETIRED", "ATTEMPT"
 MAX_PLAIN_CALL_KEY = 160
 
 
@@ -60,13 +61,18 @@ def retired_key(rollout_id: str) -> str:
     return f"{rollout_id}/{RETIRED}"
 
 
+def attempt_key(rollout_id: str) -> str:
+    """The attempt marker: the dispatch-time clear ran, and every object was written after it."""
+    return f"{rollout_id}/{ATTEMPT}"
+
+
 def group_events(rollout_id: str, keys: list[str]) -> dict[str, list[str]]:
     """Group a rollout's listed keys by event kind; unknown objects are refused loudly."""
     events: dict[str, list[str]] = {kind: [] for kind in EVENT_KINDS}
     prefix = f"{rollout_id}/"
     for key in keys:
         rest = key[len(prefix) :]
-        if rest in (FROZEN, RETIRED):
+        if rest in (FROZEN, RETIRED, ATTEMPT):
             continue
         kind, _, name = rest.partition("/")
         if kind not in events or not name or "/" in name:

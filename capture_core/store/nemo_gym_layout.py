@@ -38,6 +38,8 @@ STATE = ".tokens.state.json"
 LOCK = ".tokens.lock"
 SUFFIXES = (JSONL, INTENTS, INCOMPLETE, STATE, LOCK)
 STATE_TEMP_PREFIX = ".tokens-state-"
+# A folder holding only tokcap's attempt marker (`ATTEMPT`) is no capture: tokcap's clear of a
+# directory in neither layout writes one, and NeMo Gym may take the directory afterwards.
 TOKCAP_MARKERS = (*EVENT_KINDS, FROZEN, RETIRED)
 RACY_SECONDS = 2.0
 

@@ -37,6 +37,7 @@ from capture_core.records import TokenEntry, coerce_token_entry
 from capture_core.storage import fsync_dir
 from capture_core.store import nemo_gym_layout as layout
 from capture_core.store.base import CaptureStore
+from capture_core.store.capture_layout import ATTEMPT
 from capture_core.store.nemo_gym_layout import nemo_gym_root, read_jsonl_entries, reconcile_tail
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,18 @@ def _is_file_at(fd: int, path: str) -> bool:
 def _unlink(path: str) -> None:
     with suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def _remove_attempt_marker(folder: str) -> None:
+    """Remove tokcap's attempt marker from a real folder `<root>/<id>`, then the folder if
+    that emptied it; a link, a file or any other content is left alone."""
+    if not os.path.isdir(folder) or os.path.islink(folder):
+        return
+    marker = os.path.join(folder, ATTEMPT)
+    if os.path.isfile(marker) and not os.path.islink(marker):
+        _unlink(marker)
+    with suppress(OSError):
+        os.rmdir(folder)
 
 
 class NemoGymFileStore(CaptureStore):
@@ -321,10 +334,16 @@ class NemoGymFileStore(CaptureStore):
             return True
 
     def delete(self, rollout_id: str) -> None:
-        """Remove a rollout's capture and state so the id can be reused; the lock file stays."""
+        """Remove a rollout's capture and state so the id can be reused; the lock file stays.
+
+        NeMo Gym's layout keeps no attempt marker, so a dispatch-time clear here is this
+        delete. It also removes the marker tokcap's clear left under the id while the
+        directory held neither layout (before NeMo Gym's first write), and nothing else.
+        """
         with self._locked(rollout_id):
             for suffix in (layout.JSONL, layout.INCOMPLETE, layout.INTENTS, layout.STATE):
                 _unlink(self.path_for(rollout_id, suffix))
+            _remove_attempt_marker(os.path.join(self.root, rollout_id))
             fsync_dir(self.root)
 
     def sweep_retired(self, older_than_seconds: float) -> int:

@@ -305,6 +305,7 @@ class TokenCaptureStore(CaptureStore):
             snapshot_id=snapshot_id,
             version=layout.version_of(events),
             incomplete_reasons=tuple(reasons),
+            attempt_marked=layout.attempt_key(rollout_id) in keys,
         )
 
     def read_entries(self, rollout_id: str) -> list[TokenEntry]:
@@ -432,6 +433,19 @@ class TokenCaptureStore(CaptureStore):
             f"rollout {rollout_id}: capture could not be deleted completely; retry the "
             "delete (safe to repeat) or check delete permissions"
         )
+
+    def clear_for_dispatch(self, rollout_id: str) -> None:
+        """The dispatch-time clear: `delete`, then the attempt marker (`<rollout>/ATTEMPT`).
+
+        The marker is written after the delete returned, so every object a freeze lists
+        beside it was written after the clear: the capture holds this attempt's calls only
+        (docs/traces.md). It is written in place, create-only (a repeated clear keeps it;
+        only its presence is read, so a torn one still proves the clear ran), and no
+        retirement decision or version counts it; a drop deletes it with the payloads.
+        """
+        self.delete(rollout_id)
+        marker = encode_json({"cleared_at": time.time()})
+        self._bytes.create_in_place(layout.attempt_key(rollout_id), marker)
 
     def sweep_retired(self, older_than_seconds: float) -> int:
         """Remove tombstones retired more than `older_than_seconds` ago; return how many.

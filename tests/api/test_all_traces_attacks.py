@@ -22,15 +22,18 @@ from capture_core.builder.trace_envelope import ENVELOPE_KEY, check_envelope, ow
 from capture_core.delivery import (
     capture_build_can_retire,
     finalize_rollout_token_capture,
+    mask_reason,
     retire_rollout_token_capture,
 )
 from capture_core.errors import CaptureConflictError
 from capture_core.protocols import TokenCaptureSnapshot
+from capture_core.run.capture_source import clear_captures
 from capture_core.run.handoff import HandoffReceipt, RolloutOutcome, retirable
 from capture_core.store import TokenCaptureStore
 from capture_core.store.capture_layout import call_key
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.store.test_store_attacks import edit_one_digit, replace_object
+from tests.support.attempts import write_mixed_attempts
 from tests.support.reliability_figures import record_case
 from tests.support.token_calls import token_call
 
@@ -247,3 +250,42 @@ def test_a_record_without_a_usable_id_masks_without_an_envelope(store, fields, e
     built = _finalize(record, store)
     _assert_masked(record, built, error)
     record_case(f"all_traces: a record with {error} masks", wrong_tokens_delivered=0)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own-first-prompt", "shared-first-prompt"])
+def test_a_stale_attempt_in_the_capture_never_trains_nor_retires(store, shared) -> None:
+    """An earlier attempt never finalized nor cleared, then this attempt's calls: two chains
+    that look like independent traces. Nothing shows a dispatch-time clear ran, so the
+    rollout masks naming it, under either delivery, and keeps its capture as evidence."""
+    write_mixed_attempts(store, "8-1", shared_first_prompt=shared)
+    record = rollout_record(8, 1)
+    built = _finalize(record, store)
+    _assert_masked(record, built, "dispatch-time clear")
+    assert record["reward"] == rollout_record(8, 1)["reward"]
+    assert not asyncio.run(retire_rollout_token_capture("8-1", store, built))
+    assert len(store.read_entries("8-1")) == 6, "the capture stays as evidence"
+    main = rollout_record(8, 1)
+    masked = asyncio.run(finalize_rollout_token_capture(main, store))
+    assert masked["mask_sample"] is True and "2 roots and 2 chains" in mask_reason(masked)
+    owned = built["metrics"].get("owned_calls", 0)
+    record_case(
+        f"all_traces: a stale attempt ({'shared' if shared else 'own'} first prompt) masks",
+        wrong_tokens_delivered=owned,
+    )
+
+
+@pytest.mark.parametrize("shape", ["subagent", "thinking", "fork", "parallel"])
+def test_independent_traces_after_the_dispatch_time_clear_train_and_retire(store, shape) -> None:
+    """The clear removes a stale attempt and marks the new one, so several traces are this
+    attempt's own: every sampled call trains once and the capture retires."""
+    ep = episode(9, shape, seed=4)
+    write_mixed_attempts(store, ep.rollout_id, shared_first_prompt=False)
+    assert clear_captures(store, [ep.rollout_id]) == 1
+    for entry in ep.entries:
+        store.put_now(entry)
+    record = copy.deepcopy(ep.record)
+    built = _finalize(record, store)
+    owned = _delivered(record, store, ep.rollout_id)
+    assert set(owned) == ep.used and len(record[ENVELOPE_KEY]["traces"]) > 1
+    assert asyncio.run(retire_rollout_token_capture(ep.rollout_id, store, built))
+    record_case(f"all_traces: {shape} traces after the dispatch-time clear train once")

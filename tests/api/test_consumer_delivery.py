@@ -217,13 +217,14 @@ def test_dispatch_time_clear_deletes_exactly_the_given_rollouts(env_store_root) 
         {"reward": 0.0},
     ]
     clear_token_captures_for_rollouts(records, [root])
-    assert store.byte_store.list_prefix("1-0") == store.byte_store.list_prefix("2-0") == []
+    for cleared in ("1-0", "2-0"):  # only the marker of the next attempt stays
+        assert store.byte_store.list_prefix(cleared) == [f"{cleared}/ATTEMPT"]
     assert len(store.read_entries("1-1")) == 4
     with pytest.raises(ValueError, match="1 record\\(s\\) have malformed rollout ids"):
         clear_token_captures_for_rollouts(
             [{"_ng_rollout_id": "a/b"}, {"_ng_rollout_id": "1-1"}], [root]
         )
-    assert store.byte_store.list_prefix("1-1") == [], "valid ids are still cleared"
+    assert store.byte_store.list_prefix("1-1") == ["1-1/ATTEMPT"], "valid ids are still cleared"
 
 
 def test_foreign_entry_objects_are_revalidated(store) -> None:

@@ -10,6 +10,7 @@ from capture_core.run.rollout_io import plan_rollout_file
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from tasks.receipts import read_receipt
+from tests.support.attempts import captured_keys
 from tests.support.pipeline_helpers import (
     dest_records,
     finalize_args,
@@ -134,10 +135,10 @@ def test_crash_mid_clear_then_rerun_clears_everything(tmp_path, prefect_api: str
         env={CRASH_ENV: "mid-clear"},
     )
     assert crashed.returncode == -9
-    remaining = [i for i in range(4) if open_byte_store(store).list_prefix(f"7-{i}")]
+    remaining = [i for i in range(4) if captured_keys(open_byte_store(store), f"7-{i}")]
     assert len(remaining) == 3, "killed after the first deletion"
     again = run_cli(["clear", "--rollouts", rollouts, "--store", store], prefect_api)
     assert again.returncode == 0, again.stderr[-1500:]
     assert "cleared 4 rollouts' captures" in again.stdout
     record_figure("crash_points_survived", 1)
-    assert not any(open_byte_store(store).list_prefix(f"7-{i}") for i in range(4))
+    assert not any(captured_keys(open_byte_store(store), f"7-{i}") for i in range(4))

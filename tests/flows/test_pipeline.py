@@ -14,6 +14,7 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from flows.clear import dispatch_clear
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
+from tests.support.attempts import captured_keys
 from tests.support.pipeline_helpers import (
     FAILING_DROP_SOURCE,
     dest_records,
@@ -169,7 +170,7 @@ def test_dispatch_clear_deletes_exactly_the_given_rollouts(locations) -> None:
     ]
     summary = dispatch_clear(given, locations["store"], options)
     assert (summary.cleared, summary.without_id, summary.malformed) == (2, 1, 0)
-    assert [bool(store.byte_store.list_prefix(f"7-{i}")) for i in range(4)] == [
+    assert [bool(captured_keys(store.byte_store, f"7-{i}")) for i in range(4)] == [
         True,
         False,
         True,
@@ -183,7 +184,7 @@ def test_dispatch_clear_deletes_exactly_the_given_rollouts(locations) -> None:
     )
     with pytest.raises(ValueError, match="1 rollout record\\(s\\) have malformed ids"):
         dispatch_clear(locations["rollouts"], locations["store"], options)
-    assert not store.byte_store.list_prefix("7-0"), "valid ids are still cleared"
+    assert not captured_keys(store.byte_store, "7-0"), "valid ids are still cleared"
 
 
 def test_retire_uploaded_retires_exactly_what_receipts_allow(tmp_path) -> None:

@@ -12,8 +12,11 @@ from bench.trace_shapes import episode, write_episode
 from capture_core.builder.trace_envelope import ENVELOPE_KEY, check_envelope, trained_tokens
 from capture_core.errors import RunIdInUseError
 from capture_core.run.run_layout import read_ledger, read_manifest
+from capture_core.run.trainer_rows import read_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
+from capture_core.testing.synthetic import rollout_record
+from tests.support.attempts import write_mixed_attempts
 from tests.support.pipeline_helpers import (
     dest_records,
     finalize_args_for,
@@ -22,6 +25,7 @@ from tests.support.pipeline_helpers import (
     run_cli,
     write_rollouts,
 )
+from tests.support.reliability_figures import record_case
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -69,6 +73,39 @@ def test_all_traces_run_hands_off_checked_envelopes_and_retires_them(locations) 
     assert manifest is not None and manifest.delivery == "all_traces"
     with pytest.raises(RunIdInUseError, match="delivery all_traces is now main_chain"):
         finalize_locations(locations, "traces-1", batch_size=3)
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("rows", ["none", "parquet"])
+def test_a_stale_attempt_is_masked_and_kept_beside_a_cleared_one_that_trains(
+    locations, rows: str
+) -> None:
+    """Rollout 8-1 holds an earlier attempt that was never finalized nor cleared beside this
+    attempt's calls; the sub-agent episode was dispatched after its clear. The first masks,
+    naming the clear, has no rows and keeps its capture; the second trains and retires."""
+    options = locations["options"]
+    store = TokenCaptureStore(locations["store"], options)
+    write_mixed_attempts(store, "8-1", shared_first_prompt=True)
+    cleared = episode(2, "subagent", seed=9)
+    write_episode(store, cleared)
+    write_rollouts(locations["rollouts"], [rollout_record(8, 1), cleared.record], options)
+    run_id = f"stale-{rows}"
+    summary = finalize_locations(locations, run_id, batch_size=2, delivery="all_traces", rows=rows)
+    assert (summary.rollouts, summary.handed_off, summary.masked) == (2, 2, 1)
+    assert summary.mask_reasons == {"no dispatch-time clear recorded": 1}
+    stale, fresh = dest_records(locations["dest"], run_id, options)
+    assert stale["mask_sample"] is True and ENVELOPE_KEY not in stale
+    assert stale["reward"] == rollout_record(8, 1)["reward"]
+    assert trained_tokens(fresh[ENVELOPE_KEY]) == cleared.sampled_tokens()
+    assert len(store.read_entries("8-1")) == 6, "the stale capture stays as evidence"
+    assert store.read_entries(cleared.rollout_id) == [], "the cleared attempt retired"
+    dest = open_byte_store(locations["dest"], options)
+    parts = dest.list_prefix(f"{run_id}/rows")
+    assert (len(parts) > 0) is (rows == "parquet")
+    rows_read = [read_rows(dest.get(key) or b"").to_pylist() for key in parts]
+    trained = {row["rollout_id"] for part in rows_read for row in part}
+    assert "8-1" not in trained and (trained == {cleared.rollout_id}) is (rows == "parquet")
+    record_case(f"all_traces pipeline, rows {rows}: a stale attempt never trains nor retires")
 
 
 def test_cli_delivery_flag_and_status(run_inputs, prefect_api: str) -> None:
