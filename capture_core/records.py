@@ -11,8 +11,11 @@ It does not import the store, the builder or Prefect.
 from __future__ import annotations
 
 import math
+import struct
+from array import array
 from collections.abc import Mapping
-from typing import Any
+from numbers import Integral
+from typing import Any, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -32,6 +35,10 @@ TOKEN_ENTRY_RECORD_SCHEMA_VERSION = 1
 
 REQUIRED_TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 TOKEN_FIELDS = (*REQUIRED_TOKEN_FIELDS, "routed_experts")
+TOKEN_ID_FIELDS = ("prompt_token_ids", "generation_token_ids")
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest magnitude a float32 holds. Trainer rows store log probs as float32, so a log
+prob beyond it would become an infinity there: it is no finite log prob."""
 
 
 class TokenEntry(BaseModel):
@@ -75,7 +82,7 @@ class TokenEntry(BaseModel):
     @field_validator("prompt_token_ids", "generation_token_ids")
     @classmethod
     def _vocabulary_ids(cls, ids: list[int]) -> list[int]:
-        if ids and min(ids) < 0:
+        if not are_token_ids(ids):
             raise InvalidRecordError(
                 f"holds the negative id {min(ids)}; token ids index the vocabulary, so capture "
                 "the ids the model server returned (0 or more)"
@@ -118,12 +125,20 @@ def check_schema_version(version: Any) -> None:
 
 
 def check_entry_consistency(entry: TokenEntry) -> None:
-    """The cross-field rules: schema version, paired log probs, a valid carrier index."""
+    """The cross-field rules: schema version, one finite float32 log prob per generated id
+    (`all_finite`), a valid carrier index. The per-id rules are `check_token_ids`."""
     check_schema_version(entry.schema_version)
     if entry.schema_version < 0:
         raise InvalidRecordError(
             f"token record schema_version {entry.schema_version} is invalid; versions start at 0"
         )
+    for field in ("generation_token_ids", "generation_log_probs"):
+        value = getattr(entry, field)
+        if type(value) is not list:  # reassigned after validation
+            raise InvalidRecordError(
+                f"call {entry.model_call_id!r}: {field} is a {type(value).__name__}, not a "
+                "list; store the generated ids and one finite float log prob per id as lists"
+            )
     n_ids, n_lps = len(entry.generation_token_ids), len(entry.generation_log_probs)
     if n_ids != n_lps:
         raise InvalidRecordError(
@@ -136,9 +151,10 @@ def check_entry_consistency(entry: TokenEntry) -> None:
         finite = False
     if not finite:
         raise InvalidRecordError(
-            f"call {entry.model_call_id!r}: generation_log_probs holds a NaN or infinite value "
-            "or one that is no number; store finite float log probs (clip -inf to a large "
-            "negative number)"
+            f"call {entry.model_call_id!r}: generation_log_probs holds a NaN or infinite value, "
+            "one beyond float32's range (magnitude above 3.4e38; trainer rows store float32) "
+            "or one that is no number; store finite float log probs float32 holds (clip -inf "
+            "to a large negative number such as -1e4)"
         )
     index = entry.token_item_index
     if index is not None and not 0 <= index < len(entry.output_items):
@@ -199,21 +215,122 @@ def construct_sealed_entry(fields: dict[str, Any]) -> TokenEntry | None:
 
 
 def all_finite(values: list[float]) -> bool:
-    """Whether every value is a finite float: no NaN, no infinity, no integer beyond any
-    float (such a log prob is no probability). A NaN or infinity makes the sum non-finite,
-    so a finite sum decides at C speed; only an overflowing sum needs the value-by-value
-    check. The sum is a float from its start, so integers too large for a float cannot
-    cancel out unseen. A value that is neither a float nor an integer (`None`, a string, a
-    `Decimal`) raises `TypeError`."""
+    """Whether every value is a finite number that float32 holds: no NaN, no infinity, no
+    magnitude above `FLOAT32_MAX` (trainer rows store float32, where it would be an
+    infinity), no integer beyond any float. A value too small for float32 becomes 0 or a
+    subnormal there, a log prob of about 0 either way: it is finite.
+
+    Two C passes: a NaN or infinity makes the sum non-finite (the sum is a float from its
+    start, so integers too large for a float cannot cancel out unseen; a sum that overflows
+    holds a value beyond float32), then packing as float32 refuses a finite value it would
+    turn into an infinity. A value that is neither a float nor an integer (`None`, a string,
+    a `Decimal`) raises `TypeError`."""
     try:
-        if math.isfinite(sum(values, 0.0)):
-            return True
+        if not math.isfinite(sum(values, 0.0)):
+            return False
     except OverflowError:
-        pass  # an integer beyond any float, or finite values whose sum overflows
+        return False  # an integer beyond any float, or finite values beyond float32
+    return float32_holds(values)
+
+
+def float32_holds(values: list[float]) -> bool:
+    """Whether float32 holds every one of these finite numbers without turning it into an
+    infinity (one C pass: packing refuses a value that would overflow, as float32 rounds)."""
     try:
-        return all(map(math.isfinite, values))
-    except OverflowError:
+        struct.pack(f"<{len(values)}f", *values)
+    except (OverflowError, struct.error):
         return False
+    return True
+
+
+def token_id_array(values: Any) -> array | None:
+    """A list of ids from 0 to 2**64 - 1 as unsigned 64-bit integers, packed in one C pass
+    that refuses anything else (a float, a string, `None`, a negative id); else `None`."""
+    if not isinstance(values, list):
+        return None
+    packed = array("Q")
+    try:
+        packed.fromlist(values)
+    except (TypeError, OverflowError):
+        return None
+    return packed
+
+
+def are_token_ids(values: Any) -> bool:
+    """Whether `values` is a list of token ids: integers 0 or more (ids index the vocabulary).
+
+    One C pass (`token_id_array`) decides every list of ids below 2**64; only a list it
+    refuses is read value by value, to tell a negative id (a -100 pad) or one that is no
+    integer from an id of 64 bits or more. `bool` and NumPy integers count as the integers
+    they are, as validation reads them.
+    """
+    if token_id_array(values) is not None:
+        return True
+    return isinstance(values, list) and all(
+        isinstance(value, Integral) and value >= 0 for value in values
+    )
+
+
+def check_token_ids(entry: TokenEntry, fields: tuple[str, ...] = TOKEN_ID_FIELDS) -> None:
+    """Refuse, by call and field, a prompt or generation that is not a list of token ids."""
+    for field in fields:
+        ids = getattr(entry, field)
+        if are_token_ids(ids):
+            continue
+        raise InvalidRecordError(
+            f"call {entry.model_call_id!r}: {field} {_first_non_id(ids)}; token ids index the "
+            "vocabulary, so store exactly the ids the model server returned (integers 0 or "
+            "more), never pads such as -100 (the trainer pads, where the loss mask is 0)"
+        )
+
+
+def _first_non_id(ids: Any) -> str:
+    """What is wrong with a value that is not a list of token ids, for an error message."""
+    if not isinstance(ids, list):
+        return f"is a {type(ids).__name__}, not a list of token ids"
+    for position, value in enumerate(ids):
+        if not isinstance(value, Integral) or value < 0:
+            return f"holds {value!r} at position {position}, which is no token id"
+    return "is not a list of token ids"
+
+
+class StorableEntry(NamedTuple):
+    """An entry as a put stores it (`storable_entry`), with its prompt as it was checked."""
+
+    entry: TokenEntry
+    prompt_ids: array | None
+    """The prompt ids the check read, packed (`token_id_array`), when the entry was ours:
+    its stored digest is taken from them, so a prompt changed after the check fails its
+    digest when read (the rollout masks) instead of being stored unchecked."""
+
+
+def storable_entry(entry: Any) -> StorableEntry:
+    """The entry a put stores, validated as it is at the put, whatever happened to it before.
+
+    A `TokenEntry` of ours was validated when built, but its lists may have changed since (a
+    writer appending a -100 pad and a log prob), so every token rule is checked again: ids,
+    one finite float32 log prob per generated id (`check_token_ids`,
+    `check_entry_consistency`). The generated ids and log probs are copied first and the
+    copies are checked and stored; the prompt is read once, into `prompt_ids`. So what is
+    stored is what was checked, even if the caller changes its entry meanwhile.
+    Anything else is validated in full by `coerce_token_entry`, into lists of its own.
+    Raises `InvalidRecordError` naming the field (and the call, when it could be read).
+    """
+    if type(entry) is not TokenEntry:
+        try:
+            return StorableEntry(coerce_token_entry(entry), None)
+        except ValidationError as exc:
+            raise InvalidRecordError(describe_validation_error(exc)) from exc
+    copies = {
+        name: value.copy()
+        for name in ("generation_token_ids", "generation_log_probs")
+        if type(value := getattr(entry, name)) is list
+    }
+    record = entry.model_copy(update=copies)
+    prompt_ids = token_id_array(record.prompt_token_ids)
+    check_token_ids(record, TOKEN_ID_FIELDS if prompt_ids is None else TOKEN_ID_FIELDS[1:])
+    check_entry_consistency(record)
+    return StorableEntry(record, prompt_ids)
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from array import array
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from capture_core.records import TokenEntry, all_finite
+from capture_core.records import TokenEntry, all_finite, are_token_ids, float32_holds
 
 SCHEMA_VERSION = 1
 ENVELOPE_KEY = "training_traces"
@@ -60,18 +59,6 @@ def _is_int(value: Any) -> bool:
 def _is_mapping(value: Any) -> bool:
     """A JSON object; the exact-type test first, as the ABC test costs more."""
     return type(value) is dict or isinstance(value, Mapping)
-
-
-def _are_token_ids(values: Any) -> bool:
-    """Vocabulary ids: non-negative integers (one C pass: an `array` refuses anything else;
-    `fromlist` fills it faster than the constructor does)."""
-    if not isinstance(values, list):
-        return False
-    try:
-        array("Q").fromlist(values)
-    except (TypeError, OverflowError):
-        return False
-    return True
 
 
 def _check_finite(values: list[Any], where: str) -> None:
@@ -171,7 +158,7 @@ def _check_trace(
             f"{where}.trace_id", f"is {trace['trace_id']!r}, not '<rollout_id>:<last call>'"
         )
     tokens, logprobs, mask = trace["token_ids"], trace["generation_logprobs"], trace["loss_mask"]
-    if not _are_token_ids(tokens):
+    if not are_token_ids(tokens):
         raise _fail(f"{where}.token_ids", "must be a list of non-negative integer ids")
     n = len(tokens)
     if not isinstance(logprobs, list) or len(logprobs) != n:
@@ -289,12 +276,14 @@ def _check_against_capture(
 
 def _sums_to_finite(parts: list[list[float]]) -> bool:
     """Whether the parts' total is a finite float (each part summed as a float from its
-    start, as `all_finite` does); false also when it cannot be summed or overflows, and then
-    each value must be looked at."""
+    start, as `all_finite` does) and float32 holds every value; false also when it cannot
+    be summed or overflows, and then each value must be looked at."""
     try:
-        return math.isfinite(sum(map(sum, parts, itertools.repeat(0.0))))
+        if not math.isfinite(sum(map(sum, parts, itertools.repeat(0.0)))):
+            return False
     except (TypeError, ArithmeticError):
         return False
+    return all(map(float32_holds, parts))
 
 
 def check_envelope(

@@ -93,12 +93,15 @@ def record_rows(record: Mapping[str, Any], line: int, projected: bool = False) -
     if rollout_id is None:
         return []
     envelope = record.get(TRACES_KEY)
-    if isinstance(envelope, Mapping):
-        shaped = _trace_rows(rollout_id, envelope)
-        delivery = ALL_TRACES
-    else:
-        shaped = _chain_rows(rollout_id, record.get("response"), projected)
-        delivery = MAIN_CHAIN
+    with np.errstate(over="ignore"):  # a value float32 cannot hold is refused below
+        if isinstance(envelope, Mapping):
+            shaped = _trace_rows(rollout_id, envelope)
+            delivery = ALL_TRACES
+        else:
+            shaped = _chain_rows(rollout_id, record.get("response"), projected)
+            delivery = MAIN_CHAIN
+    for trace_id, _, logprobs, mask in shaped:
+        _refuse_non_finite(rollout_id, trace_id, logprobs, mask)
     reward = record.get("reward")
     return [
         TrainerRow(
@@ -163,6 +166,25 @@ def _chain_rows(rollout_id: str, response: Any, projected: bool) -> list[Shaped]
         trace_id = f"{rollout_id}:main" if n == 0 else f"{rollout_id}:main-{n}"
         rows.append((trace_id, tokens, logprobs, mask))
     return rows
+
+
+def _refuse_non_finite(
+    rollout_id: str, trace_id: str, logprobs: np.ndarray, mask: np.ndarray
+) -> None:
+    """Refuse a row holding a log prob that is not finite as float32: at a trained position
+    it would poison the loss (a value beyond float32's range became an infinity), and
+    elsewhere a row holds 0. Captures refuse such values (`records.all_finite`), so this
+    guards what reached the rows some other way: the row is never written."""
+    finite = np.isfinite(logprobs)
+    if finite.all():
+        return
+    position = int(np.argmin(finite))
+    raise InvalidRecordError(
+        f"rollout {rollout_id}: row {trace_id} would hold the log prob {logprobs[position]} "
+        f"at position {position} (loss mask {int(mask[position])}): the delivered log prob "
+        "is not a finite number float32 holds, so the batch's rows are not written. Log "
+        "probs must be finite and within float32's range; check how this record got it"
+    )
 
 
 def _int64(*parts: Any) -> np.ndarray:

@@ -5,16 +5,17 @@ Subclasses write the blocking operations; the async forms are written once here 
 them on the process's I/O pool (`storage.io_pool`), so no caller asks which class it holds.
 `drop_each` is the batch drop of any `TokenSource`, one rollout at a time; `drop_in_phases`
 the two-phase one of a store that can take its decisions before its deletions.
-This module imports only `records`, `protocols` and `storage.io_pool`.
+This module imports only `errors`, `records`, `protocols` and `storage.io_pool`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
+from capture_core.errors import CaptureRetiredError, InvalidInputError, InvalidRecordError
 from capture_core.protocols import (
     DECIDED,
     DELETED,
@@ -24,7 +25,7 @@ from capture_core.protocols import (
     TokenCaptureSnapshot,
     TokenSource,
 )
-from capture_core.records import TokenEntry
+from capture_core.records import StorableEntry, TokenEntry, storable_entry
 from capture_core.storage.io_pool import map_blocking, run_blocking
 
 
@@ -91,6 +92,47 @@ class CaptureStore(ABC):
     def close_now(self) -> None:
         """Release the backend. Safe to repeat."""
 
+    def storable(self, entry: Any) -> StorableEntry:
+        """The entry a put stores, checked as it is now (`records.storable_entry`).
+
+        A refused entry is never stored. When its rollout and call can be read and the
+        rollout is still open to writes, the call is first reported lost
+        (`mark_incomplete_now`), so the rollout is masked even when no intent was recorded
+        for it: a rollout never trains without one of its calls. On a frozen rollout the
+        refusal is all, as for any late put: the snapshot taken stands.
+        Raises `InvalidRecordError` naming the rollout, the call and the field.
+        """
+        try:
+            return storable_entry(entry)
+        except InvalidRecordError as exc:
+            rollout_id, call_id = _identity(entry)
+            if rollout_id is None:
+                raise
+            detail = str(exc).removeprefix(f"call {call_id!r}: ")
+            refusal = f"call {call_id!r} was refused at put: {detail}"
+            try:
+                outcome = self._lose_refused_call(rollout_id, call_id, refusal)
+            except InvalidInputError:  # an id no store holds: nothing can be stored under it
+                raise exc from None
+            raise InvalidRecordError(
+                f"rollout {rollout_id}: {refusal}. Nothing was stored; {outcome}"
+            ) from exc
+
+    def _lose_refused_call(self, rollout_id: str, call_id: str, refusal: str) -> str:
+        """Report a refused call lost unless the rollout is closed to writes; say the outcome."""
+        if self._writes_closed(rollout_id):
+            return "the rollout was already frozen, so the call came too late anyway"
+        try:
+            self.mark_incomplete_now(rollout_id, call_id, refusal)
+        except CaptureRetiredError:
+            return "the rollout was already retired"
+        return "the rollout is marked incomplete and will be masked"
+
+    def _writes_closed(self, rollout_id: str) -> bool:
+        """Whether the rollout is frozen or retired, so a put to it raises. A store that
+        cannot tell answers `False` (a refused put then reports its call lost in any case)."""
+        return False
+
     def append(self, entry: Any) -> None:
         """Synchronous `put`, the name NeMo Gym's sink protocol uses."""
         self.put_now(entry)
@@ -126,6 +168,19 @@ class CaptureStore(ABC):
     async def close(self) -> None:
         """Release the backend. Safe to repeat."""
         self.close_now()
+
+
+def _identity(entry: Any) -> tuple[str | None, str]:
+    """The rollout and call ids an entry names, when they are strings (else `None`, "")."""
+    if isinstance(entry, Mapping):
+        rollout_id, call_id = entry.get("rollout_id"), entry.get("model_call_id")
+    else:
+        rollout_id = getattr(entry, "rollout_id", None)
+        call_id = getattr(entry, "model_call_id", None)
+    return (
+        rollout_id if isinstance(rollout_id, str) else None,
+        call_id if isinstance(call_id, str) else "",
+    )
 
 
 async def drop_each(

@@ -33,7 +33,7 @@ from capture_core.errors import (
 )
 from capture_core.ids import validate_rollout_id
 from capture_core.protocols import TokenCaptureSnapshot
-from capture_core.records import TokenEntry, coerce_token_entry
+from capture_core.records import TokenEntry
 from capture_core.storage import fsync_dir
 from capture_core.store import nemo_gym_layout as layout
 from capture_core.store.base import CaptureStore
@@ -203,7 +203,7 @@ class NemoGymFileStore(CaptureStore):
         `CaptureConflictError` and marks the rollout incomplete. After freeze or retirement
         every put raises, as NeMo Gym's writer does.
         """
-        record = coerce_token_entry(entry)
+        record = self.storable(entry).entry
         rollout_id = validate_rollout_id(record.rollout_id)
         canonical = orjson.dumps(record.wire_dump(), option=orjson.OPT_SORT_KEYS)
         digest = layout.line_digest(canonical)
@@ -231,6 +231,12 @@ class NemoGymFileStore(CaptureStore):
             state["entry_digests"][record.model_call_id] = digest
             state["version"] = int(state.get("version", 0)) + 1
             self._write_state(rollout_id, state, durable=False)
+
+    def _writes_closed(self, rollout_id: str) -> bool:
+        """Whether the rollout's state says frozen or retired (read under the shared lock)."""
+        with self._locked(rollout_id, shared=True):
+            state = self._read_state(rollout_id)
+        return bool(state.get("frozen") or state.get("retired"))
 
     def begin_call_now(self, rollout_id: str, model_call_id: str) -> None:
         """Record the intent to make a call; after freeze or retirement it raises."""

@@ -29,7 +29,7 @@ from capture_core.protocols import (
     DropResults,
     TokenCaptureSnapshot,
 )
-from capture_core.records import TokenEntry, coerce_token_entry
+from capture_core.records import TokenEntry
 from capture_core.storage import ByteStore, open_byte_store
 from capture_core.storage.io_pool import run_blocking
 from capture_core.store import capture_entries, compact, parent_index, retirement
@@ -119,11 +119,11 @@ class TokenCaptureStore(CaptureStore):
         rollout was being frozen raises too: the entry is stored, and a snapshot listed
         before it landed can no longer be retired, because the entry changed its version.
         """
-        record = coerce_token_entry(entry)
+        record, prompt_ids = self.storable(entry)
         rollout_id = validate_rollout_id(record.rollout_id)
         name = call_key(record.model_call_id)
         key = layout.entry_key(rollout_id, name)
-        encoded = self._encode(rollout_id, record, name)
+        encoded = self._encode(rollout_id, compact.Draft(record, name, prompt_ids))
         if self._fence(rollout_id):
             existing = self._settled(key)
             if existing is not None and compact.stored_identity(existing) == encoded.identity:
@@ -140,7 +140,7 @@ class TokenCaptureStore(CaptureStore):
             return
         self._refuse_conflict(rollout_id, record.model_call_id, existing)
 
-    def _encode(self, rollout_id: str, record: TokenEntry, name: str) -> compact.EncodedEntry:
+    def _encode(self, rollout_id: str, draft: compact.Draft) -> compact.EncodedEntry:
         """The entry as a delta against its longest stored parent (docs/store.md).
 
         A parent held in memory that the prompt extends by at most that parent's generation
@@ -149,7 +149,6 @@ class TokenCaptureStore(CaptureStore):
         input after it, so the prompt usually grew by more and the put lists. Otherwise the
         delta's new tokens are at most one generation long: storage stays linear.
         """
-        draft = compact.Draft(record, name)
         parent = draft.match(self._parents.known(rollout_id))
         if (
             parent is not None
@@ -272,6 +271,10 @@ class TokenCaptureStore(CaptureStore):
         self._bytes.create_in_place(key, encode_json({"model_call_id": model_call_id}))
         if self._fence(rollout_id):
             raise fenced  # a freeze raced the intent: the snapshot may lack it
+
+    def _writes_closed(self, rollout_id: str) -> bool:
+        """Whether the rollout is frozen or retired (FROZEN exists: retirement keeps it)."""
+        return self._fence(validate_rollout_id(rollout_id))
 
     def _fence(self, rollout_id: str) -> bool:
         """Whether writes are closed. Retirement keeps FROZEN, so one check covers both."""

@@ -3,26 +3,33 @@
 from __future__ import annotations
 
 import math
+import re
 from decimal import Decimal
 
+import numpy as np
 import orjson
 import pytest
 from pydantic import ValidationError
 
 from capture_core.errors import InvalidRecordError
 from capture_core.records import (
+    FLOAT32_MAX,
     TOKEN_ENTRY_RECORD_SCHEMA_VERSION,
     TOKEN_FIELDS,
     TokenEntry,
     all_finite,
+    are_token_ids,
     check_entry_consistency,
     coerce_token_entry,
     construct_sealed_entry,
     extract_token_fields,
+    float32_holds,
     response_to_output_items,
+    storable_entry,
     strip_token_fields,
     token_entry_from_response,
 )
+from tests.support.reliability_figures import record_case
 
 
 def entry(**overrides: object) -> dict[str, object]:
@@ -75,9 +82,30 @@ def test_non_finite_log_probs_are_refused() -> None:
         TokenEntry(**entry(generation_token_ids=[3, 4], generation_log_probs=[-math.inf, math.inf]))
 
 
-def test_finite_log_probs_whose_sum_overflows_are_accepted() -> None:
-    """The finite check sums first; an overflowing sum of finite values is still finite."""
-    assert TokenEntry(**entry(generation_token_ids=[3, 4], generation_log_probs=[-1e308] * 2))
+@pytest.mark.integrity
+@pytest.mark.parametrize("beyond", [-1e39, 1e39, -3.5e38, -1e308])
+def test_a_log_prob_float32_cannot_hold_is_refused_by_name(beyond: float) -> None:
+    """Finite as a float64, an infinity in the float32 trainer rows: no finite log prob."""
+    with np.errstate(over="ignore"):
+        assert math.isfinite(beyond) and not np.isfinite(np.float32(beyond))
+    with pytest.raises(ValidationError, match="generation_log_probs.*beyond float32's range"):
+        TokenEntry(**entry(generation_token_ids=[3, 4], generation_log_probs=[-0.5, beyond]))
+    assert not all_finite([-0.5, beyond])
+    built = TokenEntry(**entry())
+    built.generation_log_probs[0] = beyond
+    with pytest.raises(InvalidRecordError, match="call 'c1': generation_log_probs.*float32"):
+        check_entry_consistency(built)
+    record_case(f"log prob {beyond:g}: finite as float64, beyond float32, refused by name")
+
+
+def test_log_probs_float32_holds_are_finite_down_to_underflow() -> None:
+    """Float32's largest magnitude (and what rounds to it) is kept; a value too small for
+    float32 becomes 0 or a subnormal there, a log prob of about 0: harmless, accepted."""
+    held = [-FLOAT32_MAX, -3.4028235e38, -1e-50, -5e-45, 0.0, -1]
+    assert all_finite(held) and float32_holds(held)
+    assert np.isfinite(np.asarray(held, dtype=np.float32)).all()
+    assert TokenEntry(**entry(generation_token_ids=[3] * 6, generation_log_probs=held))
+    assert not float32_holds([-3.402824e38]), "rounds to an infinity in float32"
 
 
 def test_a_log_prob_no_float_can_hold_is_not_finite() -> None:
@@ -88,6 +116,64 @@ def test_a_log_prob_no_float_can_hold_is_not_finite() -> None:
     built = TokenEntry.model_construct(**entry(generation_log_probs=[10**400]))
     with pytest.raises(InvalidRecordError, match="NaN or infinite"):
         check_entry_consistency(built)
+
+
+@pytest.mark.parametrize(
+    "ids", [[], [0, 5], [True, 2], [np.int64(7)], [2**63 + 5, 2**70], list(range(3000))]
+)
+def test_token_ids_are_integers_zero_or_more_of_any_size(ids: list) -> None:
+    assert are_token_ids(ids)
+
+
+@pytest.mark.parametrize(
+    "ids", [[-100], [1, -1], [1.5], [1.0], ["3"], [None], [2**70, -1], (1, 2), None, [[1]]]
+)
+def test_anything_else_is_no_list_of_token_ids(ids: object) -> None:
+    assert not are_token_ids(ids)
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize(
+    ("what", "change", "problem"),
+    [
+        (
+            "a -100 pad and its log prob appended",
+            lambda e: (e.generation_token_ids.append(-100), e.generation_log_probs.append(-0.5)),
+            "generation_token_ids holds -100 at position 1",
+        ),
+        ("a -100 pad in the prompt", lambda e: e.prompt_token_ids.append(-100), "prompt_token_ids"),
+        ("an id appended alone", lambda e: e.generation_token_ids.append(5), "has 2 ids but"),
+        ("a NaN log prob", lambda e: e.generation_log_probs.__setitem__(0, math.nan), "NaN"),
+        ("a text id", lambda e: e.generation_token_ids.__setitem__(0, "7"), "holds '7'"),
+        ("a float id", lambda e: e.generation_token_ids.__setitem__(0, 7.5), "holds 7.5"),
+        ("ids reassigned to a tuple", lambda e: setattr(e, "prompt_token_ids", (1, 2)), "tuple"),
+        (
+            "log probs reassigned to None",
+            lambda e: setattr(e, "generation_log_probs", None),
+            "None",
+        ),
+    ],
+)
+def test_an_entry_changed_after_it_was_built_is_not_storable(what: str, change, problem) -> None:
+    built = TokenEntry(**entry())
+    change(built)
+    with pytest.raises(InvalidRecordError, match=f"call 'c1': .*{re.escape(problem)}"):
+        storable_entry(built)
+    record_case(f"entry changed after it was built, checked before storing: {what}")
+
+
+def test_what_a_put_stores_is_a_checked_copy_the_caller_cannot_change() -> None:
+    built = TokenEntry(**entry(future_field=1))
+    stored, prompt_ids = storable_entry(built)
+    assert stored == built and stored.model_fields_set == built.model_fields_set
+    assert prompt_ids is not None and prompt_ids.tolist() == [1, 2], "the prompt as checked"
+    built.generation_token_ids.append(-100)
+    built.generation_log_probs.append(-0.5)
+    assert (stored.generation_token_ids, stored.generation_log_probs) == ([3], [-0.1])
+    mapped, none = storable_entry(entry())
+    assert mapped == TokenEntry(**entry()) and none is None, "validated into lists of its own"
+    with pytest.raises(InvalidRecordError, match="generation_token_ids"):
+        storable_entry(entry(generation_token_ids=[-100]))
 
 
 @pytest.mark.parametrize("bad", [None, "-0.5", Decimal("-0.5")])

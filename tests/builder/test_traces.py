@@ -26,6 +26,7 @@ from capture_core.builder.traces import (
     build_training_traces,
 )
 from capture_core.config import TokenIdCaptureConfig
+from capture_core.records import FLOAT32_MAX
 from tests.support.token_calls import DEEP_TURNS, deep_rollout, shallow_stack, token_call
 
 
@@ -443,18 +444,29 @@ def test_a_capture_of_decimal_infinities_is_refused_by_name() -> None:
         check_envelope(_valid(), "r", calls=calls)
 
 
-def test_finite_log_probs_whose_sum_overflows_are_accepted() -> None:
-    """The log probs are summed to decide finiteness at once; a sum that overflows is
-    decided value by value, so large finite values are not refused."""
+@pytest.mark.parametrize("beyond", [-1e308, -1e39, 1e39, -3.5e38])
+def test_log_probs_float32_cannot_hold_are_refused_and_its_largest_are_accepted(
+    beyond: float,
+) -> None:
+    """Rows store float32: a finite float64 beyond its range would be an infinity there.
+    Values at float32's largest magnitude, whose sum a float holds, are accepted."""
     calls = _capture()
-    calls["a"].generation_log_probs = [-1e308]
-    calls["b"].generation_log_probs = [-1e308, -1e308]
-    envelope = _broken(
+    calls["a"].generation_log_probs = [-FLOAT32_MAX]
+    calls["b"].generation_log_probs = [-FLOAT32_MAX, -FLOAT32_MAX]
+    held = [-FLOAT32_MAX, 0.0, -FLOAT32_MAX, -FLOAT32_MAX]
+    set_span_log_probs = _broken(
+        lambda e: e["traces"][0]["generation_logprobs"].__setitem__(slice(2, 6), held)
+    )
+    check_envelope(set_span_log_probs, "r", calls=calls, owners=["a", "b"])
+    calls["b"].generation_log_probs = [-FLOAT32_MAX, beyond]
+    beyond_row = _broken(
         lambda e: e["traces"][0]["generation_logprobs"].__setitem__(
-            slice(2, 6), [-1e308, 0.0, -1e308, -1e308]
+            slice(2, 6), [*held[:3], beyond]
         )
     )
-    check_envelope(envelope, "r", calls=calls, owners=["a", "b"])
+    for against in (calls, None):
+        with pytest.raises(TraceEnvelopeError, match="not a finite number"):
+            check_envelope(beyond_row, "r", calls=against)
 
 
 def test_spans_listed_out_of_order_are_read_by_position() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -14,12 +15,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.rows_bench import capture, json_rows
+from capture_core.errors import InvalidRecordError
 from capture_core.run import trainer_rows
 from capture_core.run.handoff import finalize_batch
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
 from capture_core.run.trainer_rows import batch_rows, read_rows, record_rows
-from capture_core.store import TokenCaptureStore
-from capture_core.testing.synthetic import RolloutShape
+from capture_core.store import TokenCaptureStore, compact
+from capture_core.store.capture_layout import call_key
+from capture_core.store.stored_json import ENCODE_OPTIONS as SORTED
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from tests.support.reliability_figures import record_case
 
 
 def item(prompt: list[int], generated: list[int], logprobs: list[float]) -> dict:
@@ -171,3 +176,83 @@ def test_a_finalized_batch_stores_its_rows_in_at_most_035x_the_json_bytes(tmp_pa
     parquet = finalized.rows or b""
     assert read_rows(parquet).num_rows == 6
     assert len(parquet) <= 0.35 * len(json_rows(finalized))
+
+
+NOT_FLOAT32 = [-1e39, 1e39, -3.5e38, float("nan"), float("-inf")]
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("bad", NOT_FLOAT32, ids=str)
+def test_the_rows_encoder_refuses_a_log_prob_float32_cannot_hold_naming_the_rollout(
+    bad: float,
+) -> None:
+    """Defence in depth: captures refuse such values, and so does the encoder itself."""
+    chain = [item([1, 2], [3, 4], [-0.5, -0.25]), item([1, 2, 3, 4, 5], [6], [bad])]
+    for projected in (False, True):
+        with pytest.raises(InvalidRecordError, match=r"rollout 3-1: row 3-1:main .* position 5 "):
+            record_rows(record(chain), line=1, projected=projected)
+    with pytest.raises(InvalidRecordError, match="rollout 3-1"):
+        batch_rows([(1, record([item([1], [2], [-0.5])]), True), (2, record(chain), True)])
+    trace = {
+        "trace_id": "3-1:c1",
+        "token_ids": [1, 2, 3],
+        "generation_logprobs": [0.0, 0.0, bad],
+        "loss_mask": [0, 0, 1],
+    }
+    envelope = {"schema_version": 1, "rollout_id": "3-1", "traces": [trace]}
+    with pytest.raises(InvalidRecordError, match=r"row 3-1:c1 .* \(loss mask 1\)"):
+        record_rows(record([], training_traces=envelope), line=1)
+    record_case(f"rows encoder given a log prob of {bad} at a trained position")
+
+
+def reseal_log_prob(store: TokenCaptureStore, key: str, value: float) -> None:
+    """Write a stored entry's first log prob as `value`, sealed: bytes no put stores."""
+    stored = orjson.loads(store.byte_store.get(key) or b"{}")
+    del stored["s"]
+    stored["l"][0] = value
+    store.byte_store.delete([key])
+    assert store.byte_store.create(key, compact.seal(orjson.dumps(stored, option=SORTED)))
+
+
+@pytest.mark.integrity
+def test_rows_agree_with_the_records_and_a_capture_beyond_float32_masks(
+    store_location, tmp_path
+) -> None:
+    """Every row is its record's tokens, and its log probs are the record's as float32 at
+    exactly the trained positions; a rollout whose capture holds -1e39 has a masked record
+    with the reason and no row."""
+    url, options = store_location
+    store = TokenCaptureStore(url, options)
+    shape = RolloutShape(turns=3, prompt_tokens=16, generated_tokens=4, tool_tokens=2)
+    for i in range(3):
+        for entry in synthetic_rollout(f"{i}-0", shape, seed=i):
+            store.put_now(entry)
+    last = synthetic_rollout("1-0", shape, seed=1)[-1].model_call_id
+    reseal_log_prob(store, f"1-0/e/{call_key(last)}", -1e39)
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_bytes(b"".join(orjson.dumps(rollout_record(i, 0)) + b"\n" for i in range(3)))
+    (batch,) = plan_rollout_file(str(rollouts), 100).batches
+    lines = read_batch(str(rollouts), batch)
+    source = TokenCaptureStore(url, options)
+    finalized = asyncio.run(finalize_batch("r", batch, lines, source, rows="parquet"))
+    records = [orjson.loads(line) for line in finalized.part.splitlines()]
+    masked = records[1]
+    assert masked["mask_sample"] is True and "float32" in masked["_ng_token_capture"]["error"]
+    rows = read_rows(finalized.rows or b"").to_pylist()
+    assert [row["rollout_id"] for row in rows] == ["0-0", "2-0"]
+    for row, delivered in zip(rows, (records[0], records[2]), strict=True):
+        items = delivered["response"]["output"]
+        tokens = items[-1]["prompt_token_ids"] + items[-1]["generation_token_ids"]
+        expected = np.zeros(len(tokens), dtype=np.float32)
+        for carrier in (i for i in items if i.get("generation_token_ids")):
+            start = len(carrier["prompt_token_ids"])
+            expected[start : start + len(carrier["generation_token_ids"])] = carrier[
+                "generation_log_probs"
+            ]
+        assert row["token_ids"] == tokens
+        assert row["generation_logprobs"] == expected.tolist()
+        assert np.isfinite(row["generation_logprobs"]).all()
+        assert [i for i, m in enumerate(row["loss_mask"]) if m] == [
+            i for i, lp in enumerate(expected) if lp != 0.0
+        ]
+    record_case("trainer rows agree with records; a capture holding -1e39 masks, no row")

@@ -24,7 +24,14 @@ from capture_core.delivery import (
     finalize_rollout_token_capture,
     retire_rollout_token_capture,
 )
-from capture_core.errors import CaptureFencedError, CaptureRetiredError, MixedLayoutError
+from capture_core.errors import (
+    CaptureFencedError,
+    CaptureRetiredError,
+    InvalidRecordError,
+    MixedLayoutError,
+)
+from capture_core.records import TokenEntry
+from capture_core.run.trainer_rows import record_rows
 from capture_core.store import TokenCaptureStore
 from capture_core.store.nemo_gym_store import NemoGymFileStore
 from capture_core.testing.conformance import CHECKS, run_conformance
@@ -38,6 +45,7 @@ from tests.support.pipeline_helpers import (
     run_cli,
     write_rollouts,
 )
+from tests.support.reliability_figures import record_case
 
 
 def write_rollout(writer: GymWriter, rollout_id: str, calls: int = 3) -> list[dict]:
@@ -242,6 +250,51 @@ def test_schema_zero_records_in_a_gym_dir_are_read(gym_dir) -> None:
     assert [e.schema_version for e in snapshot.entries] == [0, 0]
     built = trajectories_for_rollout("0-0", [gym_dir])
     assert built["mask_sample"] is False
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("beyond", [-1e39, 1e39, -3.5e38])
+def test_a_log_prob_beyond_float32_that_nemo_gym_stored_masks_the_rollout(
+    gym_dir, beyond: float
+) -> None:
+    """NeMo Gym's writer accepts any float64; tokcap masks the rollout and keeps the capture."""
+    writer = GymWriter(gym_dir)
+    for call in range(2):
+        payload = entry_payload("6-2", call)
+        if call == 1:
+            payload["generation_log_probs"] = [-0.5, beyond]
+        writer.begin_call("6-2", payload["model_call_id"])
+        writer.put(payload)
+    record = rollout_record(6, 2)
+    built = asyncio.run(finalize_rollout_token_capture(record, TokenCaptureStore(gym_dir)))
+    assert record["mask_sample"] is True and not capture_build_can_retire(built)
+    error = record["_ng_token_capture"]["error"]
+    assert "line 2" in error and "generation_log_probs" in error and "float32" in error, error
+    assert not record_rows(record, line=1), "a masked rollout has no trainer rows"
+    assert not asyncio.run(retire_rollout_token_capture("6-2", TokenCaptureStore(gym_dir), built))
+    assert os.path.exists(writer.path("6-2", "jsonl")), "the evidence is kept"
+    record_case(f"NeMo Gym file store holding a log prob of {beyond:g}", wrong_tokens_delivered=0)
+
+
+@pytest.mark.integrity
+def test_a_put_through_nemo_gym_files_refuses_an_entry_changed_after_it_was_built(
+    gym_dir,
+) -> None:
+    store = TokenCaptureStore(gym_dir)
+    store.put_now(entry_payload("6-3", 0))
+    changed = TokenEntry.model_validate(entry_payload("6-3", 1))
+    changed.generation_token_ids.append(-100)
+    changed.generation_log_probs.append(-0.5)
+    with pytest.raises(InvalidRecordError, match="call 'c0001' was refused at put: generation_"):
+        store.put_now(changed)
+    writer = GymWriter(gym_dir)
+    with open(writer.path("6-3", "jsonl"), "rb") as f:
+        assert [orjson.loads(line)["model_call_id"] for line in f] == ["c0000"], "not stored"
+    with open(writer.path("6-3", "incomplete"), "rb") as f:
+        assert f.read() == b"c0001\n", "reported lost in NeMo Gym's own file"
+    built = trajectories_for_rollout("6-3", [gym_dir])
+    assert built["mask_sample"] and built["metrics"]["capture_incomplete"] is True
+    record_case("entry changed after it was built, put through NeMo Gym's file store")
 
 
 def test_store_subclasses_keep_their_own_signature(tmp_path) -> None:

@@ -22,7 +22,12 @@ import orjson
 import pytest
 
 from capture_core.consumer import trajectories_from_source
-from capture_core.errors import CaptureFencedError, CaptureRetiredError, UnreadableCaptureError
+from capture_core.errors import (
+    CaptureFencedError,
+    CaptureRetiredError,
+    InvalidRecordError,
+    UnreadableCaptureError,
+)
 from capture_core.records import TokenEntry
 from capture_core.storage import ByteStore, LocalStore
 from capture_core.store import TokenCaptureStore, compact
@@ -408,6 +413,9 @@ def reseal(store: TokenCaptureStore, key: str, mutate: Callable[[dict], object])
         ("a call id that is a number", lambda d: d.__setitem__("c", 7), "valid string"),
         ("a carrier index past its items", lambda d: d.__setitem__("k", 4), "does not index"),
         ("a newer record schema", lambda d: d.__setitem__("e", {"schema_version": 9}), "newer"),
+        ("a log prob of -1e39", lambda d: d["l"].__setitem__(0, -1e39), "beyond float32's"),
+        ("a log prob of 1e39", lambda d: d["l"].__setitem__(1, 1e39), "beyond float32's"),
+        ("a log prob of -3.5e38", lambda d: d["l"].__setitem__(2, -3.5e38), "beyond float32's"),
     ],
 )
 def test_a_sealed_entry_breaking_a_record_rule_is_refused_by_name(
@@ -422,6 +430,127 @@ def test_a_sealed_entry_breaking_a_record_rule_is_refused_by_name(
     with pytest.raises(UnreadableCaptureError, match=f"{key} is not a readable.*{problem}"):
         TokenCaptureStore(url, options).freeze_now("r1")
     record_case(f"sealed entry breaking a record rule: {what}", wrong_tokens_delivered=0)
+
+
+# -- entries changed after they were built -------------------------------------------------
+
+CHANGED_AFTER_BUILD: dict[str, tuple[Callable[[TokenEntry], object], str]] = {
+    "a -100 pad and its log prob appended": (
+        lambda e: (e.generation_token_ids.append(-100), e.generation_log_probs.append(-0.5)),
+        "generation_token_ids holds -100 at position 3",
+    ),
+    "a -100 pad in the prompt": (
+        lambda e: e.prompt_token_ids.__setitem__(4, -100),
+        "prompt_token_ids holds -100 at position 4",
+    ),
+    "an id without its log prob": (
+        lambda e: e.generation_token_ids.append(44),
+        "generation_token_ids has 4 ids but generation_log_probs has 3",
+    ),
+    "a NaN log prob": (
+        lambda e: e.generation_log_probs.__setitem__(1, float("nan")),
+        "generation_log_probs holds a NaN",
+    ),
+    "an id that is text": (
+        lambda e: e.generation_token_ids.__setitem__(0, "41"),
+        "generation_token_ids holds '41' at position 0",
+    ),
+    "an id that is a float": (
+        lambda e: e.generation_token_ids.__setitem__(2, 43.5),
+        "generation_token_ids holds 43.5 at position 2",
+    ),
+    "a log prob of -1e39": (
+        lambda e: e.generation_log_probs.__setitem__(0, -1e39),
+        "generation_log_probs holds a NaN or infinite value, one beyond float32's range",
+    ),
+    "a log prob of 1e39": (
+        lambda e: e.generation_log_probs.__setitem__(0, 1e39),
+        "generation_log_probs holds a NaN or infinite value, one beyond float32's range",
+    ),
+    "a log prob of -3.5e38": (
+        lambda e: e.generation_log_probs.__setitem__(2, -3.5e38),
+        "generation_log_probs holds a NaN or infinite value, one beyond float32's range",
+    ),
+}
+
+
+@pytest.mark.parametrize("method", ["put_now", "put"])
+@pytest.mark.parametrize("what", CHANGED_AFTER_BUILD)
+def test_an_entry_changed_after_it_was_built_is_refused_at_put_by_field(
+    root, what: str, method: str
+) -> None:
+    """No intent was recorded: the refused put itself reports the call lost, so the rollout
+    (whose first call is stored) is masked rather than delivered without its second call."""
+    url, options = root
+    store = TokenCaptureStore(url, options)
+    first, second = two_turns("r1")
+    store.put_now(first)
+    change, problem = CHANGED_AFTER_BUILD[what]
+    change(second)
+    with pytest.raises(InvalidRecordError) as refused:
+        if method == "put":
+            asyncio_run(store.put(second))
+        else:
+            store.put_now(second)
+    message = str(refused.value)
+    assert message.startswith(f"rollout r1: call 'turn-1' was refused at put: {problem}"), message
+    assert "marked incomplete and will be masked" in message
+    assert store.byte_store.list_prefix("r1/e") == [f"r1/e/{call_key('turn-0')}"], "not stored"
+    snapshot = TokenCaptureStore(url, options).freeze_now("r1")
+    assert [e.model_call_id for e in snapshot.entries] == ["turn-0"] and snapshot.incomplete
+    assert any(problem in reason for reason in snapshot.incomplete_reasons)
+    built = asyncio_run(trajectories_from_source("r1", TokenCaptureStore(url, options)))
+    assert built["mask_sample"] and built["metrics"]["capture_incomplete"] is True
+    record_case(f"entry changed after it was built, then put ({method}): {what}")
+
+
+class ChangingAfterCheck(TokenCaptureStore):
+    """Changes the caller's entry the moment the put has checked it, before it is encoded:
+    a writer thread still editing an entry it handed over."""
+
+    change: Callable[[TokenEntry], object] = staticmethod(lambda entry: None)
+
+    def storable(self, entry: Any) -> Any:
+        checked = super().storable(entry)
+        type(self).change(entry)
+        return checked
+
+
+def test_a_put_stores_what_it_checked_though_the_caller_changes_its_entry(root) -> None:
+    """The generation is stored from the checked copy; a prompt changed after the check
+    fails its digest, which was taken from the checked ids, so the rollout masks."""
+    url, options = root
+    first, second = two_turns("r1")
+    expected = second.model_copy(deep=True)
+
+    class PadsTheGeneration(ChangingAfterCheck):
+        change = staticmethod(
+            lambda e: (
+                e.generation_token_ids.__setitem__(0, -100),
+                e.generation_log_probs.append(-1e39),
+            )
+        )
+
+    TokenCaptureStore(url, options).put_now(first)
+    PadsTheGeneration(url, options).put_now(second)
+    snapshot = TokenCaptureStore(url, options).freeze_now("r1")
+    assert not snapshot.incomplete, snapshot.incomplete_reasons
+    stored = {e.model_call_id: e for e in snapshot.entries}
+    assert stored["turn-1"] == expected, "what was checked, not the caller's later edit"
+
+    class PadsThePrompt(ChangingAfterCheck):
+        change = staticmethod(lambda e: e.prompt_token_ids.__setitem__(-1, -100))
+
+    first, second = two_turns("r2")
+    TokenCaptureStore(url, options).put_now(first)
+    PadsThePrompt(url, options).put_now(second)
+    snapshot = TokenCaptureStore(url, options).freeze_now("r2")
+    assert [e.model_call_id for e in snapshot.entries] == ["turn-0"]
+    (reason,) = snapshot.incomplete_reasons
+    assert call_key("turn-1") in reason and "fails its digest check" in reason, reason
+    built = asyncio_run(trajectories_from_source("r2", TokenCaptureStore(url, options)))
+    assert built["mask_sample"] and built["metrics"]["capture_incomplete"] is True
+    record_case("entry changed by the caller while its put runs", wrong_tokens_delivered=0)
 
 
 def test_a_sealed_field_of_a_convertible_type_reads_as_validation_converts_it(root) -> None:
@@ -586,3 +715,21 @@ def test_dangling_symlink_is_named_as_a_link_not_as_vanished(tmp_path) -> None:
     assert built["mask_sample"] and "symbolic link" in built["error"]
     assert "vanished" not in built["error"]
     record_case("dangling symlink reads as 'vanished while freezing'", wrong_tokens_delivered=0)
+
+
+def test_a_refused_put_to_a_frozen_rollout_leaves_its_snapshot_retirable(root) -> None:
+    """A late put is refused as any late put is; its snapshot stands and can be retired."""
+    url, options = root
+    store = TokenCaptureStore(url, options)
+    first, second = two_turns("r1")
+    store.put_now(first)
+    snapshot = store.freeze_now("r1")
+    second.generation_token_ids.append(-100)
+    second.generation_log_probs.append(-0.5)
+    with pytest.raises(InvalidRecordError, match="generation_token_ids.*already frozen"):
+        store.put_now(second)
+    assert TokenCaptureStore(url, options).freeze_now("r1") == snapshot, "nothing changed"
+    assert store.drop_now("r1", snapshot.snapshot_id, snapshot.version)
+    with pytest.raises(InvalidRecordError, match="already frozen"):
+        store.put_now(second)
+    record_case("entry changed after it was built, put after its rollout was frozen")
