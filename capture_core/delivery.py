@@ -61,7 +61,9 @@ async def finalize_rollout_token_capture(
     single-response delivery accepts only `prefix_merging`. `delivery="all_traces"` leaves
     `response` as it is and adds the checked `training_traces` envelope, built with `builder`
     (`prefix_merging` or `per_request`), also for a record that already carries token ids
-    (docs/traces.md); a masked record never carries one.
+    (docs/traces.md); a masked record never carries one. An envelope on the input never
+    survives. What it replaces is kept under `_before_finalize`, so finalizing a finalized
+    record again gives what finalizing the original gives (docs/contract.md).
     """
     built = await finalize_rollout(result, source, BuildOptions(builder, delivery))
     return None if built is None else built.to_dict()

@@ -31,6 +31,10 @@ SNAPSHOT_KEY = "_capture_snapshot"
 REDUNDANT_CAPTURE_KEY = "_redundant_capture"
 TERMINAL_METRIC = "terminal_attribution"
 INCOMPLETE_METRIC = "capture_incomplete"
+ARRIVED_MASKED = (
+    "the record arrived masked (mask_sample: true): it is not trained, so it carries no "
+    "envelope and its capture is kept as evidence"
+)
 INCOMPLETE_REASON = (
     "capture incomplete: a call was lost, never finished, or captured twice differently"
 )
@@ -287,6 +291,14 @@ class BuildResult:
             training_traces=None,
             incomplete_reasons=reasons,
         )
+
+    def of_masked_record(self) -> BuildResult:
+        """This build for a record that arrived masked: masked too, so it carries no envelope
+        and never retires; its error says why, unless it has one of its own."""
+        if self.mask_sample:
+            return self
+        error = self.error or ARRIVED_MASKED
+        return dataclasses.replace(self, mask_sample=True, training_traces=None, error=error)
 
     @property
     def can_retire(self) -> bool:

@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 TERMINAL_CALL_KEY = "_ng_terminal_model_call_id"
 DECLARED_RESPONSE_KEY = "terminal_response_id"
+BEFORE_FINALIZE_KEY = "_before_finalize"
+"""Where a finalized record keeps the fields finalize replaced, as the harness wrote them;
+its `response` is the scored response when finalize rebuilt the record's."""
 WITNESSES = ("explicit", "declared", "response_id", "content")
 # Chain status of a build: no terminal given, the root-to-terminal path was delivered, the
 # path crosses an ambiguous call, or the terminal is not among the buildable calls.
@@ -55,11 +58,17 @@ class TerminalInputs:
     def from_record(cls, record: Any) -> TerminalInputs:
         """Read `_ng_terminal_model_call_id`, `terminal_response_id` and `response`.
 
+        The scored response is the one the harness wrote: a finalized record's `response`
+        holds finalize's rebuild, so the one it kept under `_before_finalize` is read instead.
         Values of the wrong type are ignored (they testify to nothing), so this never raises.
         """
         if not isinstance(record, Mapping):
             return cls()
-        response = record.get("response")
+        kept = record.get(BEFORE_FINALIZE_KEY)
+        if isinstance(kept, Mapping) and "response" in kept:
+            response = kept["response"]
+        else:
+            response = record.get("response")
         return cls(
             explicit_call_id=_nonempty_str(record.get(TERMINAL_CALL_KEY)),
             declared_response_id=_nonempty_str(record.get(DECLARED_RESPONSE_KEY)),

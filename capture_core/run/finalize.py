@@ -6,6 +6,8 @@ Existing token ids are the policy's sampled data: such a rollout is left unchang
 they pass a captured call's validation; malformed ones are rebuilt from the capture, or mask.
 Failed or masked builds keep their capture as evidence.
 The record's terminal fields and scored `response` attribute the call that earned the reward.
+Fields it replaces are kept as the harness wrote them, so finalizing a finalized record again
+gives what finalizing the original gives; an incoming `training_traces` never survives.
 `delivery.finalize_rollout_token_capture` (NeMo Gym's name) returns this build as a dict.
 """
 
@@ -23,7 +25,7 @@ from capture_core.builder.build_result import (
     SnapshotIdentity,
 )
 from capture_core.builder.snapshot import build_from_snapshot, warn_masked
-from capture_core.builder.terminal import TerminalInputs
+from capture_core.builder.terminal import BEFORE_FINALIZE_KEY, TerminalInputs
 from capture_core.builder.trace_envelope import DELIVERIES, ENVELOPE_KEY, MAIN_CHAIN
 from capture_core.errors import error_text
 from capture_core.ids import maybe_rollout_id_from_run_body
@@ -34,6 +36,13 @@ logger = logging.getLogger(__name__)
 
 NO_CAPTURE_KEY = "no capture key"
 """The error of a record that names no rollout (NeMo Gym's words): its capture has no key."""
+KEPT_FIELDS = ("response", MASK_SAMPLE_KEY, TOKEN_CAPTURE_KEY)
+"""The record fields finalize replaces and keeps under `_before_finalize`."""
+LOST_TRANSCRIPT = (
+    "an earlier finalize rebuilt this record's response.output without keeping the one the "
+    f"harness wrote ({BEFORE_FINALIZE_KEY}), so the scored transcript is lost; finalize the "
+    "harness's original record instead"
+)
 
 
 def mask_unusable(result: dict, error: str) -> BuildResult:
@@ -42,9 +51,61 @@ def mask_unusable(result: dict, error: str) -> BuildResult:
     An unmasked rollout would appear healthy until it reaches the trainer.
     """
     built = BuildResult.unusable(error)
-    result[MASK_SAMPLE_KEY] = True
-    result[TOKEN_CAPTURE_KEY] = built.record_metrics()
+    kept: dict[str, Any] = {}
+    _mask(result, kept)
+    _replace(result, kept, TOKEN_CAPTURE_KEY, built.record_metrics())
+    _keep(result, kept)
     return built
+
+
+def _replace(result: dict, kept: dict[str, Any], key: str, value: Any) -> None:
+    """Set `result[key]`, keeping the value it replaces in `kept` (`None`: there was none).
+
+    No entry is kept for metrics the record did not have: restoring removes finalize's own.
+    """
+    if key not in kept and (key in result or key != TOKEN_CAPTURE_KEY):
+        kept[key] = result.get(key)
+    result[key] = value
+
+
+def _mask(result: dict, kept: dict[str, Any]) -> None:
+    """Mask the record; a mask the harness set is its own, so only an unmasked value is kept."""
+    if result.get(MASK_SAMPLE_KEY):
+        result[MASK_SAMPLE_KEY] = True
+    else:
+        _replace(result, kept, MASK_SAMPLE_KEY, True)
+
+
+def _keep(result: dict, kept: dict[str, Any]) -> None:
+    if kept:
+        result[BEFORE_FINALIZE_KEY] = kept
+
+
+def recover_harness_record(result: dict) -> str | None:
+    """Return `result` to what the harness wrote; why its scored transcript is lost, or `None`.
+
+    No envelope survives: finalize builds its own or none. An earlier finalize's metrics go,
+    and the fields it replaced come back from `_before_finalize` (`null`: the harness wrote
+    none), so finalizing a finalized record gives what finalizing the original gives. A record
+    whose output an earlier finalize rebuilt without keeping the harness's (NeMo Gym's, say:
+    its metrics count `chains`) has lost its scored transcript: no build may read it there.
+    """
+    result.pop(ENVELOPE_KEY, None)
+    if BEFORE_FINALIZE_KEY in result:
+        kept = result.pop(BEFORE_FINALIZE_KEY)
+        if not isinstance(kept, Mapping):
+            return f"{BEFORE_FINALIZE_KEY} is not an object; {LOST_TRANSCRIPT}"
+        result.pop(TOKEN_CAPTURE_KEY, None)
+        for key in KEPT_FIELDS:
+            if key in kept and kept[key] is None:
+                result.pop(key, None)
+            elif key in kept:
+                result[key] = kept[key]
+    metrics = result.get(TOKEN_CAPTURE_KEY)
+    if isinstance(metrics, Mapping) and "chains" in metrics:
+        return LOST_TRANSCRIPT
+    result.pop(TOKEN_CAPTURE_KEY, None)
+    return None
 
 
 def _carries_generated_ids(item: Any) -> bool:
@@ -86,11 +147,14 @@ async def finalize_rollout(
 ) -> BuildResult | None:
     """Finalize `result` in place from its capture through `source`; the build, typed.
 
-    It mutates `result`, replacing only `response.output` and adding the metrics and mask.
-    It freezes and never retires. It never raises: missing or ambiguous tokens mask the
-    rollout. `None` when there is no source (or a record that already carries token ids
-    cannot be frozen). With the `all_traces` delivery it keeps `response` and adds the checked
-    `training_traces` envelope instead (docs/traces.md); a masked record carries none.
+    It mutates `result`, replacing only `response.output` and adding the metrics and mask;
+    what it replaced is kept under `_before_finalize`. It freezes and never retires. It never
+    raises: missing or ambiguous tokens mask the rollout. `None` when there is no source (or a
+    record that already carries token ids cannot be frozen). With the `all_traces` delivery it
+    keeps `response` and adds the checked `training_traces` envelope instead
+    (docs/traces.md). An envelope on the input never survives, and a masked record (also one
+    that arrived masked) carries none and never retires. A record an earlier finalize wrote is
+    finalized as the harness's original (`recover_harness_record`).
     A masked rollout is one warning, with its `mask_reason`.
     """
     built = await finalize_record(result, source, options)
@@ -107,12 +171,11 @@ async def finalize_record(
     builder, delivery = options.builder, options.delivery
     if source is None:
         return None
-    if delivery != MAIN_CHAIN:
-        result.pop(ENVELOPE_KEY, None)  # one already on the record never survives
+    lost = recover_harness_record(result)
     try:
         if delivery == MAIN_CHAIN:
-            return await _finalize(result, source, builder)
-        return await _finalize_traces(result, source, builder, delivery)
+            return await _finalize(result, source, builder, lost)
+        return await _finalize_traces(result, source, builder, delivery, lost)
     except Exception as exc:
         return mask_unusable(result, error_text(exc))
 
@@ -126,12 +189,12 @@ def plain_rollout_id(result: dict) -> str | None:
 
 
 async def _finalize_traces(
-    result: dict, source: TokenSource, builder: str, delivery: str
+    result: dict, source: TokenSource, builder: str, delivery: str, lost: str | None
 ) -> BuildResult:
     """The `all_traces` finalize: the checked envelope from the capture, or a mask and none.
 
     A record that already carries token ids gets its envelope from the capture too: those
-    ids cover one chain at most.
+    ids cover one chain at most. A record whose scored transcript is `lost` masks.
     """
     if delivery not in DELIVERIES:
         error = f"unknown delivery {delivery!r}; use one of {', '.join(DELIVERIES)}"
@@ -142,17 +205,24 @@ async def _finalize_traces(
         return mask_unusable(result, f"malformed rollout id: {exc}")
     if rollout_id is None:
         return mask_unusable(result, NO_CAPTURE_KEY)
+    if lost is not None:
+        return mask_unusable(result, lost)
     try:
         snapshot = await source.freeze(rollout_id)
     except Exception as exc:
         return mask_unusable(result, f"{type(exc).__name__}: {exc}")
     terminal = TerminalInputs.from_record(result)
     built = build_from_snapshot(snapshot, builder, "", terminal, delivery)
-    _apply(result, built)
-    return built
+    return _apply(result, built)
 
 
-async def _finalize(result: dict, source: TokenSource, builder: str) -> BuildResult | None:
+async def _finalize(
+    result: dict, source: TokenSource, builder: str, lost: str | None
+) -> BuildResult | None:
+    """The `main_chain` finalize: a redundant capture, the rebuilt output, or a mask.
+
+    A record whose scored transcript is `lost` masks unless it carries valid token ids.
+    """
     try:
         rollout_id = maybe_rollout_id_from_run_body(result)
     except ValueError as exc:
@@ -161,10 +231,12 @@ async def _finalize(result: dict, source: TokenSource, builder: str) -> BuildRes
     if rollout_carries_token_ids(result):
         malformed = malformed_token_arrays(result)
         if malformed is None:
-            return await _redundant_capture(rollout_id, source)
+            return await _redundant_capture(result, rollout_id, source)
         logger.warning("rollout %s: rebuilding it from its capture: %s", rollout_id, malformed)
     if rollout_id is None:
         return mask_unusable(result, _noting(NO_CAPTURE_KEY, malformed))
+    if lost is not None:
+        return mask_unusable(result, _noting(lost, malformed))
     try:
         snapshot = await source.freeze(rollout_id)
     except Exception as exc:
@@ -172,10 +244,9 @@ async def _finalize(result: dict, source: TokenSource, builder: str) -> BuildRes
     response = result.get("response")
     model = str(response.get("model") or "") if isinstance(response, dict) else ""
     built = build_from_snapshot(snapshot, builder, model, TerminalInputs.from_record(result))
-    if malformed is not None:
-        built = _replacing_malformed(result, built, malformed)
-    _apply(result, built)
-    return built
+    if malformed is not None and built.rebuilt_response is None and built.error:
+        built = replace(built, error=_noting(built.error, malformed))
+    return _apply(result, built, strip_choices=malformed is not None)
 
 
 def malformed_token_arrays(result: dict) -> str | None:
@@ -198,25 +269,34 @@ def _noting(error: str, malformed: str | None) -> str:
     return error if malformed is None else f"{error}; {malformed}"
 
 
-def _replacing_malformed(result: dict, built: BuildResult, malformed: str) -> BuildResult:
-    """A build that replaces malformed arrays: none of them stays beside the rebuilt output.
+def _with_rebuilt_output(response: Any, rebuilt: dict, strip_choices: bool) -> dict:
+    """The record's new response: the harness's with the rebuilt `output`, as a new object,
+    so the harness's is kept as it was; the rebuilt one when the record has none.
 
-    A Chat response keeps its `choices` (the rebuilt `output` is read first), without their
-    token arrays. A build with nothing to deliver names the malformed arrays in its error.
+    With `strip_choices` (malformed arrays) a Chat response keeps its `choices` (the rebuilt
+    `output` is read first), without their token arrays, so none stays beside the output.
     """
-    if built.rebuilt_response is None:
-        return replace(built, error=_noting(built.error, malformed)) if built.error else built
-    response = result.get("response")
-    choices = response.get("choices") if isinstance(response, dict) else None
-    for choice in choices if isinstance(choices, list) else []:
-        message = choice.get("message") if isinstance(choice, dict) else None
-        for field in TOKEN_FIELDS if isinstance(message, dict) else ():
-            message.pop(field, None)
-    return built
+    if not isinstance(response, dict):
+        return rebuilt
+    new = {**response, "output": rebuilt["output"]}
+    choices = response.get("choices")
+    if strip_choices and isinstance(choices, list):
+        new["choices"] = [_without_token_arrays(choice) for choice in choices]
+    return new
 
 
-async def _redundant_capture(rollout_id: str | None, source: TokenSource) -> BuildResult | None:
-    """Freeze the capture of a record that already carries tokens, so it can retire later."""
+def _without_token_arrays(choice: Any) -> Any:
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        return choice
+    return {**choice, "message": {k: v for k, v in message.items() if k not in TOKEN_FIELDS}}
+
+
+async def _redundant_capture(
+    result: dict, rollout_id: str | None, source: TokenSource
+) -> BuildResult | None:
+    """Freeze the capture of a record that already carries tokens, so it can retire later;
+    the record is left unchanged. One that arrived masked stays masked and never retires."""
     if rollout_id is None:
         return None
     try:
@@ -227,19 +307,29 @@ async def _redundant_capture(rollout_id: str | None, source: TokenSource) -> Bui
             "rollout %s carries token ids; its capture could not be frozen: %s", rollout_id, exc
         )
         return None
-    return BuildResult.redundant(identity)
+    built = BuildResult.redundant(identity)
+    return built.of_masked_record() if result.get(MASK_SAMPLE_KEY) else built
 
 
-def _apply(result: dict, built: BuildResult) -> None:
-    """Write a build into the record: only `response.output`, the metrics and the mask."""
-    rebuilt = built.rebuilt_response
+def _apply(result: dict, built: BuildResult, strip_choices: bool = False) -> BuildResult:
+    """Write a build into the record and return it as written: the envelope (all_traces) or
+    `response.output`, the metrics and the mask.
+
+    Each field replaced is kept as it was under `_before_finalize`. A record that arrived
+    masked stays masked, so its build is masked too and carries no envelope.
+    """
+    if result.get(MASK_SAMPLE_KEY):
+        built = built.of_masked_record()
+    kept: dict[str, Any] = {}
     if built.training_traces is not None:
         result[ENVELOPE_KEY] = built.training_traces
-    if rebuilt is not None:
-        if isinstance(result.get("response"), dict):
-            result["response"]["output"] = rebuilt["output"]
-        else:
-            result["response"] = rebuilt
-    result[TOKEN_CAPTURE_KEY] = built.record_metrics()
+    if built.rebuilt_response is not None:
+        response = _with_rebuilt_output(
+            result.get("response"), built.rebuilt_response, strip_choices
+        )
+        _replace(result, kept, "response", response)
+    _replace(result, kept, TOKEN_CAPTURE_KEY, built.record_metrics())
     if built.mask_sample:
-        result[MASK_SAMPLE_KEY] = True
+        _mask(result, kept)
+    _keep(result, kept)
+    return built

@@ -26,9 +26,11 @@ from capture_core.run.run_layout import RunLayout, read_ledger
 from capture_core.run.trainer_rows import read_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
+from capture_core.testing.synthetic import VOCAB
 from flows.cli import main
 from flows.finalize import RunFailedError, finalize_run, retire_uploaded
 from flows.inbox import finalize_inbox
+from tests.api.test_finalized_input import carried_ids, made_up_envelope
 from tests.support.pipeline_helpers import (
     REPO,
     dest_records,
@@ -139,6 +141,50 @@ def test_all_traces_delivery_gives_one_row_per_trace_of_the_envelope(locations) 
         assert row["token_ids"] == traces[row["trace_id"]]["token_ids"]
         assert row["loss_mask"] == traces[row["trace_id"]]["loss_mask"]
     record_case("trainer rows of multi-trace delivery")
+
+
+@pytest.mark.parametrize("delivery", ["main_chain", "all_traces"])
+def test_a_made_up_envelope_on_the_input_never_reaches_the_consumer(
+    locations, delivery: str
+) -> None:
+    """Every input record arrives with an envelope of tokens never captured (7-3 also with
+    sampled ids of its own): the consumer yields only what finalize built, and a capture is
+    retired only once the rows it delivered were acknowledged."""
+    options = locations["options"]
+    records = make_batch(TokenCaptureStore(locations["store"], options), ROLLOUTS, masked=MASKED)
+    records[3]["response"] = carried_ids()
+    for record in records:
+        rollout_id = f"7-{record['_ng_rollout_index']}"
+        record["training_traces"] = made_up_envelope(rollout_id)
+    write_rollouts(locations["rollouts"], records, options)
+    run_id = f"made-up-{delivery.replace('_', '-')}"
+    finalize_run(
+        locations["rollouts"],
+        locations["store"],
+        locations["dest"],
+        run_id,
+        batch_size=2,
+        storage_options=options,
+        rows="parquet",
+        delivery=delivery,
+        retire_after_consumer="trainer",
+    )
+    rows = []
+    reader = consumer(locations, run_id)
+    for part in reader:
+        rows += part.table.to_pylist()
+        reader.ack(part.key)
+    assert rows and all(max(row["token_ids"]) < VOCAB for row in rows), "no made-up token"
+    assert not [row for row in rows if row["trace_id"].endswith(":made-up")]
+    for record in dest_records(locations["dest"], run_id, options):
+        envelope = record.get("training_traces")
+        assert envelope is None or "made-up" not in orjson.dumps(envelope).decode()
+        if delivery == "main_chain":
+            assert envelope is None
+    retire_uploaded(locations["dest"], run_id, locations["store"], options)
+    delivered = {row["rollout_id"] for row in rows}
+    assert set(captured(locations)) == {f"7-{i}" for i in range(ROLLOUTS)} - delivered
+    record_case(f"a made-up envelope on the input never reaches the consumer ({delivery})")
 
 
 def test_a_rows_part_edited_after_its_receipt_is_never_yielded(locations) -> None:
