@@ -42,6 +42,7 @@ from flows.cli_checks import (
     run_summary,
 )
 from flows.cli_events import add_event_commands, check_event_args, cmd_automations, cmd_submit
+from flows.cli_inputs import add_inputs_command, check_inputs_args, cmd_make_inputs
 from flows.cli_output import (
     may_show_progress,
     one_line,
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(clear)
     add_sweep(commands, _add_storage, STORE_HELP)
     add_event_commands(commands, _add_storage)
+    add_inputs_command(commands, _add_storage)
 
     for name, text in (
         ("retire", "retire what a run handed off"),
@@ -263,6 +265,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.command == "demo":
         check_workdir(args)
     check_event_args(args)
+    check_inputs_args(args)
 
 
 def _flow_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -382,9 +385,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "serve": cmd_serve,
     "deployments": cmd_deployments,
     "submit": cmd_submit,
+    "make-inputs": cmd_make_inputs,
     "automations": cmd_automations,
 }
-NO_SERVER = {"status", "deployments", "submit", "automations", "serve"}
+NO_SERVER = {"status", "deployments", "submit", "automations", "serve", "make-inputs"}
 
 
 def run_command(args: argparse.Namespace, notes: list[str]) -> int:
