@@ -53,6 +53,7 @@ from flows.cli_output import (
     print_summary,
     report_failure,
 )
+from flows.cli_runs import add_runs_command, check_runs_args, cmd_runs
 from flows.cli_sweep import add_sweep, cmd_sweep
 from flows.demo import DEFAULT_ROLLOUTS
 from flows.runners import (
@@ -193,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep(commands, _add_storage, STORE_HELP)
     add_event_commands(commands, _add_storage)
     add_inputs_command(commands, _add_storage)
+    add_runs_command(commands, _add_storage, DEST_HELP)
 
     for name, text in (
         ("retire", "retire what a run handed off"),
@@ -266,6 +268,7 @@ def check_args(args: argparse.Namespace) -> None:
         check_workdir(args)
     check_event_args(args)
     check_inputs_args(args)
+    check_runs_args(args)
 
 
 def _flow_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -386,9 +389,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "deployments": cmd_deployments,
     "submit": cmd_submit,
     "make-inputs": cmd_make_inputs,
+    "runs": cmd_runs,
     "automations": cmd_automations,
 }
-NO_SERVER = {"status", "deployments", "submit", "automations", "serve", "make-inputs"}
+NO_SERVER = {"status", "deployments", "submit", "automations", "serve", "make-inputs", "runs"}
 
 
 def run_command(args: argparse.Namespace, notes: list[str]) -> int:
