@@ -392,6 +392,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "runs": cmd_runs,
     "automations": cmd_automations,
 }
+FINALIZING = {"finalize", "retrigger", "demo"}  # their console shows a progress line
 NO_SERVER = {"status", "deployments", "submit", "automations", "serve", "make-inputs", "runs"}
 
 
@@ -400,10 +401,11 @@ def run_command(args: argparse.Namespace, notes: list[str]) -> int:
     notes about that server go to `notes`, to print after the result."""
     if args.command in NO_SERVER:
         return COMMANDS[args.command](args)
+    from flows.cli_progress import progress_console
     from flows.runners import one_line_console, prefect_api
 
     one_line_console()
-    with prefect_api(notes) as api_url:
+    with prefect_api(notes) as api_url, progress_console(args.command in FINALIZING):
         args.api_url = api_url
         return COMMANDS[args.command](args)
 
