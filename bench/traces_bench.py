@@ -1,6 +1,6 @@
 """Multi-trace delivery against the main chain, on the same captures in the same run.
 
-Captures come from `bench.trace_shapes` (seeded): stripped thinking history, compaction,
+Captures come from `testing/trace_shapes` (seeded): stripped thinking history, compaction,
 sub-agents, forks, parallel samples, plain chains with a resolved retry, an abandoned retry
 of the scored call, and lost calls. Each is written to a local store after the dispatch-time
 clear of its id (an intent per call; a lost call leaves only its intent). Every rollout is
@@ -36,7 +36,6 @@ from typing import Any
 import orjson
 
 from bench.ratios import alternate, alternate_sides, describe_seconds
-from bench.trace_shapes import SHAPES, Episode, episodes, write_episode
 from capture_core.builder.snapshot import assemble, assemble_traces
 from capture_core.builder.terminal import TerminalInputs
 from capture_core.builder.trace_envelope import ENVELOPE_KEY, TraceEnvelopeError, check_envelope
@@ -44,6 +43,7 @@ from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.run.capture_source import clear_captures
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.agent_captures import AgentRollout, agent_rollouts, write_capture
+from capture_core.testing.trace_shapes import SHAPES, Episode, episodes, write_episode
 
 
 @dataclass

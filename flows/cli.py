@@ -42,6 +42,7 @@ from flows.cli_checks import (
     run_summary,
 )
 from flows.cli_events import add_event_commands, check_event_args, cmd_automations, cmd_submit
+from flows.cli_inputs import add_inputs_command, check_inputs_args, cmd_make_inputs
 from flows.cli_output import (
     may_show_progress,
     one_line,
@@ -52,6 +53,7 @@ from flows.cli_output import (
     print_summary,
     report_failure,
 )
+from flows.cli_runs import add_runs_command, check_runs_args, cmd_runs
 from flows.cli_sweep import add_sweep, cmd_sweep
 from flows.demo import DEFAULT_ROLLOUTS
 from flows.runners import (
@@ -191,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(clear)
     add_sweep(commands, _add_storage, STORE_HELP)
     add_event_commands(commands, _add_storage)
+    add_inputs_command(commands, _add_storage)
+    add_runs_command(commands, _add_storage, DEST_HELP)
 
     for name, text in (
         ("retire", "retire what a run handed off"),
@@ -263,6 +267,8 @@ def check_args(args: argparse.Namespace) -> None:
     if args.command == "demo":
         check_workdir(args)
     check_event_args(args)
+    check_inputs_args(args)
+    check_runs_args(args)
 
 
 def _flow_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -382,9 +388,12 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "serve": cmd_serve,
     "deployments": cmd_deployments,
     "submit": cmd_submit,
+    "make-inputs": cmd_make_inputs,
+    "runs": cmd_runs,
     "automations": cmd_automations,
 }
-NO_SERVER = {"status", "deployments", "submit", "automations", "serve"}
+FINALIZING = {"finalize", "retrigger", "demo"}  # their console shows a progress line
+NO_SERVER = {"status", "deployments", "submit", "automations", "serve", "make-inputs", "runs"}
 
 
 def run_command(args: argparse.Namespace, notes: list[str]) -> int:
@@ -392,10 +401,11 @@ def run_command(args: argparse.Namespace, notes: list[str]) -> int:
     notes about that server go to `notes`, to print after the result."""
     if args.command in NO_SERVER:
         return COMMANDS[args.command](args)
+    from flows.cli_progress import progress_console
     from flows.runners import one_line_console, prefect_api
 
     one_line_console()
-    with prefect_api(notes) as api_url:
+    with prefect_api(notes) as api_url, progress_console(args.command in FINALIZING):
         args.api_url = api_url
         return COMMANDS[args.command](args)
 

@@ -16,7 +16,6 @@ from functools import cached_property
 from typing import Any
 
 from prefect import State, Task, flow, get_run_logger
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.futures import PrefectFuture
 from prefect.states import Failed
 from prefect.utilities.annotations import quote
@@ -43,6 +42,7 @@ from capture_core.run.run_progress import (
 )
 from capture_core.run.run_report import RunSummary, plural
 from flows.alerts import alert_on_masks
+from flows.progress import RunProgress
 from tasks.batches import (
     describe_batch,
     finalize_batch,
@@ -313,10 +313,10 @@ def finalize_run(
     gate = MaskGate(max_mask_fraction, mask_fraction_min_samples)
     todo = [b for b in plan.batches if receipt_key(b) not in earlier]
     finalizing = Lookahead(todo, steps.finalize, lambda b: b.index, finalize_ahead)
-    progress = create_progress_artifact(0.0, description=f"tokcap run {run_id}: batches done")
-    for done, batch in enumerate(plan.batches, start=1):
+    progress = RunProgress(run_id, plan.batches, earlier)
+    for batch in plan.batches:
         steps.run_batch(batch, earlier.get(receipt_key(batch)), finalizing, tally, gate)
-        update_progress_artifact(progress, 100.0 * done / max(1, len(plan.batches)))
+        progress.batch_done(masked=sum(gate.reasons.values()))
     steps.storage.result()  # prepared even when no batch needed it: a failure fails the run
     summary = write_run_report(dest, quote(tally), options, claim)  # quote: see hand_off
     alert_on_masks(summary, mask_alert_fraction)

@@ -29,6 +29,7 @@ from capture_core.run.handoff import (
     plain_rollout_id,
     receipt_key,
     retire_receipt,
+    retirement_key,
 )
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
@@ -219,7 +220,7 @@ def _retired_key(context: Any, parameters: Mapping[str, Any]) -> str:
     digests what `store`, `storage_options` and `source_kwargs` named then), so they are reused.
     """
     receipt = parameters["receipt"]
-    name = f"{receipt.receipt_key}-retired-{parameters['source'].identity()}"
+    name = retirement_key(receipt.receipt_key, parameters["source"].identity())
     return result_path(receipt.run_id, name)
 
 

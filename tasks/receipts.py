@@ -34,7 +34,12 @@ from pydantic import Field, PrivateAttr, ValidationError
 
 from capture_core.config import public_storage_options
 from capture_core.errors import InvalidInputError, TransientStoreError, UnreadableReceiptError
-from capture_core.run.handoff import RECEIPT_KEY, FinalizedBatch, HandoffReceipt
+from capture_core.run.handoff import (
+    RECEIPT_KEY,
+    FinalizedBatch,
+    HandoffReceipt,
+    retirement_key,
+)
 from capture_core.run.run_layout import (
     RECEIPTS,
     RunLayout,
@@ -328,7 +333,7 @@ def _retirement_seen(layout: RunLayout, finalized: FinalizedBatch) -> str | None
     A recorded retirement, a capture the new finalize found retired, or an old part whose
     bytes differ from the batch finalized now (a retired capture no longer rebuilds the same).
     """
-    prefix = f"{finalized.receipt_key}-retired-"
+    prefix = retirement_key(finalized.receipt_key, "")
     recorded = [k for k in layout.dest.list_prefix(layout.receipts_prefix) if prefix in k]
     if recorded:
         return f"retirement recorded in {recorded[0]}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -9,6 +10,7 @@ from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.run.capture_source import SourceSpec, check_destination, check_source
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import RolloutFilePlan
+from capture_core.run.run_index import refresh_summary
 from capture_core.run.run_layout import MANIFEST, LedgerLine, RunLayout, RunManifest, run_location
 from capture_core.storage import open_byte_store
 from tasks.common import ensure_claim, tokcap_task
@@ -55,6 +57,7 @@ def claim_run_id(
         rows=rows,
         retire_after_consumer=retire_after_consumer,
         delivery=delivery,
+        started_at=time.time(),
     )
     return RunLayout(open_byte_store(dest, storage_options), run_id).claim(manifest)
 
@@ -84,5 +87,8 @@ def load_ledger(
 def mark_retired(
     dest: str, run_id: str, rollout_ids: list[str], storage_options: Mapping[str, Any] | None = None
 ) -> int:
-    """Record retirements done outside `finalize_run` in the run's ledger."""
-    return RunLayout(open_byte_store(dest, storage_options), run_id).mark_retired(rollout_ids)
+    """Record retirements done outside `finalize_run` in the run's ledger and its summary."""
+    layout = RunLayout(open_byte_store(dest, storage_options), run_id)
+    marked = layout.mark_retired(rollout_ids)
+    refresh_summary(layout)
+    return marked

@@ -145,6 +145,14 @@ class RetireOutcome(BaseModel):
 
 
 RECEIPT_KEY = re.compile(r"batch-[0-9]{5,}-[0-9a-f]{16}")
+RETIRED_INFIX = "-retired-"
+RETIREMENT_KEY = re.compile(rf"({RECEIPT_KEY.pattern}){RETIRED_INFIX}[0-9a-f]+")
+"""A batch's persisted retirement beside its receipt; group 1 is the receipt's key."""
+
+
+def retirement_key(receipt: str, store_identity: str) -> str:
+    """The name the retirement of receipt `receipt` against one store is persisted under."""
+    return f"{receipt}{RETIRED_INFIX}{store_identity}"
 
 
 def receipt_key(batch: BatchPlan) -> str:

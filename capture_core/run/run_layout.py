@@ -1,6 +1,7 @@
 """One run's layout at the destination, and the bookkeeping files it owns.
 
 Under `<dest>/<run_id>/`: `run.json` (the manifest), `ledger.jsonl` (each rollout's fate),
+`summary.json` (the ledger's counts, so runs are listed without reading ledgers),
 `records/` (the handed-off part files), `rows/` (their trainer rows, Parquet, when the run
 writes them), `consumers/<name>/` (each row consumer's acknowledgements), `receipts/` (the
 upload task's persisted results), `attempts/` (the inbox claims), `input-seen.json` (the
@@ -29,6 +30,7 @@ from capture_core.storage import ByteStore
 
 MANIFEST = "run.json"
 LEDGER = "ledger.jsonl"
+SUMMARY = "summary.json"
 RECORDS = "records"
 ROWS = "rows"
 ROW_FORMATS = ("none", "parquet")
@@ -80,6 +82,8 @@ class RunManifest(BaseModel):
     `rows` is the trainer-row format written beside each part (`none` or `parquet`);
     `retire_after_consumer` names the row consumer whose acknowledgements gate retirement.
     Both are settings of the run: a re-claim with other values is refused.
+    `started_at` (seconds since the epoch) is when the run id was first claimed; it orders
+    the runs of a destination, is never compared, and manifests from before it have none.
     """
 
     run_id: str
@@ -97,10 +101,16 @@ class RunManifest(BaseModel):
     delivery: str = MAIN_CHAIN
     """Written only when it is not the default, so a default run's manifest is unchanged;
     so are `rows` and `retire_after_consumer`."""
+    started_at: float | None = None
 
     def encoded(self) -> bytes:
         body = self.model_dump()
-        defaults = {"delivery": MAIN_CHAIN, "rows": "none", "retire_after_consumer": None}
+        defaults = {
+            "delivery": MAIN_CHAIN,
+            "rows": "none",
+            "retire_after_consumer": None,
+            "started_at": None,
+        }
         for name, default in defaults.items():
             if body[name] == default:
                 del body[name]
@@ -185,6 +195,7 @@ class RunLayout:
         self.run_id = validate_run_id(run_id)
         self.manifest_key = self.key(MANIFEST)
         self.ledger_key = self.key(LEDGER)
+        self.summary_key = self.key(SUMMARY)
         self.receipts_prefix = self.key(RECEIPTS)
         self.attempts_prefix = self.key(ATTEMPTS)
 

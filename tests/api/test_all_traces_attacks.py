@@ -14,7 +14,6 @@ import math
 import orjson
 import pytest
 
-from bench.trace_shapes import episode, write_episode
 from capture_core.builder.build_result import SNAPSHOT_KEY, TOKEN_CAPTURE_KEY
 from capture_core.builder.snapshot import build_from_snapshot
 from capture_core.builder.terminal import TerminalInputs
@@ -32,6 +31,7 @@ from capture_core.run.handoff import HandoffReceipt, RolloutOutcome, retirable
 from capture_core.store import TokenCaptureStore
 from capture_core.store.capture_layout import call_key
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from capture_core.testing.trace_shapes import episode, write_episode
 from tests.store.test_store_attacks import edit_one_digit, replace_object
 from tests.support.attempts import write_mixed_attempts
 from tests.support.reliability_figures import record_case

@@ -14,7 +14,6 @@ from decimal import Decimal
 
 import pytest
 
-from bench.trace_shapes import SHAPES, episode
 from capture_core.builder.terminal import TerminalInputs
 from capture_core.builder.trace_envelope import TraceEnvelopeError, check_envelope, owned_calls
 from capture_core.builder.traces import (
@@ -27,6 +26,7 @@ from capture_core.builder.traces import (
 )
 from capture_core.config import TokenIdCaptureConfig
 from capture_core.records import FLOAT32_MAX
+from capture_core.testing.trace_shapes import SHAPES, episode
 from tests.support.token_calls import DEEP_TURNS, deep_rollout, shallow_stack, token_call
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from bench.trace_shapes import episode, write_episode
 from capture_core.builder.trace_envelope import ENVELOPE_KEY, check_envelope, trained_tokens
 from capture_core.errors import RunIdInUseError
 from capture_core.run.run_layout import read_ledger, read_manifest
@@ -16,6 +15,7 @@ from capture_core.run.trainer_rows import read_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import rollout_record
+from capture_core.testing.trace_shapes import episode, write_episode
 from tests.support.attempts import write_mixed_attempts
 from tests.support.pipeline_helpers import (
     dest_records,

@@ -68,7 +68,9 @@ COMMANDS = subparsers(build_parser())
 def invocations(span: str) -> list[tuple[str, list[str]]]:
     """The `tokcap <command> --option...` invocations in one quoted span."""
     found = []
-    for match in re.finditer(r"\btokcap ([a-z]+(?: [a-z]+)?)((?:(?!\btokcap )[^#|;&])*)", span):
+    for match in re.finditer(
+        r"\btokcap ([a-z][a-z-]*(?: [a-z]+)?)((?:(?!\btokcap )[^#|;&])*)", span
+    ):
         words = match.group(1)
         command = words if words in COMMANDS else words.split(" ")[0]
         rest = match.group(2) if command == words else words[len(command) :] + match.group(2)

@@ -13,7 +13,6 @@ import os
 
 import pytest
 
-from bench.trace_shapes import episode
 from capture_core.builder.trace_envelope import ENVELOPE_KEY
 from capture_core.consumer import clear_token_captures_for_rollouts
 from capture_core.delivery import finalize_rollout_token_capture
@@ -21,6 +20,7 @@ from capture_core.run.capture_source import clear_captures
 from capture_core.store import open_capture_store
 from capture_core.store.nemo_gym_store import NemoGymFileStore
 from capture_core.testing.synthetic import rollout_record
+from capture_core.testing.trace_shapes import episode
 from tests.support.attempts import write_mixed_attempts
 from tests.support.reliability_figures import record_case
 from tests.support.token_calls import token_call

@@ -1,0 +1,97 @@
+"""`tokcap runs`: a destination's runs, newest first, one line each (`run_index`).
+
+It reads the destination only (each run's manifest and summary), never Prefect; the rest
+of the CLI is flows/cli.py, which imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from flows.cli_checks import check_dest
+
+DEFAULT_LIMIT = 50
+
+
+def limit_value(text: str) -> int:
+    """An argparse type: an integer of at least 0 (0: no limit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 0")
+    return value
+
+
+def add_runs_command(commands: Any, add_storage: Callable[..., None], dest_help: str) -> None:
+    """The `runs` subcommand."""
+    runs = commands.add_parser(
+        "runs", help="list a destination's runs, newest first: state, counts, mask rate, rate"
+    )
+    runs.add_argument("--dest", required=True, help=dest_help)
+    runs.add_argument("--json", action="store_true", help="print the rows as JSON")
+    runs.add_argument(
+        "--limit",
+        type=limit_value,
+        default=DEFAULT_LIMIT,
+        metavar="N",
+        help=f"newest runs shown (default {DEFAULT_LIMIT}; 0 shows all)",
+    )
+    add_storage(runs, source=False)
+
+
+def check_runs_args(args: argparse.Namespace) -> None:
+    """A local destination must exist (the other checks are `check_args`'s)."""
+    if args.command == "runs":
+        check_dest(args, must_exist=True)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """Print the runs (a table, or JSON) and, when some are left out, how many."""
+    from capture_core.run.run_index import list_runs
+    from capture_core.storage import open_byte_store
+
+    dest = open_byte_store(args.dest, args.options or None)
+    try:
+        listing = list_runs(dest, limit=args.limit)
+    finally:
+        dest.close()
+    if args.json:
+        body = {"dest": args.dest, "total": listing.total, "runs": listing.runs}
+        print(_json(body))
+    elif listing.runs:
+        print("\n".join(text_table([row.cells() for row in listing.runs])))
+    else:
+        print(f"no runs at {args.dest}", file=sys.stderr)
+    left = listing.total - len(listing.runs)
+    if left and not args.json:
+        print(f"... and {left} older runs (--limit 0 shows all)", file=sys.stderr)
+    return 0
+
+
+def _json(body: dict[str, Any]) -> str:
+    runs = [row.model_dump() for row in body["runs"]]
+    return orjson.dumps({**body, "runs": runs}, option=orjson.OPT_INDENT_2).decode()
+
+
+def text_table(rows: list[dict[str, str]]) -> list[str]:
+    """A header and one line per row; columns padded, numbers right-aligned, the last
+    column (the details) left as it is."""
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(row[c]) for row in rows)) for c in columns}
+    right = {"rollouts", "retired", "waiting", "rollouts/s"}
+
+    def line(cells: dict[str, str]) -> str:
+        parts = [
+            cells[c].rjust(widths[c]) if c in right else cells[c].ljust(widths[c])
+            for c in columns[:-1]
+        ]
+        return "  ".join([*parts, cells[columns[-1]]]).rstrip()
+
+    return [line(dict(zip(columns, columns, strict=True))), *map(line, rows)]
