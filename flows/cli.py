@@ -290,7 +290,6 @@ def cmd_finalize(args: argparse.Namespace) -> int:
         retire_after_consumer=args.retire_after_consumer,
         **_flow_options(args),
     )
-    print(f"run {args.run_id}")
     print_summary(summary)
     return 0
 

@@ -1,16 +1,18 @@
-"""The run report task: the ledger file and the Prefect UI artifacts of one run."""
+"""The run report: the ledger file and the Prefect UI artifacts of one run."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 from typing import Any
+from uuid import UUID
 
-from prefect import get_run_logger
+from prefect import get_client, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from capture_core.run.inbox import Claim
-from capture_core.run.run_layout import LedgerLine, RunLayout
+from capture_core.run.run_layout import RunLayout
+from capture_core.run.run_outcome import outcome_line, verdict
 from capture_core.run.run_progress import RunTally
 from capture_core.run.run_report import (
     RunSummary,
@@ -18,6 +20,7 @@ from capture_core.run.run_report import (
     markdown_report,
     summarize,
     summary_table,
+    terminal_words,
 )
 from capture_core.storage import open_byte_store
 from tasks.common import ensure_claim, tokcap_task
@@ -34,8 +37,13 @@ def write_run_report(
     tally: RunTally,
     storage_options: Mapping[str, Any] | None = None,
     claim: Claim | None = None,
+    mask_alert_fraction: float | None = None,
 ) -> RunSummary:
-    """Write the tallied run's ledger, publish the table and markdown artifacts."""
+    """Write the tallied run's ledger and publish its summary table.
+
+    The flow publishes the markdown report itself (`publish_report`): the UI lists a flow
+    run's own artifacts above its task runs', so the report comes before the receipts.
+    """
     run_id = tally.run_id
     ensure_claim(dest, claim, storage_options)
     ledger = tally.ledger()
@@ -43,44 +51,37 @@ def write_run_report(
     summary = summarize(run_id, ledger)
     summary.delivery = tally.delivery
     summary.errors = tally.all_errors()
+    summary.mask_alert_threshold = mask_alert_fraction
     locate(summary, dest)
-    publish_artifacts(summary, ledger, tally.seconds)
-    get_run_logger().info(
-        "run %s: %d handed off, %d masked, %d retired, %d retirements failed, %d failed, "
-        "%d malformed input lines",
-        run_id,
-        summary.handed_off,
-        summary.masked,
-        summary.retired,
-        summary.retire_failed,
-        summary.failed,
-        summary.malformed_lines,
+    create_table_artifact(
+        key=artifact_key(summary.run_id, "summary"),
+        table=summary_table(summary),
+        description=f"tokcap run {summary.run_id}: counts (the report has them in words)",
     )
+    logger = get_run_logger()
+    logger.info("%s", outcome_line(summary))
     if summary.terminal_methods:
-        get_run_logger().info(
-            "run %s: terminal attributed by %s; top abstentions %s",
-            run_id,
-            summary.terminal_methods,
-            summary.terminal_abstentions,
-        )
+        logger.info("run %s: %s", run_id, terminal_words(summary))
     return summary
 
 
-def publish_artifacts(
-    summary: RunSummary, ledger: list[LedgerLine], batch_seconds: dict[int, float]
-) -> None:
+def publish_report(summary: RunSummary, tally: RunTally, progress: UUID | None = None) -> None:
+    """Publish the markdown report as the flow run's own artifact; call it from the flow.
+
+    The progress artifact (`progress`), done once the report exists, is deleted, so the
+    report is the run's only artifact above the task runs' receipts.
+    """
+    ledger = tally.ledger()
     delivered = [
         line.delivered_fraction
         for line in ledger
         if not line.masked and line.delivered_fraction is not None
     ]
-    create_table_artifact(
-        key=artifact_key(summary.run_id, "summary"),
-        table=summary_table(summary),
-        description=f"tokcap finalization run {summary.run_id}",
-    )
     create_markdown_artifact(
         key=artifact_key(summary.run_id, "report"),
-        markdown=markdown_report(summary, ledger, delivered, batch_seconds),
-        description=f"tokcap report for run {summary.run_id}",
+        markdown=markdown_report(summary, ledger, delivered, tally.seconds),
+        description=f"tokcap report of run {summary.run_id}: {verdict(summary)}",
     )
+    if progress is not None:
+        with get_client(sync_client=True) as client:
+            client.delete_artifact(progress)
