@@ -150,7 +150,8 @@ def _add_finalize(commands: Any) -> None:
         "--max-mask-fraction",
         type=fraction,
         default=None,
-        help="abort the run when more than this fraction (0-1) of rollouts is masked",
+        help="stop the run when more than this fraction (0-1) of the rollouts finalized so far "
+        "is masked, judged after every batch (1 never stops it)",
     )
     finalize.add_argument(
         "--mask-fraction-min-samples",
