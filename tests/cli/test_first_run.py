@@ -220,7 +220,9 @@ def test_an_outage_after_the_checks_fails_with_one_line_and_traces_in_the_run_lo
     retries = [line for line in mentions if re.search(r"Retry [123]/3 will start", line)]
     failures = [line for line in mentions if line not in retries]
     assert len(retries) == 3, "each retry is one progress line"
-    assert len(failures) == 1 and "check the endpoint and network" in failures[0], result.stderr
+    assert len(failures) == 1, result.stderr
+    assert f"the S3 endpoint {endpoint} dropped the connection" in failures[0], failures[0]
+    assert "check that it is running and reachable" in failures[0], failures[0]
     logs = eventually(
         lambda: logs_of(flow_run_id_from(result.stderr)),
         lambda found: any("Traceback" in log.message for log in found),
