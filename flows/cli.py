@@ -343,8 +343,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
     else:
         batches = plural(manifest.batches, "batch", "batches")
-        print(f"run {args.run_id} ({manifest.rollouts}, {batches}, delivery {manifest.delivery})")
-        print_summary(summary)
+        print_summary(summary, f"{manifest.rollouts}, {batches}, delivery {manifest.delivery}")
         print_consumers(consumers, manifest.retire_after_consumer)
     return 0 if summary.ok else 1
 

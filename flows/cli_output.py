@@ -33,9 +33,12 @@ def print_retriggered(report: Any) -> None:
     )
 
 
-def print_summary(summary: Any) -> None:
-    """The outcome line first, the counts, then the mask rate and each reason in words."""
+def print_summary(summary: Any, source: str | None = None) -> None:
+    """The outcome line first (then `source`, what the run read), the counts, then the mask
+    rate and each reason in words."""
     print(outcome_line(summary))
+    if source:
+        print(f"from {source}")
     rows = [
         *trace_counts(summary),
         ("rollouts", summary.rollouts),

@@ -56,19 +56,26 @@ def verdict(summary: RunSummary) -> str:
 
 
 def _facts(summary: RunSummary) -> list[str]:
+    p = _plural
     counts = [
-        (summary.masked, "masked (trainers skip masked records)"),
-        (summary.retired, "captures retired"),
-        (summary.failed, "not handed off (their batch failed)"),
-        (summary.gated, "held back by the mask gate"),
-        (summary.not_started, "never started"),
-        (summary.retire_failed, "retirements failed (captures kept)"),
-        (summary.awaiting_consumer, "captures wait for the consumer's acknowledgement"),
-        (summary.malformed_lines, "malformed input lines"),
-        (summary.duplicate_lines, "lines repeat a rollout id"),
+        (summary.masked, f"{summary.masked} masked (trainers skip masked records)"),
+        (summary.retired, f"{p(summary.retired, 'capture')} retired"),
+        (summary.failed, f"{summary.failed} not handed off (their batch failed)"),
+        (summary.gated, f"{summary.gated} held back by the mask gate"),
+        (summary.not_started, f"{summary.not_started} never started"),
+        (
+            summary.retire_failed,
+            f"{p(summary.retire_failed, 'retirement')} failed (captures kept)",
+        ),
+        (
+            summary.awaiting_consumer,
+            f"{p(summary.awaiting_consumer, 'capture')} waiting for the consumer's ack",
+        ),
+        (summary.malformed_lines, p(summary.malformed_lines, "malformed input line")),
+        (summary.duplicate_lines, f"{p(summary.duplicate_lines, 'line')} repeating a rollout id"),
     ]
-    handed = f"{summary.handed_off} of {_plural(summary.rollouts, 'rollout')} handed off"
-    return [handed, *(f"{count} {what}" for count, what in counts if count)]
+    handed = f"{summary.handed_off} of {p(summary.rollouts, 'rollout')} handed off"
+    return [handed, *(text for count, text in counts if count)]
 
 
 def outcome_line(summary: RunSummary) -> str:

@@ -22,6 +22,7 @@ from capture_core.run.run_outcome import (
     outcome_line,
     reason_lines,
     reasons_footer,
+    verdict,
 )
 
 
@@ -252,7 +253,8 @@ def markdown_report(
 ) -> str:
     """The outcome first; counts, mask rate and reasons in plain words, masked and failed
     rollouts, terminal attribution, delivered fraction, slowest batches."""
-    lines = [f"# tokcap run `{summary.run_id}`", "", outcome_line(summary), ""]
+    title = f"# tokcap run `{summary.run_id}`: {verdict(summary)}"
+    lines = [title, "", outcome_line(summary), ""]
     lines += [
         f"{summary.handed_off}/{plural(summary.rollouts, 'rollout')} handed off, "
         f"{summary.masked} masked, {plural(summary.retired, 'capture')} retired, "

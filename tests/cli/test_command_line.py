@@ -87,15 +87,36 @@ def run_into_closed_pipe(args: list[str]) -> subprocess.CompletedProcess:
         os.close(write_end)
 
 
-def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path) -> None:
-    dest = str(tmp_path / "dest")
+def a_finished_run(dest: str) -> None:
+    """A run `r` at `dest` whose one rollout was handed off masked, as a finalize leaves it."""
     layout = RunLayout(open_byte_store(dest), "r")
     manifest = RunManifest(
         run_id="r", rollouts="/in.jsonl", rollouts_sha256="0" * 64, store="/store",
         builder="prefix_merging", batch_size=2, batches=1,
     )  # fmt: skip
     assert layout.claim(manifest)
-    layout.write_ledger([LedgerLine(rollout_id="1-0", line=1, finalized=True, handed_off=True)])
+    reason = "unresolved retries ['c1', 'c2']"
+    layout.write_ledger(
+        [LedgerLine(rollout_id="1-0", line=1, finalized=True, handed_off=True, masked=True,
+                    mask_reason=reason)]
+    )  # fmt: skip
+
+
+def test_status_says_the_outcome_first_and_the_reason_in_words(tmp_path, capsys) -> None:
+    a_finished_run(str(tmp_path / "dest"))
+    assert main(["status", "--dest", str(tmp_path / "dest"), "--run-id", "r"]) == 0
+    first, second, *rest = capsys.readouterr().out.splitlines()
+    assert first == (
+        "run r: complete: 1 of 1 rollout handed off, 1 masked (trainers skip masked records)"
+    )
+    assert second == "from /in.jsonl, 1 batch, delivery main_chain"
+    assert "mask rate 100% (1 of 1)" in rest
+    assert any(line.startswith("  1 unresolved retry: a call was retried") for line in rest)
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path) -> None:
+    dest = str(tmp_path / "dest")
+    a_finished_run(dest)
     for args in (["status", "--dest", dest, "--run-id", "r"], ["deployments", "--show"]):
         done = run_into_closed_pipe(args)
         assert (done.returncode, done.stderr) == (BROKEN_PIPE_EXIT, ""), (args, done.stderr)

@@ -112,6 +112,7 @@ def test_the_outcome_comes_first_and_the_mask_rate_names_the_alert() -> None:
     summary.mask_alert_threshold = 0.2
     assert "within the alert threshold of 20%: no alert" in mask_rate_line(summary)
     text = markdown_report(summary, ledger, [1.0] * 6, {0: 0.5})
+    assert text.splitlines()[0] == "# tokcap run `demo-1`: complete"
     assert text.splitlines()[2] == outcome_line(summary)
     assert mask_rate_line(summary) in text
 
