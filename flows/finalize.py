@@ -318,8 +318,8 @@ def finalize_run(
         steps.run_batch(batch, earlier.get(receipt_key(batch)), finalizing, tally, gate)
         update_progress_artifact(progress, 100.0 * done / max(1, len(plan.batches)))
     steps.storage.result()  # prepared even when no batch needed it: a failure fails the run
-    alert = {"mask_alert_fraction": mask_alert_fraction}
-    summary = write_run_report(dest, quote(tally), options, claim, **alert)  # quote: hand_off
+    report = {"claim": claim, "mask_alert_fraction": mask_alert_fraction}
+    summary = write_run_report(dest, quote(tally), options, **report)  # quote: see hand_off
     publish_report(summary, tally, progress)
     alert_on_masks(summary)
     raise_if_failed(summary, tally, steps)
