@@ -1,7 +1,9 @@
 """Events a run emits for people to see: the masked fraction crossing its alert threshold.
 
 The shipped automation `tokcap-mask-fraction-alert` (deployments/automations.yaml) fires
-on the event, so such a run shows up under Automations and in the event feed.
+on the event, so such a run shows up under Automations and in the event feed. Whether the
+alert is due is decided with the report (`capture_core.run.run_outcome`), so the report says
+whether it fired.
 """
 
 from __future__ import annotations
@@ -9,23 +11,19 @@ from __future__ import annotations
 from prefect import get_run_logger
 from prefect.events import emit_event
 
+from capture_core.run.run_outcome import MASK_ALERT_EVENT, mask_alert_due, mask_rate, mask_rate_line
 from capture_core.run.run_report import RunSummary
 
-MASK_ALERT = "tokcap.run.mask-fraction.exceeded"
+MASK_ALERT = MASK_ALERT_EVENT
 
 
-def masked_fraction(summary: RunSummary) -> float:
-    """The fraction of the run's rollouts that were masked (0 for an empty run)."""
-    return summary.masked / summary.rollouts if summary.rollouts else 0.0
-
-
-def alert_on_masks(summary: RunSummary, threshold: float | None) -> bool:
-    """Emit `MASK_ALERT` when more than `threshold` of the run was masked; whether it did.
+def alert_on_masks(summary: RunSummary) -> bool:
+    """Emit `MASK_ALERT` when more than the summary's alert threshold of the run was masked;
+    whether it did.
 
     Within a flow run the event is related to that run, so the alert links to it.
     """
-    fraction = masked_fraction(summary)
-    if threshold is None or fraction <= threshold:
+    if not mask_alert_due(summary):
         return False
     emit_event(
         event=MASK_ALERT,
@@ -37,17 +35,10 @@ def alert_on_masks(summary: RunSummary, threshold: float | None) -> bool:
             "run_id": summary.run_id,
             "masked": summary.masked,
             "rollouts": summary.rollouts,
-            "masked_fraction": round(fraction, 4),
-            "threshold": threshold,
+            "masked_fraction": round(mask_rate(summary), 4),
+            "threshold": summary.mask_alert_threshold,
             "mask_reasons": summary.mask_reasons,
         },
     )
-    get_run_logger().info(
-        "run %s masked %d of %d rollouts (%.1f%%), above the alert threshold of %.1f%%",
-        summary.run_id,
-        summary.masked,
-        summary.rollouts,
-        100 * fraction,
-        100 * threshold,
-    )
+    get_run_logger().info("run %s: %s", summary.run_id, mask_rate_line(summary))
     return True

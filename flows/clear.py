@@ -48,7 +48,14 @@ def dispatch_clear(
     source = SourceSpec(store=store, storage_options=options, source_kwargs=source_kwargs)
     cleared = clear_captures(ids, source)
     summary = ClearSummary(cleared=cleared, without_id=without_id, malformed=len(malformed))
-    get_run_logger().info("dispatch clear of %s: %s", _describe(rollouts), summary.model_dump())
+    get_run_logger().info(
+        "dispatch clear of %s: captures of %d rollout ids cleared, %d records without an id, "
+        "%d malformed ids",
+        _describe(rollouts),
+        cleared,
+        without_id,
+        len(malformed),
+    )
     if malformed:
         raise ValueError(
             f"{len(malformed)} rollout record(s) have malformed ids and were not cleared "

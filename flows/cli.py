@@ -3,7 +3,9 @@
 Every argument is checked, and every local path made absolute, before any Prefect server or
 flow starts. Without `PREFECT_API_URL` the CLI starts a temporary Prefect server (see
 `flows.runners`). Exit status: 0 success, 1 the run failed (each failure on one line; the
-tracebacks are in the flow-run logs), 2 bad usage or input.
+tracebacks are in the flow-run logs), 2 bad usage or input (with the close match of a
+mistyped option, command or choice), 3 `submit` placed a file it could not announce (the
+inbox's scheduled pass finalizes it), 141 stdout's reader stopped reading (`| head`).
 Credentials given with `--storage-option` go to the environment, never to flow parameters.
 """
 
@@ -13,7 +15,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 
@@ -32,6 +34,7 @@ from flows.cli_checks import (
     check_rollouts,
     check_run_id,
     check_separate,
+    check_spelling,
     check_storage_options,
     check_store,
     check_workdir,
@@ -53,7 +56,9 @@ from flows.cli_output import (
     print_summary,
     report_failure,
 )
+from flows.cli_parser import Parser
 from flows.cli_runs import add_runs_command, check_runs_args, cmd_runs
+from flows.cli_stdout import end_quietly, reader_gone
 from flows.cli_sweep import add_sweep, cmd_sweep
 from flows.demo import DEFAULT_ROLLOUTS
 from flows.runners import (
@@ -69,13 +74,6 @@ CREDENTIAL_ENV = {
     "secret": "AWS_SECRET_ACCESS_KEY",
     "token": "AWS_SESSION_TOKEN",
 }
-
-
-class Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line and exit with status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def parse_options(pairs: Sequence[str], flag: str = "--storage-option") -> dict[str, Any]:
@@ -152,7 +150,8 @@ def _add_finalize(commands: Any) -> None:
         "--max-mask-fraction",
         type=fraction,
         default=None,
-        help="abort the run when more than this fraction (0-1) of rollouts is masked",
+        help="stop the run when more than this fraction (0-1) of the rollouts finalized so far "
+        "is masked, judged after every batch (1 never stops it)",
     )
     finalize.add_argument(
         "--mask-fraction-min-samples",
@@ -202,14 +201,18 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--dest", required=True, help=DEST_HELP)
-        sub.add_argument("--run-id", required=True)
+        sub.add_argument("--run-id", required=True, help=f"the run to {name} (under --dest)")
         sub.add_argument("--store", required=True, help=STORE_HELP)
         _add_storage(sub)
 
     status = commands.add_parser("status", help="show a run's ledger summary")
     status.add_argument("--dest", required=True, help=DEST_HELP)
-    status.add_argument("--run-id", required=True)
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--run-id", required=True, help="the run to show (under --dest)")
+    status.add_argument(
+        "--json",
+        action="store_true",
+        help="print the run's manifest, summary and row consumers as JSON",
+    )
     _add_storage(status, source=False)
 
     demo = commands.add_parser("demo", help="end-to-end demo on a local store")
@@ -242,6 +245,7 @@ def check_args(args: argparse.Namespace) -> None:
     args.options = split_credentials(parse_options(getattr(args, "storage_option", [])))
     args.source_kwargs = parse_options(getattr(args, "source_kwarg", []), "--source-kwarg")
     check_storage_options(args.options)
+    check_spelling(args)
     if getattr(args, "run_id", None) is not None:
         check_run_id(args)
     if getattr(args, "rollouts", None) is not None:
@@ -296,7 +300,6 @@ def cmd_finalize(args: argparse.Namespace) -> int:
         retire_after_consumer=args.retire_after_consumer,
         **_flow_options(args),
     )
-    print(f"run {args.run_id}")
     print_summary(summary)
     return 0
 
@@ -346,8 +349,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
     else:
         batches = plural(manifest.batches, "batch", "batches")
-        print(f"run {args.run_id} ({manifest.rollouts}, {batches}, delivery {manifest.delivery})")
-        print_summary(summary)
+        print_summary(summary, f"{manifest.rollouts}, {batches}, delivery {manifest.delivery}")
         print_consumers(consumers, manifest.retire_after_consumer)
     return 0 if summary.ok else 1
 
@@ -413,14 +415,18 @@ def run_command(args: argparse.Namespace, notes: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tokcap` console script."""
     prefect_environment()
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
     notes: list[str] = []
     try:
-        return run_and_report(args, notes)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        code = run_and_report(args, notes)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return end_quietly()
     finally:
         print_notes(notes)
 
@@ -443,6 +449,8 @@ def run_and_report(args: argparse.Namespace, notes: list[str]) -> int:
         print(f"tokcap {args.command}: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and reader_gone():
+            raise  # `tokcap status | head`: not a failure of the command
         print(
             f"tokcap {args.command} failed: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr
         )

@@ -36,7 +36,7 @@ from capture_core.run.run_layout import (
     validate_run_id,
 )
 from capture_core.run.run_report import RunSummary, locate, summarize
-from capture_core.storage import open_byte_store, url_scheme
+from capture_core.storage import misspelled_url, open_byte_store, url_scheme
 
 
 class UsageError(ValueError):
@@ -76,6 +76,22 @@ def fraction(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"{value} is not between 0 and 1")
     return value
+
+
+LOCATION_FLAGS = ("rollouts", "store", "dest", "inbox")
+
+
+def check_spelling(args: argparse.Namespace) -> None:
+    """A location typed as a URL missing a slash (`s3:/bucket`) is refused, naming the URL it
+    meant, before it is made absolute and would pass for a local path."""
+    named = [(f"--{name}", getattr(args, name, None)) for name in LOCATION_FLAGS]
+    named += [("FILE", path) for path in getattr(args, "files", None) or []]
+    for flag, value in named:
+        meant = misspelled_url(value) if isinstance(value, str) else None
+        if meant is not None:
+            raise UsageError(
+                f"{flag} {value} is neither a URL nor a path tokcap can use: did you mean {meant}?"
+            )
 
 
 def check_rollouts(args: argparse.Namespace) -> None:

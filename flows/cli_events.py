@@ -15,6 +15,9 @@ from typing import Any
 from flows.cli_checks import UsageError, absolute, positive_int
 
 NOT_ANNOUNCED = "the inbox deployment's scheduled pass finalizes it"
+NOT_ANNOUNCED_EXIT = 3
+"""`tokcap submit`'s exit status when a file was placed but not announced: it waits for the
+inbox's next scheduled pass instead of starting a run now."""
 
 
 def add_event_commands(commands: Any, add_storage: Callable[..., None]) -> None:
@@ -28,7 +31,9 @@ def add_event_commands(commands: Any, add_storage: Callable[..., None]) -> None:
     automations = commands.add_parser(
         "automations", help="apply the shipped automations and concurrency limits"
     )
-    verbs = automations.add_subparsers(dest="verb", metavar="VERB", required=True)
+    verbs = automations.add_subparsers(
+        dest="verb", metavar="VERB", required=True, help="apply: the only verb"
+    )
     apply = verbs.add_parser("apply", help="create or replace them on the PREFECT_API_URL server")
     apply.add_argument("--file", help="automations file (default: the shipped automations.yaml)")
     apply.add_argument(
@@ -48,9 +53,14 @@ def check_event_args(args: argparse.Namespace) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    """Submit each file in turn; one `run id: <id>` line per file submitted."""
+    """Submit each file in turn; one `run id: <id>` line per file submitted.
+
+    Exit 0 when every file was announced, `NOT_ANNOUNCED_EXIT` when one was placed but no
+    server took its event (or none is configured).
+    """
     from flows.submit import SubmitRefusedError, submit_files
 
+    waiting = False
     for source in args.files:
         try:
             (result,) = submit_files(args.inbox, [source], args.options or None)
@@ -60,12 +70,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not result.placed:
             print(f"{result.url} was already in the inbox with this content", file=sys.stderr)
         if result.not_announced:
+            waiting = True
             print(
                 f"tokcap submit: {result.url} not announced: {result.not_announced}; "
-                + NOT_ANNOUNCED,
+                + NOT_ANNOUNCED
+                + f" (exit status {NOT_ANNOUNCED_EXIT})",
                 file=sys.stderr,
             )
-    return 0
+    return NOT_ANNOUNCED_EXIT if waiting else 0
 
 
 def cmd_automations(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from capture_core.run.run_outcome import mask_rate_line, outcome_line, reason_lines
 from capture_core.run.run_report import plural, stopped_counts, trace_counts
 from flows.runners import script
 
@@ -32,14 +33,18 @@ def print_retriggered(report: Any) -> None:
     )
 
 
-def print_summary(summary: Any) -> None:
+def print_summary(summary: Any, source: str | None = None) -> None:
+    """The outcome line first (then `source`, what the run read), the counts, then the mask
+    rate and each reason in words."""
+    print(outcome_line(summary))
+    if source:
+        print(f"from {source}")
     rows = [
         *trace_counts(summary),
         ("rollouts", summary.rollouts),
         ("handed off", summary.handed_off),
         ("already handed off (earlier run)", summary.already_handed_off),
         ("masked", summary.masked),
-        *((f"  masked: {reason}", count) for reason, count in summary.mask_reasons.items()),
         ("retired", summary.retired),
         ("retirement failed", summary.retire_failed),
         ("failed", summary.failed),
@@ -53,6 +58,11 @@ def print_summary(summary: Any) -> None:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
+    print(mask_rate_line(summary))
+    if summary.mask_reasons:
+        print("masked because:")
+        for line in reason_lines(summary):
+            print(f"  {line}")
     if summary.records_prefix:
         print(f"records: {summary.records_prefix}\nledger:  {summary.ledger}")
 

@@ -19,6 +19,9 @@ import time
 
 import orjson
 
+from capture_core.run.mask_reasons import reason_kind, witness_words
+from capture_core.run.run_layout import LedgerLine, read_ledger
+from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.agent_captures import AgentRollout, agent_rollout, write_capture
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
@@ -107,6 +110,36 @@ def describe(rollouts: list[AgentRollout]) -> list[str]:
     return lines
 
 
+def case_fate(line: LedgerLine | None) -> str:
+    """What the run did with one rollout, in words, from its ledger line."""
+    if line is None:
+        return "not in the run's ledger"
+    if not line.handed_off:
+        return f"not handed off: {line.error or 'its batch failed'}"
+    if line.masked:
+        kind = reason_kind(line.mask_reason)
+        return f"handed off masked ({kind.title}; trainers skip it), capture kept as evidence"
+    if line.delivered_fraction is None and line.terminal_method is None:
+        fate = "handed off unchanged (it already carried token ids)"
+    else:
+        fate = "handed off with its rebuilt tokens"
+        if line.terminal_method and line.terminal_method != "none":
+            fate += f", scored call found by {witness_words(line.terminal_method)}"
+        if line.delivered_fraction is not None and line.delivered_fraction < 1:
+            share = f"{100 * line.delivered_fraction:.0f}%"
+            fate += f", {share} of its generated tokens (calls off the scored chain left out)"
+    return fate + (", capture retired" if line.retired else ", capture kept")
+
+
+def case_outcomes(rollouts: list[AgentRollout], ledger: list[LedgerLine]) -> list[str]:
+    """One line per scripted case: its description, then what happened to it."""
+    by_id = {line.rollout_id: line for line in ledger}
+    return [
+        f"  {rid} {why} -> {case_fate(by_id.get(rid))}"
+        for rid, _shape, why in SCRIPTED[: len(rollouts)]
+    ]
+
+
 def run_demo(workdir: str, api_url: str | None = None, count: int = DEFAULT_ROLLOUTS) -> int:
     """Run the demo of `count` rollouts in `workdir` against `api_url` (`None`: the CLI's
     temporary server)."""
@@ -140,8 +173,10 @@ def run_demo(workdir: str, api_url: str | None = None, count: int = DEFAULT_ROLL
         run_id=run_id,
         batch_size=demo_batch_size(len(rollouts)),
     )
-    print(f"\nrun {run_id}")
+    print()
     print_summary(summary)
+    print("\nWhat happened to each scripted case:")
+    print("\n".join(case_outcomes(rollouts, read_ledger(open_byte_store(dest), run_id) or [])))
     print(
         f"\nWatch it in the Prefect UI: {ui_hint(api_url)}.\n"
         f"Inspect it here: {script('tokcap')} status --dest {dest} --run-id {run_id}"

@@ -52,7 +52,7 @@ from tasks.batches import (
 )
 from tasks.consumers import acknowledged
 from tasks.receipts import ReceiptStorage, UnrecordedReceiptError, find_receipts, receipt_storage
-from tasks.report import write_run_report
+from tasks.report import publish_report, write_run_report
 from tasks.run_state import check_locations, claim_run_id, load_ledger, load_manifest, mark_retired
 
 Options = dict[str, Any] | None
@@ -318,8 +318,10 @@ def finalize_run(
         steps.run_batch(batch, earlier.get(receipt_key(batch)), finalizing, tally, gate)
         progress.batch_done(masked=sum(gate.reasons.values()))
     steps.storage.result()  # prepared even when no batch needed it: a failure fails the run
-    summary = write_run_report(dest, quote(tally), options, claim)  # quote: see hand_off
-    alert_on_masks(summary, mask_alert_fraction)
+    report = {"claim": claim, "mask_alert_fraction": mask_alert_fraction}
+    summary = write_run_report(dest, quote(tally), options, **report)  # quote: see hand_off
+    publish_report(summary, tally, progress.artifact)
+    alert_on_masks(summary)
     raise_if_failed(summary, tally, steps)
     return summary
 
@@ -398,7 +400,7 @@ def retire_uploaded(
     steps.storage.result()  # prepared even when no receipt needed it, as in finalize_run
     mark_retired(dest, run_id, [rid for o in outcomes for rid in o.retired], options)
     counts = retire_counts(receipts, outcomes)
-    get_run_logger().info("run %s: %s", run_id, counts)
+    get_run_logger().info("run %s: %s", run_id, ", ".join(f"{k} {v}" for k, v in counts.items()))
     if tally.errors:
         errors = group_batch_errors(tally.errors)
         raise RunFailedError("; ".join(errors), errors)

@@ -168,13 +168,13 @@ def ui_hint(api_url: str | None) -> str:
     if api_url:
         base = api_url.rstrip("/")
         base = base[: -len("/api")] if base.endswith("/api") else base
-        return f"open {base} (flow runs, the summary table, report and progress artifacts)"
+        return f"open {base} (Flow Runs; a run's report comes first in its Artifacts tab)"
     from prefect.settings import PREFECT_SERVER_API_HOST, PREFECT_SERVER_API_PORT
 
     address = f"http://{PREFECT_SERVER_API_HOST.value()}:{PREFECT_SERVER_API_PORT.value()}"
     return (
-        f"run `{script('prefect')} server start` and open {address} (flow runs, the summary table, "
-        "report and progress artifacts; this run is stored under PREFECT_HOME)"
+        f"run `{script('prefect')} server start` and open {address} (Flow Runs; a run's report "
+        "comes first in its Artifacts tab; this run is stored under PREFECT_HOME)"
     )
 
 

@@ -294,8 +294,18 @@ def publish_receipt(receipt: HandoffReceipt) -> None:
             {"field": "records", "value": receipt.records},
             {"field": "receipt key", "value": receipt.receipt_key},
         ],
-        description=f"handoff receipt of batch {receipt.batch} of run {receipt.run_id}",
+        description=receipt_description(receipt),
     )
+
+
+def receipt_description(receipt: HandoffReceipt) -> str:
+    """`receipt of batch 3 (lines 7-8), run r`: each card in the UI names its batch first.
+
+    The UI lists a task run's artifacts in no order; the report, the flow run's own artifact,
+    is listed above them all."""
+    lines = [rollout.line for rollout in receipt.rollouts]
+    span = f" (lines {min(lines)}-{max(lines)})" if lines else ""
+    return f"receipt of batch {receipt.batch}{span}, run {receipt.run_id}"
 
 
 @tokcap_task("describe-failed-batch", describe_run_name)

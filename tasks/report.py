@@ -1,4 +1,4 @@
-"""The run report task: the ledger file and the Prefect UI artifacts of one run, and the
+"""The run report: the ledger file and the Prefect UI artifacts of one run, and the
 destination's runs table (`tokcap-runs`), updated at the end of every run."""
 
 from __future__ import annotations
@@ -6,13 +6,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+from uuid import UUID
 
-from prefect import get_run_logger
+from prefect import get_client, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from capture_core.run.inbox import Claim
 from capture_core.run.run_index import list_runs, record_summary, table
-from capture_core.run.run_layout import LedgerLine, RunLayout
+from capture_core.run.run_layout import RunLayout
+from capture_core.run.run_outcome import outcome_line, verdict
 from capture_core.run.run_progress import RunTally
 from capture_core.run.run_report import (
     RunSummary,
@@ -20,6 +22,7 @@ from capture_core.run.run_report import (
     markdown_report,
     summarize,
     summary_table,
+    terminal_words,
 )
 from capture_core.storage import ByteStore, open_byte_store
 from tasks.common import ensure_claim, tokcap_task
@@ -36,8 +39,13 @@ def write_run_report(
     tally: RunTally,
     storage_options: Mapping[str, Any] | None = None,
     claim: Claim | None = None,
+    mask_alert_fraction: float | None = None,
 ) -> RunSummary:
-    """Write the tallied run's ledger, publish the table and markdown artifacts."""
+    """Write the tallied run's ledger and publish its summary table.
+
+    The flow publishes the markdown report itself (`publish_report`): the UI lists a flow
+    run's own artifacts above its task runs', so the report comes before the receipts.
+    """
     run_id = tally.run_id
     ensure_claim(dest, claim, storage_options)
     ledger = tally.ledger()
@@ -46,49 +54,47 @@ def write_run_report(
     summary = summarize(run_id, ledger)
     summary.delivery = tally.delivery
     summary.errors = tally.all_errors()
+    summary.mask_alert_threshold = mask_alert_fraction
     record_summary(layout, summary, seconds=sum(tally.seconds.values()))
     locate(summary, dest)
-    publish_artifacts(summary, ledger, tally.seconds)
-    publish_runs_table(layout.dest, dest)
-    get_run_logger().info(
-        "run %s: %d handed off, %d masked, %d retired, %d retirements failed, %d failed, "
-        "%d malformed input lines",
-        run_id,
-        summary.handed_off,
-        summary.masked,
-        summary.retired,
-        summary.retire_failed,
-        summary.failed,
-        summary.malformed_lines,
+    create_table_artifact(
+        key=artifact_key(summary.run_id, "summary"),
+        table=summary_table(summary),
+        description=f"tokcap run {summary.run_id}: counts (the report has them in words)",
     )
+    publish_runs_table(layout.dest, dest)
+    logger = get_run_logger()
+    logger.info("%s", outcome_line(summary))
     if summary.terminal_methods:
-        get_run_logger().info(
-            "run %s: terminal attributed by %s; top abstentions %s",
-            run_id,
-            summary.terminal_methods,
-            summary.terminal_abstentions,
-        )
+        logger.info("run %s: %s", run_id, terminal_words(summary))
     return summary
 
 
-def publish_artifacts(
-    summary: RunSummary, ledger: list[LedgerLine], batch_seconds: dict[int, float]
-) -> None:
+def publish_report(summary: RunSummary, tally: RunTally, progress: UUID | None = None) -> None:
+    """Publish the markdown report as the flow run's own artifact; call it from the flow.
+
+    The progress artifact (`progress`), done once the report exists, is deleted, so the
+    report is the run's only artifact above the task runs' receipts (a failed deletion is a
+    warning: the report stands).
+    """
+    ledger = tally.ledger()
     delivered = [
         line.delivered_fraction
         for line in ledger
         if not line.masked and line.delivered_fraction is not None
     ]
-    create_table_artifact(
-        key=artifact_key(summary.run_id, "summary"),
-        table=summary_table(summary),
-        description=f"tokcap finalization run {summary.run_id}",
-    )
     create_markdown_artifact(
         key=artifact_key(summary.run_id, "report"),
-        markdown=markdown_report(summary, ledger, delivered, batch_seconds),
-        description=f"tokcap report for run {summary.run_id}",
+        markdown=markdown_report(summary, ledger, delivered, tally.seconds),
+        description=f"tokcap report of run {summary.run_id}: {verdict(summary)}",
     )
+    if progress is None:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            client.delete_artifact(progress)
+    except Exception as exc:  # a progress bar left at 100% must not fail a finished run
+        get_run_logger().warning("the run's progress artifact stays: %s", exc)
 
 
 RUNS_ARTIFACT = "tokcap-runs"

@@ -19,9 +19,9 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, Field
 
-from capture_core.errors import InvalidInputError, LocationMissingError
+from capture_core.errors import InvalidInputError, LocationMissingError, StoreUnavailableError
 from capture_core.ids import maybe_rollout_id_from_run_body
-from capture_core.storage import filesystem_for
+from capture_core.storage import filesystem_for, is_connection_error, unreachable_message
 
 READ_CHUNK = 1 << 20
 
@@ -142,9 +142,17 @@ def _lines_with_offsets(stream: Any) -> Iterator[tuple[int, bytes]]:
 def open_rollout_file(
     url: str, storage_options: Mapping[str, Any] | None = None
 ) -> tuple[Any, str]:
-    """The filesystem and path of a rollout file; `LocationMissingError` when it is missing."""
+    """The filesystem and path of a rollout file; `LocationMissingError` when it is missing,
+    `StoreUnavailableError` naming the endpoint when its S3 endpoint does not answer."""
     fs, path = filesystem_for(url, storage_options)
-    if not fs.exists(path):
+    try:
+        found = fs.exists(path)
+    except Exception as exc:
+        if not is_connection_error(exc):
+            raise
+        what = "read the rollout file"
+        raise StoreUnavailableError(unreachable_message(url, what, exc, storage_options)) from exc
+    if not found:
         raise LocationMissingError(f"rollout file {url} does not exist; check the URL")
     return fs, path
 

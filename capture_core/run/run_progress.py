@@ -24,6 +24,7 @@ from capture_core.run.handoff import (
     kept_as_evidence,
     marked_retirable,
 )
+from capture_core.run.mask_reasons import kind_counts, kinds_of
 from capture_core.run.run_layout import LedgerLine
 from capture_core.run.run_report import reason_category, spans
 
@@ -83,40 +84,32 @@ class MaskGate:
         limit as its decimal (0.29 is 29/100), so the advised threshold always passes."""
         return self.seen == 0 or Fraction(masked, self.seen) <= Fraction(repr(self.limit))
 
-    def exceeded(self) -> str | None:
-        """Why the run must stop, or `None` while the masked fraction is within the limit."""
+    def exceeded(self, batch: int | None = None) -> str | None:
+        """Why the run must stop at `batch`, or `None` while the masked fraction is within
+        the limit.
+
+        The fraction is judged after every batch, over the rollouts seen so far, so a later
+        batch can raise it again: the advice names the limit that passes this batch only, and
+        the one that gets the whole file through whatever later batches mask (1).
+        """
         masked = sum(self.reasons.values())
         if self.limit is None or self.seen < self.min_samples or self.within(masked):
             return None
-        reasons = ", ".join(f"{reason} ({count})" for reason, count in self.reasons.most_common())
-        needed = math.ceil(1000 * masked / self.seen) / 1000
+        passes = math.ceil(1000 * masked / self.seen) / 1000
+        here = "this batch" if batch is None else f"batch {batch}"
+        at = "" if batch is None else f" at {here}"
+        fewer = " ".join(f"{k.title.capitalize()}: {k.action}." for k, _ in kinds_of(self.reasons))
         return (
             f"masked fraction {masked}/{self.seen} = {masked / self.seen:.3f} exceeds "
-            f"max_mask_fraction {self.limit}; reasons: {reasons}. Nothing finalized from "
-            "this batch on was handed off or retired. To hand the run off with its masks (masked "
-            "records carry mask_sample: true and trainers skip them), finalize again with the "
-            f"same run id and --max-mask-fraction {needed:g} or more (tokcap retrigger keeps "
-            "the recorded one)" + "".join(_remedy(reason) for reason in self.reasons) + "."
+            f"max_mask_fraction {self.limit}{at}; reasons: {kind_counts(self.reasons)}. "
+            f"Nothing finalized from {here} on was "
+            "handed off or retired. The fraction is judged after every batch, over the rollouts "
+            f"finalized so far, so a later batch can raise it again: --max-mask-fraction "
+            f"{passes:g} gets this run past {here} only. To get the whole file through, "
+            "finalize again with the same run id and --max-mask-fraction 1: every rollout is "
+            "handed off, the masked ones marked mask_sample: true, which trainers skip "
+            f"(tokcap retrigger keeps the recorded limit). To mask fewer: {fewer}"
         )
-
-
-REMEDIES = {
-    "unresolved retries": (
-        "; an unresolved retry is in the capture as it was served, so capturing again cannot "
-        "resolve it: have the harness name the scored call in the record "
-        "(_ng_terminal_model_call_id or terminal_response_id) and finalize that rollout file "
-        "under a new run id"
-    ),
-    "capture incomplete": (
-        "; a lost call is lost for good: collect those rollouts again and finalize the new "
-        "rollout file under a new run id"
-    ),
-}
-
-
-def _remedy(reason: str) -> str:
-    """What lowers the masked fraction for one reason category, if anything is known to."""
-    return REMEDIES.get(reason, "")
 
 
 def _handed_off_lines(
@@ -217,7 +210,7 @@ class RunTally(BaseModel):
     def may_hand_off(self, gate: MaskGate, index: int, outcomes: list[RolloutOutcome]) -> bool:
         """Count a finalized batch at the gate; `False` (and the run aborted) once it trips."""
         gate.add(outcomes)
-        self.abort = gate.exceeded()
+        self.abort = gate.exceeded(index)
         if self.abort is not None:
             self.failed[index] = (outcomes, GATED)
         return self.abort is None

@@ -15,7 +15,15 @@ from pydantic import BaseModel, Field
 
 from capture_core.builder.terminal import UNATTRIBUTED
 from capture_core.builder.trace_envelope import MAIN_CHAIN
+from capture_core.run.mask_reasons import abstention_words, kinds_of, reason_kind
 from capture_core.run.run_layout import LEDGER, RECORDS, LedgerLine, run_location
+from capture_core.run.run_outcome import (
+    mask_rate_line,
+    outcome_line,
+    reason_lines,
+    reasons_footer,
+    verdict,
+)
 
 
 class RunSummary(BaseModel):
@@ -52,6 +60,8 @@ class RunSummary(BaseModel):
     """`all_traces`: training rows handed off, calls they own and tokens they train."""
     owned_calls: int = 0
     tokens_trained: int = 0
+    mask_alert_threshold: float | None = None
+    """The run's mask alert threshold (`None`: none, or not known where the summary was read)."""
 
     @property
     def ok(self) -> bool:
@@ -89,7 +99,8 @@ def reason_category(reason: str | None) -> str:
 
     `CaptureRetiredError: rollout 7-0 was already retired after ... (snapshot ...)` groups as
     `was already retired after ...`; `capture incomplete: lost call` as `capture incomplete`;
-    a parenthesised detail (a snapshot id, the counts that failed) is dropped.
+    a parenthesised detail (a snapshot id, the counts that failed) is dropped, and so is a
+    list of call ids inside the phrase (`calls ['c3'] extend ...` groups as `calls extend ...`).
     """
     if not reason:
         return "masked"
@@ -98,7 +109,8 @@ def reason_category(reason: str | None) -> str:
     if sep and rest and name.isidentifier() and name.endswith("Error"):
         text = rest
     text = re.sub(r"^rollout \S+ ", "", text)
-    head = re.split(r": | \[| \(", text, maxsplit=1)[0].strip()
+    text = re.sub(r" \[[^\]]*\](?= \w)", "", text)
+    head = re.split(r": | \[| \(|; ", text, maxsplit=1)[0].strip()
     return head[:80] or "masked"
 
 
@@ -194,6 +206,16 @@ def stopped_counts(summary: RunSummary) -> list[tuple[str, int]]:
     return [(name, value) for name, value in counts if value]
 
 
+def terminal_words(summary: RunSummary) -> str:
+    """`the scored call was named by content in 6 rollouts; ...`: attribution in words."""
+    named = ", ".join(f"{method} in {n}" for method, n in summary.terminal_methods.items())
+    text = f"the scored call was named by {named}"
+    if summary.terminal_abstentions:
+        code, count = next(iter(summary.terminal_abstentions.items()))
+        text += f"; most frequent abstention: {abstention_words(code)} ({count})"
+    return text
+
+
 def summary_table(summary: RunSummary) -> list[dict[str, object]]:
     return [
         *({"metric": name, "value": value} for name, value in trace_counts(summary)),
@@ -201,7 +223,11 @@ def summary_table(summary: RunSummary) -> list[dict[str, object]]:
         {"metric": "handed off", "value": summary.handed_off},
         {"metric": "already handed off (earlier run)", "value": summary.already_handed_off},
         {"metric": "masked", "value": summary.masked},
-        *({"metric": f"masked: {k}", "value": v} for k, v in summary.mask_reasons.items()),
+        *(
+            {"metric": f"masked: {kind.title}", "value": n}
+            for kind, n in kinds_of(summary.mask_reasons)
+        ),
+        {"metric": "mask rate", "value": mask_rate_line(summary)},
         {"metric": "retired", "value": summary.retired},
         {"metric": "retirement failed", "value": summary.retire_failed},
         {"metric": "failed", "value": summary.failed},
@@ -225,8 +251,10 @@ def markdown_report(
     delivered: list[float],
     batch_seconds: dict[int, float],
 ) -> str:
-    """Counts, mask reasons, masked and failed rollouts, delivered fraction, slowest batches."""
-    lines = [f"# tokcap run `{summary.run_id}`", ""]
+    """The outcome first; counts, mask rate and reasons in plain words, masked and failed
+    rollouts, terminal attribution, delivered fraction, slowest batches."""
+    title = f"# tokcap run `{summary.run_id}`: {verdict(summary)}"
+    lines = [title, "", outcome_line(summary), ""]
     lines += [
         f"{summary.handed_off}/{plural(summary.rollouts, 'rollout')} handed off, "
         f"{summary.masked} masked, {plural(summary.retired, 'capture')} retired, "
@@ -237,10 +265,12 @@ def markdown_report(
         "",
         "## Mask reasons",
         "",
+        mask_rate_line(summary) + ".",
+        "",
     ]
     if summary.mask_reasons:
-        lines += ["| reason | rollouts |", "|---|---|"]
-        lines += [f"| {reason} | {count} |" for reason, count in summary.mask_reasons.items()]
+        lines += [f"- {reason}" for reason in reason_lines(summary)]
+        lines += ["", reasons_footer() + "."]
     else:
         lines.append("No rollout was masked.")
     masked = [
@@ -251,7 +281,7 @@ def markdown_report(
         for line in ledger
         if not line.handed_off and not line.not_started
     ]
-    lines += _rollout_table("Masked rollouts", masked)
+    lines += _masked_list(masked)
     lines += _reason_table("Failed rollouts and malformed lines", failed)
     unretired = [(line, line.error or "") for line in ledger if retirement_failed(line)]
     lines += _reason_table("Handed off, retirement failed (captures kept)", unretired)
@@ -265,20 +295,26 @@ def markdown_report(
     return "\n".join(lines) + "\n"
 
 
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
-
-
-def _rollout_table(title: str, rows: list[tuple[LedgerLine, str]]) -> list[str]:
-    """A section listing the first `MAX_LISTED` rollouts with their reasons, and the count."""
+def _masked_list(rows: list[tuple[LedgerLine, str]]) -> list[str]:
+    """The first `MAX_LISTED` masked rollouts, one list item each (a list wraps where a table
+    cell would be cut off): id, line, the kind in plain words, then the reason as stored."""
     if not rows:
         return []
-    out = ["", f"## {title} ({len(rows)})", "", "| rollout | line | reason |", "|---|---|---|"]
+    out = ["", f"## Masked rollouts ({len(rows)})", ""]
     for line, reason in rows[:MAX_LISTED]:
-        out.append(f"| {line.rollout_id or '-'} | {line.line} | {_cell(reason)} |")
+        title = reason_kind(reason).title
+        out.append(f"- {line.rollout_id or '-'} (line {line.line}): {title}: `{_flat(reason)}`")
     if len(rows) > MAX_LISTED:
         out += ["", f"... and {len(rows) - MAX_LISTED} more; the run ledger lists every one."]
     return out
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split()).replace("`", "'")
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
 
 
 def _reason_table(title: str, rows: list[tuple[LedgerLine, str]]) -> list[str]:
@@ -312,6 +348,13 @@ def spans(numbers: list[int], most: int = 10) -> str:
     return text + (", ..." if len(runs) > most else "")
 
 
+DELIVERED_MEANING = (
+    "Of the tokens each unmasked rollout generated, the share its handed-off record carries: "
+    "calls off the scored conversation (auxiliary calls, abandoned tries, other branches) are "
+    "left out. p10 means a tenth of the unmasked rollouts delivered less than that; p50, half."
+)
+
+
 def _delivered(delivered: list[float]) -> list[str]:
     lines = ["", "## Delivered fraction (unmasked rollouts)", ""]
     if not delivered:
@@ -323,6 +366,8 @@ def _delivered(delivered: list[float]) -> list[str]:
         "|---|---|---|---|---|",
         f"| {min(delivered):.4f} | {quantiles[0]:.4f} | {statistics.median(delivered):.4f}"
         f" | {quantiles[-1]:.4f} | {max(delivered):.4f} |",
+        "",
+        DELIVERED_MEANING,
     ]
 
 
@@ -352,13 +397,25 @@ def _traces(summary: RunSummary, ledger: list[LedgerLine]) -> list[str]:
     return lines
 
 
+TERMINAL_MEANING = (
+    "Which captured call produced the response the verifier scored, by the witness that "
+    "named it (`explicit`: the record's call id, `declared`: its response id, `response_id`: "
+    "the scored response's id, `content`: its text); `none`: no witness could tell, and the "
+    "single-conversation rule decided. A witness that could not tell while another named the "
+    "call changes nothing."
+)
+
+
 def _terminal_lines(summary: RunSummary) -> list[str]:
     """Rollouts per attribution method and the top abstention reasons, as markdown."""
     if not summary.terminal_methods:
         return ["No build reported terminal attribution."]
-    lines = ["| attributed by | rollouts |", "|---|---|"]
+    lines = [TERMINAL_MEANING, "", "| attributed by | rollouts |", "|---|---|"]
     lines += [f"| {method} | {count} |" for method, count in summary.terminal_methods.items()]
     if summary.terminal_abstentions:
-        lines += ["", "| top abstention reasons | rollouts |", "|---|---|"]
-        lines += [f"| {code} | {n} |" for code, n in summary.terminal_abstentions.items()]
+        lines += ["", "| why a witness could not tell (most frequent) | rollouts |", "|---|---|"]
+        lines += [
+            f"| {abstention_words(code)} (`{code}`) | {n} |"
+            for code, n in summary.terminal_abstentions.items()
+        ]
     return lines

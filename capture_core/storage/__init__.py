@@ -2,7 +2,8 @@
 
 `ByteStore` (base) is the contract; `LocalStore` (local) implements it on a POSIX disk and
 `FsspecStore` (remote) on S3 and `memory://`. `open_byte_store` maps a location to its
-backend, and `locations` reads location strings for every other module. `io_pool` is the
+backend, `locations` reads location strings for every other module, and `endpoints` says
+which S3 endpoint did not answer. `io_pool` is the
 process's one thread pool for blocking store I/O awaited from async code. Other modules
 import from this package (and `io_pool`) only; docs/store.md describes the contract.
 """
@@ -15,6 +16,7 @@ from capture_core.storage.base import (
     check_new_object,
     is_reserved,
 )
+from capture_core.storage.endpoints import is_connection_error, unreachable_message
 from capture_core.storage.factory import open_byte_store
 from capture_core.storage.local import TMP_DIR, LocalStore, fsync_dir
 from capture_core.storage.locations import (
@@ -23,6 +25,7 @@ from capture_core.storage.locations import (
     is_s3,
     local_path,
     locations_overlap,
+    misspelled_url,
     place,
     refuse_overlapping,
     url_scheme,
@@ -52,13 +55,16 @@ __all__ = [
     "check_new_object",
     "filesystem_for",
     "fsync_dir",
+    "is_connection_error",
     "is_reserved",
     "is_s3",
     "local_path",
     "locations_overlap",
+    "misspelled_url",
     "open_byte_store",
     "place",
     "refuse_overlapping",
     "s3_options",
+    "unreachable_message",
     "url_scheme",
 ]

@@ -9,7 +9,7 @@ from typing import Any
 from capture_core.errors import InvalidInputError
 from capture_core.storage.base import ByteStore
 from capture_core.storage.local import LocalStore
-from capture_core.storage.locations import local_path
+from capture_core.storage.locations import local_path, refuse_misspelled
 from capture_core.storage.remote import FsspecStore
 
 
@@ -20,7 +20,9 @@ def open_byte_store(
 
     Only the local backend owns durability and exclusive creates on a local disk; other
     fsspec filesystems must create atomically themselves or are refused (`FsspecStore`).
+    A URL missing a slash (`s3:/bucket`) is refused, naming the URL it meant.
     """
+    refuse_misspelled(url)
     text = local_path(url)
     if text is not None:
         if not os.path.isabs(text):

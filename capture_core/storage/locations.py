@@ -2,16 +2,20 @@
 
 Every module that must tell local from remote, or S3 from other filesystems, asks here,
 so the spellings (`/x`, `file:///x`, `local:///x`, `s3://b/p`, `s3a://b/p`) are read one way,
-and whether two locations overlap is decided here only.
+whether two locations overlap is decided here only, and a URL typed with a slash missing
+(`s3:/bucket`) is refused here, naming the URL it meant, before it could pass for a path.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+import re
 from collections.abc import Mapping
 
-from capture_core.errors import OverlappingLocationsError
+import fsspec
+
+from capture_core.errors import InvalidInputError, OverlappingLocationsError
 
 LOCAL_SCHEMES = ("file://", "local://")
 S3_PROTOCOLS = ("s3", "s3a")
@@ -21,6 +25,37 @@ def url_scheme(location: str | os.PathLike[str]) -> str | None:
     """The scheme before `://` (`s3`, `memory`, `file`), or `None` for a plain path."""
     text = os.fspath(location)
     return text.split("://", 1)[0] if "://" in text else None
+
+
+_ONE_SLASH = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(?!:)(/?)(?!/)(.+)$")
+
+
+def misspelled_url(location: str | os.PathLike[str]) -> str | None:
+    """The URL `location` meant when it is a known protocol's URL missing a slash
+    (`s3:/bucket`, `s3:bucket/prefix`, `file:/tmp/x`), else `None`.
+
+    A class spec (`module:Class`), a chained URL and anything without a slash after the
+    colon are left alone: they are not typos of a URL.
+    """
+    found = _ONE_SLASH.match(os.fspath(location))
+    if found is None:
+        return None
+    scheme, slash, rest = found.groups()
+    if not (slash or "/" in rest) or scheme.lower() not in fsspec.available_protocols():
+        return None
+    return (
+        f"{scheme}:///{rest}" if f"{scheme.lower()}://" in LOCAL_SCHEMES else f"{scheme}://{rest}"
+    )
+
+
+def refuse_misspelled(location: str | os.PathLike[str]) -> None:
+    """Raise `InvalidInputError` for a URL missing a slash, naming the URL it meant."""
+    meant = misspelled_url(location)
+    if meant is not None:
+        raise InvalidInputError(
+            f"{os.fspath(location)} is neither a URL nor a path tokcap can use: did you mean "
+            f"{meant}?"
+        )
 
 
 def is_s3(location: str | os.PathLike[str]) -> bool:

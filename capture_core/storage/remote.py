@@ -23,7 +23,8 @@ from capture_core.errors import (
     StoreUnavailableError,
 )
 from capture_core.storage.base import ByteStore, check_key, check_new_object, is_reserved
-from capture_core.storage.locations import S3_PROTOCOLS, is_s3, url_scheme
+from capture_core.storage.endpoints import is_connection_error, unreachable_message
+from capture_core.storage.locations import S3_PROTOCOLS, is_s3, refuse_misspelled, url_scheme
 from capture_core.storage.options import S3_CLIENT_RETRIES, s3_options
 
 _MEMORY_CREATE_LOCK = threading.Lock()
@@ -31,23 +32,9 @@ ATOMIC_CREATE_PROTOCOLS = (*S3_PROTOCOLS, "memory")
 S3_DELETE_BATCH = 1000  # the most keys one S3 DeleteObjects request takes
 
 
-def _is_connection_error(exc: BaseException) -> bool:
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    return bool(
-        names
-        & {
-            "EndpointConnectionError",
-            "ConnectionClosedError",
-            "ConnectTimeoutError",
-            "ReadTimeoutError",
-            "ClientConnectorError",
-            "ServerDisconnectedError",
-        }
-    )
-
-
 def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
     """The fsspec filesystem and path of a URL, with the deliberate S3 defaults applied."""
+    refuse_misspelled(url)
     options = dict(storage_options or {})
     s3 = is_s3(url)
     fs, path = fsspec.core.url_to_fs(url, **(s3_options(options) if s3 else options))
@@ -92,7 +79,11 @@ class FsspecStore(ByteStore):
                 "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS profile), or pass "
                 "key/secret storage options"
             )
-        if _is_connection_error(exc):
+        if is_connection_error(exc):
+            if self._is_s3:
+                return StoreUnavailableError(
+                    unreachable_message(self.url, what, exc, self._options)
+                )
             return StoreUnavailableError(
                 f"storage at {self.url} is unreachable while trying to {what}: "
                 f"{type(exc).__name__}: {exc}; check the endpoint and network, then retry"

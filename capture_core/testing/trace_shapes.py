@@ -8,7 +8,8 @@ resolved retry), `abandoned` (a final call retried, the scored try named by its 
 and `lost` (a call whose intent never completed: nothing of the rollout may train).
 Each episode knows which calls the policy sampled for the episode (`used`) and which are
 abandoned tries. Everything is deterministic for a seed.
-This module imports only `capture_core.records` and the dispatch-time clear.
+This module imports only `capture_core.records` and `capture_core.run.capture_source`
+(the dispatch-time clear).
 """
 
 from __future__ import annotations

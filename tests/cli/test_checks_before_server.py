@@ -148,15 +148,51 @@ def test_a_missing_bucket_is_refused_in_one_line_before_any_server(
     )
 
 
-def test_an_unreachable_endpoint_fails_in_one_line_before_any_server(run_inputs, tmp_path) -> None:
-    """Unreachable storage may come back (exit 1, not a usage error), but no server starts."""
+@pytest.mark.parametrize("which", ["dest", "rollouts"])
+def test_an_unreachable_endpoint_fails_in_one_line_before_any_server(
+    run_inputs, tmp_path, which: str
+) -> None:
+    """Unreachable storage may come back (exit 1, not a usage error), but no server starts;
+    the line names the endpoint, what to check and the setting that chose it."""
     endpoint = f"http://127.0.0.1:{free_port()}"
-    locations = {**run_inputs, "dest": "s3://b/dest"}
+    locations = {**run_inputs, which: f"s3://b/{which}"}
     options = [f"--storage-option=endpoint_url={endpoint}", "--storage-option=key=k"]
     home = str(tmp_path / "prefect-home")
     result = run_without_server(
         finalize_args_for(locations, "r", *options, "--storage-option=secret=s"), home
     )
     assert_refused_without_server(
-        result, home, 1, "tokcap finalize: --dest: ", "is unreachable", "then retry"
+        result,
+        home,
+        1,
+        f"tokcap finalize: --{which}: ",
+        f"the S3 endpoint {endpoint} did not answer",
+        "check that it is running and reachable from this machine",
+        "then retry",
+        "set by the endpoint_url storage option",
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            finalize_args("{rollouts}", "s3:/bucket/captures", "{dest}", "r"),
+            "tokcap finalize: --store s3:/bucket/captures is neither a URL nor a path tokcap can "
+            "use: did you mean s3://bucket/captures?",
+        ),
+        (
+            finalize_args("{rollouts}", "{store}", "s3:bucket/dest", "r"),
+            "did you mean s3://bucket/dest?",
+        ),
+        (["submit", "--inbox", "s3:/b/inbox", "{rollouts}"], "did you mean s3://b/inbox?"),
+    ],
+)
+def test_a_url_missing_a_slash_is_refused_with_the_url_it_meant(
+    run_inputs, tmp_path, args: list[str], expected: str
+) -> None:
+    home = str(tmp_path / "prefect-home")
+    argv = [a.format(**run_inputs) for a in args]
+    result = run_cli(argv, None, env={"PREFECT_HOME": home}, cwd=str(tmp_path))  # typo: a path
+    assert_refused_without_server(result, home, 2, expected)
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "store"], "nothing written"

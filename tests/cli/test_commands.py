@@ -22,7 +22,11 @@ def run_args(run_inputs: dict[str, str], run_id: str) -> list[str]:
 def test_finalize_then_status(run_inputs, prefect_api: str) -> None:
     done = run_cli(run_args(run_inputs, "cli-1"), prefect_api)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "handed off" in done.stdout and "masked: 2 roots and 2 chains" in done.stdout
+    first, *rest = done.stdout.splitlines()
+    assert first.startswith("run cli-1: complete: 4 of 4 rollouts handed off, 1 masked"), first
+    assert any(line.startswith("  1 several conversations: ") for line in rest), done.stdout
+    assert "roots" not in done.stdout, "no builder jargon"
+    assert "#several-conversations)" in done.stdout
     status = run_cli(
         ["status", "--dest", run_inputs["dest"], "--run-id", "cli-1", "--json"], prefect_api
     )

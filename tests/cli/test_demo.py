@@ -13,14 +13,14 @@ import pytest
 
 from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
-from flows.demo import DEFAULT_ROLLOUTS, demo_rollouts
+from flows.demo import DEFAULT_ROLLOUTS, SCRIPTED, demo_rollouts
 from tests.support.pipeline_helpers import run_cli
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
 def demo_run_id(stdout: str) -> str:
-    return re.search(r"^run (demo-\S+)$", stdout, re.MULTILINE).group(1)
+    return re.search(r"^run (demo-\S+): ", stdout, re.MULTILINE).group(1)
 
 
 def test_demo_of_n_rollouts_attributes_terminals_and_leaves_out_the_auxiliary_call(
@@ -47,6 +47,27 @@ def test_demo_of_n_rollouts_attributes_terminals_and_leaves_out_the_auxiliary_ca
     assert summary["rollouts"] == count and summary["handed_off"] == count
     attributed = {k: v for k, v in summary["terminal_methods"].items() if k != "none"}
     assert sum(attributed.values()) >= DEFAULT_ROLLOUTS - 2, summary["terminal_methods"]
+
+
+def test_the_demo_says_its_outcome_first_in_words_and_what_happened_to_each_case(
+    tmp_path, prefect_api: str
+) -> None:
+    result = run_cli(["demo", "--workdir", str(tmp_path)], prefect_api)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "{'" not in out + result.stderr, "no Python dict in the summary or the log lines"
+    summary = out.split("\nrun demo-", 1)[1].splitlines()
+    assert re.match(r"\S+: complete: 7 of 7 rollouts handed off, 1 masked", summary[0])
+    assert "mask rate 14.3% (1 of 7), above the alert threshold of 10%: the mask alert fired" in out
+    assert re.search(r"^  1 lost call: .*; collect the rollout again .*#lost-call\)$", out, re.M)
+    cases = out.split("What happened to each scripted case:\n", 1)[1].splitlines()[:7]
+    fates = dict(re.match(r"  (\d-\d) .* -> (.*)$", case).groups() for case in cases)
+    assert list(fates) == [rid for rid, _shape, _why in SCRIPTED]
+    assert fates["1-1"].startswith("handed off masked (lost call; trainers skip it)")
+    assert "capture kept as evidence" in fates["1-1"]
+    assert fates["1-3"] == "handed off unchanged (it already carried token ids), capture retired"
+    assert "calls off the scored chain left out" in fates["1-2"], fates["1-2"]
+    assert all(fates[rid].endswith("capture retired") for rid in ("0-0", "0-1", "1-0", "1-2"))
 
 
 def test_the_demo_rollouts_are_the_scripted_cases_then_generated_ones() -> None:

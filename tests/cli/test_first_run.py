@@ -154,9 +154,7 @@ def test_finalizing_a_retired_capture_says_so_and_names_tokcap_clear(
     assert "already retired after an earlier handoff" in reasons[0]
     assert "tokcap clear" in reasons[0] and "retired tombstone" in reasons[0]
     assert "delete()" not in reasons[0]
-    assert re.search(
-        r"masked: was already retired after an earlier handoff\s+3$", again.stdout, re.M
-    )
+    assert re.search(r"^  3 capture already retired: .*tokcap clear", again.stdout, re.M)
 
 
 def test_retired_capture_reasons_of_different_rollouts_group_as_one(tmp_path) -> None:
@@ -222,7 +220,9 @@ def test_an_outage_after_the_checks_fails_with_one_line_and_traces_in_the_run_lo
     retries = [line for line in mentions if re.search(r"Retry [123]/3 will start", line)]
     failures = [line for line in mentions if line not in retries]
     assert len(retries) == 3, "each retry is one progress line"
-    assert len(failures) == 1 and "check the endpoint and network" in failures[0], result.stderr
+    assert len(failures) == 1, result.stderr
+    assert f"the S3 endpoint {endpoint} dropped the connection" in failures[0], failures[0]
+    assert "check that it is running and reachable" in failures[0], failures[0]
     logs = eventually(
         lambda: logs_of(flow_run_id_from(result.stderr)),
         lambda found: any("Traceback" in log.message for log in found),
@@ -256,15 +256,21 @@ def test_runs_name_batches_show_receipts_and_list_masked_rollouts(run_inputs, pr
         lambda found: any(a.type == "table" for a in found),
         "the receipt artifact of the upload task run",
     )
-    text = str(next(a.data for a in table if a.type == "table"))
-    assert receipt.sha256 in text and receipt.part_key in text
-    report = eventually(
+    (card,) = [a for a in table if a.type == "table"]
+    assert receipt.sha256 in str(card.data) and receipt.part_key in str(card.data)
+    assert card.description == "receipt of batch 0 (lines 1-2), run named"
+    found = eventually(
         lambda: artifacts_of(flow_run_id=run.id),
         lambda found: any(a.type == "markdown" for a in found),
         "the run report",
     )
-    markdown = next(a.data for a in report if a.type == "markdown")
-    assert "## Masked rollouts (1)" in markdown and "| 7-1 | 2 | 2 roots" in markdown
+    (report,) = [a for a in found if a.task_run_id is None]  # the UI lists these first
+    assert (report.key, report.type) == ("tokcap-report-named", "markdown")
+    assert not [a for a in found if a.type == "progress"], "done: the report replaced it"
+    markdown = report.data
+    assert markdown.splitlines()[2].startswith("run named: complete: 4 of 4 rollouts handed off")
+    assert "## Masked rollouts (1)" in markdown
+    assert "- 7-1 (line 2): several conversations: `2 roots" in markdown
     retire = run_cli(
         receipt_args("retire", run_inputs["dest"], "named", run_inputs["store"]),
         prefect_api,

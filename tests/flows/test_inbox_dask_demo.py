@@ -85,7 +85,9 @@ def test_demo_runs_end_to_end_and_its_summary_matches_the_destination(
 ) -> None:
     done = run_cli(["demo", "--workdir", str(tmp_path)], prefect_api)
     assert done.returncode == 0, done.stderr[-3000:]
-    run_id = next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("run "))
+    run_id = next(
+        line.split()[1].rstrip(":") for line in done.stdout.splitlines() if line.startswith("run ")
+    )
     counts = {
         line.rsplit(None, 1)[0].strip(): int(line.rsplit(None, 1)[1])
         for line in done.stdout.splitlines()

@@ -124,7 +124,9 @@ def test_mask_fraction_limit_aborts_with_reasons(tmp_path) -> None:
     store_root, dest = str(tmp_path / "store"), str(tmp_path / "dest")
     records = make_batch(TokenCaptureStore(store_root), 6, masked={0, 1, 2, 3})
     rollouts = write_rollouts(str(tmp_path / "in.jsonl"), records)
-    with pytest.raises(RunFailedError, match=r"masked fraction 3/3 .* exceeds.*2 roots"):
+    with pytest.raises(
+        RunFailedError, match=r"masked fraction 3/3 .* exceeds.*several conversations \(3\)"
+    ):
         finalize_run(
             rollouts,
             store_root,

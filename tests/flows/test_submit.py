@@ -11,6 +11,7 @@ import pytest
 
 from capture_core.run.inbox import run_id_for_file
 from capture_core.storage import open_byte_store
+from flows.cli_events import NOT_ANNOUNCED_EXIT
 from flows.submit import SUBMITTED, SubmitRefusedError, place_file, submit_files
 from tests.support.pipeline_helpers import run_cli, write_rollouts
 from tests.support.reliability_figures import record_case
@@ -83,7 +84,7 @@ def test_tokcap_submit_prints_one_run_id_line_per_file(tmp_path: Path) -> None:
     inbox = str(tmp_path / "inbox")
     files = [source(tmp_path, "a.jsonl"), source(tmp_path, "b.jsonl", LINE * 2)]
     done = run_cli(["submit", "--inbox", inbox, *files], "")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == NOT_ANNOUNCED_EXIT, "placed, not announced: a harness can tell"
     expected = [f"run id: {run_id_for_file(f'{inbox}/{n}')}" for n in ("a.jsonl", "b.jsonl")]
     assert done.stdout.splitlines() == expected
     assert "not announced" in done.stderr, "without a server it says the event was not sent"
@@ -152,7 +153,7 @@ def test_a_file_whose_event_no_server_took_is_placed_and_said_so(tmp_path: Path)
     inbox = str(tmp_path / "inbox")
     nobody = f"http://127.0.0.1:{free_port()}/api"
     done = run_cli(["submit", "--inbox", inbox, source(tmp_path, "late.jsonl")], nobody)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == NOT_ANNOUNCED_EXIT == 3, done.stderr
     assert done.stdout.splitlines() == [f"run id: {run_id_for_file(f'{inbox}/late.jsonl')}"]
     assert "late.jsonl not announced: the server did not take the event" in done.stderr
     assert "scheduled pass finalizes it" in done.stderr

@@ -93,6 +93,32 @@ def test_a_gated_run_accounts_for_every_input_line_and_its_advice_completes_it(t
     assert again.ok, "the advice completes the run"
 
 
+def test_following_the_gate_advice_gets_the_whole_file_through(tmp_path) -> None:
+    """The fraction rises after the gate trips (masks at rollouts 2, 6 and 7): the value that
+    passes the tripping batch would trip again later, so the advice says so and names the
+    value that gets every batch through."""
+    store_root, dest = str(tmp_path / "store"), str(tmp_path / "dest")
+    records = make_batch(TokenCaptureStore(store_root), 10, masked={2, 6, 7})
+    rollouts = write_rollouts(str(tmp_path / "in.jsonl"), records)
+    gate = {"max_mask_fraction": 0.2, "mask_fraction_min_samples": 2}
+    with pytest.raises(RunFailedError) as failed:
+        finalize_run(rollouts, store_root, dest, "gate-rises", batch_size=2, **gate)
+    advice = str(failed.value)
+    assert "masked fraction 1/4 = 0.250 exceeds max_mask_fraction 0.2 at batch 1" in advice
+    assert "judged after every batch" in advice and "0.25 gets this run past batch 1 only" in advice
+    whole = re.search(
+        r"whole file through, finalize again with the same run id and "
+        r"--max-mask-fraction ([0-9.]+)",
+        advice,
+    )
+    assert whole is not None, advice
+    again = finalize_run(
+        rollouts, store_root, dest, "gate-rises", batch_size=2, max_mask_fraction=float(whole[1])
+    )
+    assert (again.handed_off, again.masked, again.gated, again.not_started) == (10, 3, 0, 0)
+    assert again.ok, "the advice gets the whole file through"
+
+
 def test_the_gate_advice_for_an_unresolved_retry_names_what_can_resolve_it() -> None:
     gate = MaskGate(0.0, 1)
     gate.add(

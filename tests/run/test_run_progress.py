@@ -40,7 +40,7 @@ def test_gate_trips_over_the_limit_naming_the_reasons() -> None:
     gate = MaskGate(0.5, min_samples=2)
     gate.add([outcome(1, masked=True), outcome(2, masked=True)])
     assert "masked fraction 2/2" in (gate.exceeded() or "")
-    assert "capture incomplete (2)" in (gate.exceeded() or "")
+    assert "reasons: lost call (2)." in (gate.exceeded() or "")
 
 
 def test_gate_without_a_limit_never_trips() -> None:

@@ -52,7 +52,7 @@ def test_locate_names_the_records_and_ledger() -> None:
 def test_markdown_lists_masked_and_failed_rollouts() -> None:
     ledger = [line(1, masked=True, mask_reason="lost | call"), line(2, handed_off=False)]
     text = markdown_report(summarize("run", ledger), ledger, [0.5], {0: 1.25})
-    assert "| r1 | 1 | lost \\| call |" in text
+    assert "- r1 (line 1): other reason: `lost | call`" in text
     assert "## Failed rollouts and malformed lines (1)" in text
     assert "| 0 | 1.25 |" in text
 

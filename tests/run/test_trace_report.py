@@ -40,7 +40,9 @@ def test_an_all_traces_summary_counts_traces_calls_and_tokens_and_why_nothing_tr
     assert table["delivery"] == "all_traces" and table["tokens trained"] == 420
     report = markdown_report(summary, _ledger(), [], {})
     assert "## Training traces" in report and "| 1-0 | 3 | 7 | 420 |" in report
-    assert "| unsettled retry groups | 1 |" in report
+    assert (
+        "- 1 unresolved retry: " in report and "(docs/mask-reasons.md#unresolved-retry)" in report
+    )
 
 
 def test_a_main_chain_summary_shows_no_trace_counts() -> None:

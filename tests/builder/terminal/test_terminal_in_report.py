@@ -51,7 +51,7 @@ def test_the_report_counts_rollouts_per_method_and_the_top_abstentions(tmp_path)
     assert table[f"terminal abstention: {top_reason}"] == top_count
     assert table["terminal attributed by: none"] == counted["none"]
     report = markdown_report(summary, [], [], {})
-    assert "## Terminal attribution" in report and f"| {top_reason} | {top_count} |" in report
+    assert "## Terminal attribution" in report and f"(`{top_reason}`) | {top_count} |" in report
 
 
 def test_a_lost_call_is_the_one_reason_of_its_rollout_in_log_ledger_and_report(
