@@ -78,14 +78,15 @@ def fraction(text: str) -> float:
     return value
 
 
-LOCATION_FLAGS = ("rollouts", "store", "dest", "inbox")
+LOCATION_FLAGS = ("rollouts", "store", "dest", "inbox", "out")
 
 
 def check_spelling(args: argparse.Namespace) -> None:
     """A location typed as a URL missing a slash (`s3:/bucket`) is refused, naming the URL it
     meant, before it is made absolute and would pass for a local path."""
     named = [(f"--{name}", getattr(args, name, None)) for name in LOCATION_FLAGS]
-    named += [("FILE", path) for path in getattr(args, "files", None) or []]
+    files = getattr(args, "files", None)  # submit's FILE list (make-inputs' --files counts)
+    named += [("FILE", path) for path in (files if isinstance(files, list) else [])]
     for flag, value in named:
         meant = misspelled_url(value) if isinstance(value, str) else None
         if meant is not None:

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from capture_core.builder.trace_envelope import ALL_TRACES
 from capture_core.errors import InvalidInputError
 from capture_core.ids import validate_rollout_id
+from capture_core.run.capture_source import clear_captures
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore, open_capture_store
 from capture_core.testing.agent_captures import AgentRollout, write_capture
@@ -176,10 +177,19 @@ def refuse_existing(
 
 
 def capture_all(store: TokenCaptureStore, rollouts: list[Rollout]) -> None:
-    """Capture every rollout (`write_capture`), several at once; the first error raises."""
+    """Dispatch and capture every rollout, several at once; the first error raises.
+
+    Each is cleared first, as a dispatch loop does: the clear's attempt marker is what lets
+    `all_traces` train several traces of one rollout (docs/traces.md).
+    """
     with ThreadPoolExecutor(_writers(store)) as pool:
-        for done in [pool.submit(write_capture, store, r) for r in rollouts]:
+        for done in [pool.submit(_dispatch, store, r) for r in rollouts]:
             done.result()
+
+
+def _dispatch(store: TokenCaptureStore, rollout: Rollout) -> None:
+    clear_captures(store, [rollout.rollout_id])
+    write_capture(store, rollout)
 
 
 def write_files(
