@@ -26,10 +26,7 @@ def print_retired(run_id: str, counts: dict[str, int]) -> None:
 
 
 def print_retriggered(report: Any) -> None:
-    print(
-        f"run {report.run_id}: {len(report.newly_handed_off)} newly handed off, "
-        f"{len(report.newly_retired)} newly retired, {len(report.still_failing)} still failing"
-    )
+    print(f"run {report.run_id}: {report.describe()}")
 
 
 def print_summary(summary: Any) -> None:

@@ -439,13 +439,7 @@ def retrigger_failed(
     except Exception as exc:
         error = RunFailedError(str(exc))
     report = ledger_changes(run_id, before, load_ledger(dest, run_id, options))
-    get_run_logger().info(
-        "retrigger %s: %d newly handed off, %d newly retired, %d still failing",
-        run_id,
-        len(report.newly_handed_off),
-        len(report.newly_retired),
-        len(report.still_failing),
-    )
+    get_run_logger().info("retrigger %s: %s", run_id, report.describe())
     if error is None:
         return report
     message = f"retrigger of {run_id} did not complete: {error}"
