@@ -12,13 +12,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from capture_core.run.inbox import Claim
 from capture_core.run.run_layout import LedgerLine, RunLayout
 from capture_core.run.run_progress import RunTally
-from capture_core.run.run_report import (
-    RunSummary,
-    locate,
-    markdown_report,
-    summarize,
-    summary_table,
-)
+from capture_core.run.run_report import RunSummary, markdown_report, summary_table
 from capture_core.storage import open_byte_store
 from tasks.common import ensure_claim, tokcap_task
 
@@ -40,10 +34,7 @@ def write_run_report(
     ensure_claim(dest, claim, storage_options)
     ledger = tally.ledger()
     RunLayout(open_byte_store(dest, storage_options), run_id).write_ledger(ledger)
-    summary = summarize(run_id, ledger)
-    summary.delivery = tally.delivery
-    summary.errors = tally.all_errors()
-    locate(summary, dest)
+    summary = tally.summary(dest, ledger)
     publish_artifacts(summary, ledger, tally.seconds)
     get_run_logger().info(
         "run %s: %d handed off, %d masked, %d retired, %d retirements failed, %d failed, "

@@ -25,7 +25,7 @@ from capture_core.run.handoff import (
     marked_retirable,
 )
 from capture_core.run.run_layout import LedgerLine
-from capture_core.run.run_report import reason_category, spans
+from capture_core.run.run_report import RunSummary, locate, reason_category, spans, summarize
 
 Item = TypeVar("Item")
 Started = TypeVar("Started")
@@ -210,6 +210,8 @@ class RunTally(BaseModel):
     errors: list[str] = Field(default_factory=list)
     abort: str | None = None
     delivery: str = MAIN_CHAIN
+    ledger_error: str | None = None
+    """Why the run's ledger could not be written (the next run of the run id writes it)."""
 
     def batch_failed(self, index: int, outcomes: list[RolloutOutcome], message: str) -> None:
         """A batch that was not handed off: its rollouts go to the ledger with the reason."""
@@ -265,9 +267,29 @@ class RunTally(BaseModel):
             self.receipts, self.retirements, self.failed, self.earlier, self.unstarted
         )
 
+    def ledger_failed(self, error: str) -> None:
+        """The ledger could not be written: an error of the run; its summary still stands."""
+        self.ledger_error = (
+            f"{error}. This summary is not recorded; the next run of this run id writes the "
+            "ledger, and `tokcap status` meanwhile counts the receipts"
+        )
+
+    def summary(self, dest: str, ledger: list[LedgerLine] | None = None) -> RunSummary:
+        """What the run did, from its ledger lines (`ledger`, when built already), with its
+        errors; located at `dest` (without a ledger location when it could not be written)."""
+        lines = self.ledger() if ledger is None else ledger
+        summary = locate(summarize(self.run_id, lines), dest)
+        summary.delivery = self.delivery
+        summary.errors = self.all_errors()
+        if self.ledger_error is not None:
+            summary.ledger = ""
+        return summary
+
     def all_errors(self) -> list[str]:
-        """The run's errors, each once (batches failing alike are one line), the abort last."""
-        return group_batch_errors(self.errors) + ([self.abort] if self.abort else [])
+        """The run's errors, each once (batches failing alike are one line), then a ledger
+        that could not be written, the abort last."""
+        ledger = [self.ledger_error] if self.ledger_error else []
+        return group_batch_errors(self.errors) + ledger + ([self.abort] if self.abort else [])
 
 
 BATCH_PREFIX = re.compile(r"^batch (\d+): ")
