@@ -27,6 +27,7 @@ from capture_core.run.row_cursor import (
 )
 from capture_core.run.run_layout import LedgerLine, RunLayout, RunManifest
 from capture_core.run.run_report import RunSummary, locate, summarize
+from capture_core.storage.io_pool import io_pool
 
 State = Literal["ok", "failed", "started"]
 
@@ -58,14 +59,18 @@ class RunStatus(BaseModel):
 
 
 def readable_receipts(layout: RunLayout) -> tuple[list[HandoffReceipt], list[str]]:
-    """The run's receipts in batch order, and why each unreadable one cannot be read."""
-    receipts, unreadable = [], []
-    for key in receipt_keys(layout):
+    """The run's receipts in batch order, and why each unreadable one cannot be read (read
+    on the I/O pool: one request each, and a run can have hundreds)."""
+
+    def read(key: str) -> HandoffReceipt | str:
         try:
-            receipts.append(read_stored_receipt(layout, key))
+            return read_stored_receipt(layout, key)
         except UnreadableReceiptError as exc:
-            unreadable.append(str(exc))
-    return receipts, unreadable
+            return str(exc)
+
+    found = list(io_pool().map(read, receipt_keys(layout)))
+    receipts = [r for r in found if isinstance(r, HandoffReceipt)]
+    return receipts, [r for r in found if isinstance(r, str)]
 
 
 def run_status(layout: RunLayout, dest: str) -> RunStatus | None:
@@ -86,7 +91,7 @@ def run_status(layout: RunLayout, dest: str) -> RunStatus | None:
         acked = acknowledged_receipts(layout, manifest.retire_after_consumer, receipts)
         count_acknowledged(summary, ledger or [], acked)
     return RunStatus(
-        state=_state(summary, progress, unreadable),
+        state=run_state(summary, progress, unreadable),
         manifest=manifest,
         summary=summary,
         progress=progress,
@@ -104,7 +109,10 @@ def ledger_summary(
     return summary
 
 
-def _state(summary: RunSummary | None, progress: HandoffProgress, unreadable: list[str]) -> State:
+def run_state(
+    summary: RunSummary | None, progress: HandoffProgress, unreadable: list[str]
+) -> State:
+    """`started` without a ledger or with receipts beyond it; else `ok` or `failed`."""
     if summary is None or progress.rollouts_handed_off > summary.handed_off:
         return "started"
     return "ok" if summary.ok and not unreadable else "failed"
