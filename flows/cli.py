@@ -4,8 +4,10 @@ Every argument is checked, and every local path made absolute, before any Prefec
 flow starts. Without `PREFECT_API_URL` the CLI starts a temporary Prefect server (see
 `flows.runners`). Exit status: 0 success, 1 the run failed (each failure on one line; the
 tracebacks are in the flow-run logs), 2 bad usage or input (with the close match of a
-mistyped option, command or choice), 3 `submit` placed a file it could not announce (the
-inbox's scheduled pass finalizes it), 141 stdout's reader stopped reading (`| head`).
+mistyped option, command or choice; an unknown run id: never started), 3 the run started and
+has not ended (`status` of a run still going or interrupted, or a command whose Prefect API
+went away mid-run: the printed command completes it) or `submit` placed a file it could not
+announce (the inbox's scheduled pass finalizes it), 141 stdout's reader stopped (`| head`).
 Credentials given with `--storage-option` go to the environment, never to flow parameters.
 """
 
@@ -15,14 +17,14 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from functools import partial
+from typing import Any, NoReturn
 
 import orjson
 
 from capture_core.builder import BUILDERS
 from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.run.run_layout import ROW_FORMATS
-from capture_core.run.run_report import plural
 from flows.cli_checks import (
     UnavailableError,
     UsageError,
@@ -41,20 +43,23 @@ from flows.cli_checks import (
     fraction,
     known_run,
     positive_int,
-    run_consumers,
     run_summary,
+    status_of_run,
 )
 from flows.cli_events import add_event_commands, check_event_args, cmd_automations, cmd_submit
 from flows.cli_inputs import add_inputs_command, check_inputs_args, cmd_make_inputs
 from flows.cli_output import (
+    EXIT_STARTED,
+    STATE_EXIT,
     may_show_progress,
     one_line,
-    print_consumers,
     print_notes,
     print_retired,
     print_retriggered,
+    print_status,
     print_summary,
     report_failure,
+    report_lost_api,
 )
 from flows.cli_parser import Parser
 from flows.cli_runs import add_runs_command, check_runs_args, cmd_runs
@@ -265,7 +270,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--task-runner: {exc}") from None
     check_locations_usable(args)
     if args.command in ("retire", "retrigger", "status"):
-        known_run(args.dest, args.run_id, args.options, need_ledger=args.command == "status")
+        known_run(args.dest, args.run_id, args.options)
     if args.command == "serve" and args.cron is not None:
         check_cron(args.cron)
     if args.command == "demo":
@@ -337,21 +342,14 @@ def cmd_retrigger(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    manifest, summary = known_run(args.dest, args.run_id, args.options, need_ledger=True)
-    assert summary is not None
-    consumers = run_consumers(args.dest, args.run_id, args.options, manifest)
+    status = status_of_run(args.dest, args.run_id, args.options)
     if args.json:
-        body = {
-            "manifest": manifest.model_dump(),
-            "summary": summary.model_dump(),
-            "consumers": [c.model_dump() for c in consumers],
-        }
+        body = status.model_dump(include={"state", "manifest", "summary", "progress", "unreadable"})
+        body["consumers"] = [c.model_dump() for c in status.consumers]
         print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
     else:
-        batches = plural(manifest.batches, "batch", "batches")
-        print_summary(summary, f"{manifest.rollouts}, {batches}, delivery {manifest.delivery}")
-        print_consumers(consumers, manifest.retire_after_consumer)
-    return 0 if summary.ok else 1
+        print_status(status, args.dest, bool(args.options))
+    return STATE_EXIT[status.state]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -398,6 +396,15 @@ FINALIZING = {"finalize", "retrigger", "demo"}  # their console shows a progress
 NO_SERVER = {"status", "deployments", "submit", "automations", "serve", "make-inputs", "runs"}
 
 
+def stop_on_lost_api(args: argparse.Namespace, explanation: str) -> NoReturn:
+    """The Prefect API went away mid-command: say so, show what the run handed off and the
+    command that completes it, and exit now, with status 3 (`EXIT_STARTED`): Prefect's
+    client would retry for minutes. Exiting here is a crash of the run, which every step
+    of a run survives (docs/pipeline.md, "Re-running is safe")."""
+    report_lost_api(args, explanation)
+    os._exit(EXIT_STARTED)
+
+
 def run_command(args: argparse.Namespace, notes: list[str]) -> int:
     """Run the command, on a temporary Prefect server unless it needs none or one is set;
     notes about that server go to `notes`, to print after the result."""
@@ -407,7 +414,11 @@ def run_command(args: argparse.Namespace, notes: list[str]) -> int:
     from flows.runners import one_line_console, prefect_api
 
     one_line_console()
-    with prefect_api(notes) as api_url, progress_console(args.command in FINALIZING):
+    on_lost = partial(stop_on_lost_api, args)
+    with (
+        prefect_api(notes, on_lost=on_lost) as api_url,
+        progress_console(args.command in FINALIZING),
+    ):
         args.api_url = api_url
         return COMMANDS[args.command](args)
 

@@ -26,16 +26,15 @@ from capture_core.run.capture_source import (
     is_class_spec,
 )
 from capture_core.run.rollout_io import file_fingerprint, file_sha256, open_rollout_file
-from capture_core.run.row_cursor import consumer_names, consumer_progress, validate_consumer_name
+from capture_core.run.row_cursor import validate_consumer_name
 from capture_core.run.run_layout import (
     RUN_SETTINGS,
     RunLayout,
     RunManifest,
-    read_ledger,
-    read_manifest,
     validate_run_id,
 )
-from capture_core.run.run_report import RunSummary, locate, summarize
+from capture_core.run.run_report import RunSummary
+from capture_core.run.run_status import RunStatus, ledger_summary, run_status
 from capture_core.storage import misspelled_url, open_byte_store, url_scheme
 
 
@@ -217,22 +216,28 @@ def check_cron(expression: str) -> None:
         ) from None
 
 
+def unknown_run(dest: str, run_id: str) -> str:
+    return (
+        f"unknown run id {run_id} at {dest}: no manifest (never started, or stopped before it "
+        "recorded one); check --dest and --run-id"
+    )
+
+
 def known_run(
     dest: str, run_id: str, options: dict[str, Any], need_ledger: bool = False
 ) -> tuple[RunManifest, RunSummary | None]:
-    """The run's manifest and ledger summary; `UsageError` when `dest` has no such run."""
-    byte_store = open_byte_store(dest, options)
-    manifest = read_manifest(byte_store, run_id)
-    ledger = read_ledger(byte_store, run_id)
-    if manifest is None or (need_ledger and ledger is None):
-        raise UsageError(
-            f"unknown run id {run_id} at {dest}: no manifest or ledger; check --dest and --run-id"
-        )
+    """The run's manifest and ledger summary; `UsageError` when `dest` has no such run (or,
+    with `need_ledger`, no ledger)."""
+    layout = RunLayout(open_byte_store(dest, options), run_id)
+    manifest = layout.read_manifest()
+    ledger = layout.read_ledger()
+    if manifest is None:
+        raise UsageError(unknown_run(dest, run_id))
+    if need_ledger and ledger is None:
+        raise UsageError(f"run {run_id} at {dest} has no ledger yet: it has not ended")
     if ledger is None:
         return manifest, None
-    summary = locate(summarize(run_id, ledger), dest)
-    summary.delivery = manifest.delivery
-    return manifest, summary
+    return manifest, ledger_summary(layout, dest, manifest, ledger)
 
 
 def check_consumer(args: Any) -> None:
@@ -251,16 +256,12 @@ def check_consumer(args: Any) -> None:
         )
 
 
-def run_consumers(
-    dest: str, run_id: str, options: dict[str, Any], manifest: RunManifest
-) -> list[Any]:
-    """Each row consumer's progress through the run (the gating consumer listed first)."""
-    layout = RunLayout(open_byte_store(dest, options), run_id)
-    names = consumer_names(layout)
-    gate = manifest.retire_after_consumer
-    if gate is not None:
-        names = [gate, *(name for name in names if name != gate)]
-    return consumer_progress(layout, names) if names else []
+def status_of_run(dest: str, run_id: str, options: dict[str, Any]) -> RunStatus:
+    """The run as its destination shows it now; `UsageError` when `dest` has no such run."""
+    status = run_status(RunLayout(open_byte_store(dest, options), run_id), dest)
+    if status is None:
+        raise UsageError(unknown_run(dest, run_id))
+    return status
 
 
 def run_summary(dest: str, run_id: str, options: dict[str, Any]) -> RunSummary | None:

@@ -8,11 +8,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from capture_core.run.capture_source import is_class_spec
 from capture_core.run.run_outcome import mask_rate_line, outcome_line, reason_lines
-from capture_core.run.run_report import plural, stopped_counts, trace_counts
+from capture_core.run.run_report import plural, stopped_counts, tokcap_command, trace_counts
+from flows.cli_checks import status_of_run
 from flows.runners import script
 
 MAX_FAILURE_LINES = 20
+EXIT_STARTED = 3
+"""The exit status of a run that started and has not ended: still running, or interrupted
+(its worker killed, its Prefect API gone, its ledger unwritten); the printed command
+completes it. Distinct from 0 (complete), 1 (failed) and 2 (unknown run id, bad usage)."""
+STATE_EXIT = {"ok": 0, "failed": 1, "started": EXIT_STARTED}
 
 
 def print_retired(run_id: str, counts: dict[str, int]) -> None:
@@ -27,10 +34,7 @@ def print_retired(run_id: str, counts: dict[str, int]) -> None:
 
 
 def print_retriggered(report: Any) -> None:
-    print(
-        f"run {report.run_id}: {len(report.newly_handed_off)} newly handed off, "
-        f"{len(report.newly_retired)} newly retired, {len(report.still_failing)} still failing"
-    )
+    print(f"run {report.run_id}: {report.describe()}")
 
 
 def print_summary(summary: Any, source: str | None = None) -> None:
@@ -52,8 +56,10 @@ def print_summary(summary: Any, source: str | None = None) -> None:
         ("malformed input lines", summary.malformed_lines),
         ("duplicate rollout id lines", summary.duplicate_lines),
     ]
+    at = rows.index(("retirement failed", summary.retire_failed)) + 1
+    if summary.acknowledged_unretired:
+        rows.insert(at, ("acknowledged, not retired yet", summary.acknowledged_unretired))
     if summary.awaiting_consumer:
-        at = rows.index(("retirement failed", summary.retire_failed)) + 1
         rows.insert(at, ("retirement waiting for consumer", summary.awaiting_consumer))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
@@ -64,7 +70,8 @@ def print_summary(summary: Any, source: str | None = None) -> None:
         for line in reason_lines(summary):
             print(f"  {line}")
     if summary.records_prefix:
-        print(f"records: {summary.records_prefix}\nledger:  {summary.ledger}")
+        ledger = summary.ledger or "not written (the next run of this run id writes it)"
+        print(f"records: {summary.records_prefix}\nledger:  {ledger}")
 
 
 def print_consumers(consumers: list[Any], gate: str | None) -> None:
@@ -75,6 +82,90 @@ def print_consumers(consumers: list[Any], gate: str | None) -> None:
             f"acknowledged, {progress.captures_waiting} captures waiting for acknowledgement"
         )
         print(line + (" (retirement waits for it)" if progress.name == gate else ""))
+
+
+def print_status(status: Any, dest: str, options: bool, interrupted: bool = False) -> None:
+    """A run as its destination shows it (`capture_core.run.run_status`): the ledger's
+    summary when there is one, each consumer, then what the run still needs and the one
+    command that does it. `interrupted`: this command just stopped the run."""
+    manifest = status.manifest
+    batches = plural(manifest.batches, "batch", "batches")
+    source = f"{manifest.rollouts}, {batches}, delivery {manifest.delivery}"
+    if status.summary is not None:
+        print_summary(status.summary, source)
+    else:
+        print(f"run {manifest.run_id} ({source})")
+    print_consumers(status.consumers, manifest.retire_after_consumer)
+    for problem in status.unreadable:
+        print(one_line(problem))
+    if interrupted or status.state == "started":
+        print(started_line(status, interrupted))
+        unless = "" if interrupted else "if it is not running, "
+        print(f"{unless}complete it with: {run_command(status, 'retrigger', dest, options)}")
+    elif status.summary is not None and status.summary.acknowledged_unretired:
+        print(acknowledged_line(status, run_command(status, "retire", dest, options)))
+
+
+def run_command(status: Any, name: str, dest: str, options: bool) -> str:
+    """`tokcap <name>` for the run, with its recorded store (`tokcap_command`)."""
+    manifest = status.manifest
+    spec = is_class_spec(manifest.store)
+    return tokcap_command(
+        name, dest, manifest.run_id, manifest.store, source_kwargs=spec, options=options
+    )
+
+
+def started_line(status: Any, interrupted: bool) -> str:
+    """How far a run that has not ended got: its receipts, against its ledger if any."""
+    progress = status.progress
+    handed = (
+        f"{progress.batches_handed_off} of {plural(progress.batches, 'batch', 'batches')} handed "
+        f"off ({plural(progress.rollouts_handed_off, 'rollout')})"
+    )
+    if interrupted:
+        ledger = "no ledger yet" if status.summary is None else "the ledger above is older"
+        return f"interrupted: {handed}; {ledger}"
+    if status.summary is None:
+        return f"started: {handed}, no ledger yet: still running or interrupted"
+    return (
+        f"started again: {handed}, more than this ledger shows: a later run is still running "
+        "or was interrupted"
+    )
+
+
+def acknowledged_line(status: Any, retire: str) -> str:
+    """Captures whose parts the consumer acknowledged since the run, and what retires them."""
+    count = status.summary.acknowledged_unretired
+    who = status.manifest.retire_after_consumer
+    what = f"{plural(count, 'capture')} no longer wait for consumer {who}: it acknowledged "
+    if status.inbox:
+        return (
+            what + f"their parts. The inbox's next pass retires them; to retire them now: {retire}"
+        )
+    return what + f"their parts, and nothing retires them until you run: {retire}"
+
+
+RUN_COMMANDS = ("finalize", "retrigger")
+"""The commands whose run `tokcap retrigger` completes when their Prefect API went away."""
+
+
+def report_lost_api(args: argparse.Namespace, explanation: str) -> None:
+    """The Prefect API went away mid-command: one line on stderr naming it and what to do,
+    then (finalize, retrigger) what the run handed off and the command that completes it."""
+    status = None
+    if args.command in RUN_COMMANDS:
+        with contextlib.suppress(Exception):  # no manifest, or unreadable: said below anyway
+            status = status_of_run(args.dest, args.run_id, args.options)
+    if status is not None:
+        then = "then complete the run with the command below"
+    else:
+        then = f"then run the same tokcap {args.command} command again"
+    print(f"tokcap {args.command}: {explanation}; {then}", file=sys.stderr)
+    if status is not None:
+        print_status(status, args.dest, bool(args.options), interrupted=True)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
 
 
 def print_notes(notes: list[str]) -> None:
@@ -108,6 +199,8 @@ def report_failure(args: argparse.Namespace, failed: Any, partial: Any = None) -
         print(f"  {one_line(line)}", file=out)
     if len(failures) > MAX_FAILURE_LINES:
         print(f"  ... and {len(failures) - MAX_FAILURE_LINES} more (see the ledger)", file=out)
+    if getattr(error, "next_step", ""):
+        print(error.next_step[0].upper() + error.next_step[1:], file=out)
     logs = f"{script('prefect')} flow-run logs {failed.flow_run_id}"
     print(f"Full logs and tracebacks: {logs}", file=out)
 

@@ -9,7 +9,6 @@ and `capture_core.run.run_progress` keeps the run's tally, mask gate and ledger 
 
 from __future__ import annotations
 
-import shlex
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -23,10 +22,16 @@ from prefect.utilities.annotations import quote
 from capture_core.builder import BUILDERS
 from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.config import public_storage_options
-from capture_core.errors import ClaimLostError
+from capture_core.errors import CaptureStoreError, ClaimLostError
 from capture_core.run.capture_source import SourceSpec, check_separate_locations
 from capture_core.run.crash_points import crash_point
-from capture_core.run.handoff import FinalizedBatch, HandoffReceipt, RetireOutcome, receipt_key
+from capture_core.run.handoff import (
+    FinalizedBatch,
+    HandoffReceipt,
+    RetireOutcome,
+    RolloutOutcome,
+    receipt_key,
+)
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import BatchPlan
 from capture_core.run.row_cursor import validate_consumer_name
@@ -40,7 +45,7 @@ from capture_core.run.run_progress import (
     ledger_changes,
     retire_counts,
 )
-from capture_core.run.run_report import RunSummary, plural
+from capture_core.run.run_report import RunSummary, plural, tokcap_command
 from flows.alerts import alert_on_masks
 from flows.progress import RunProgress
 from tasks.batches import (
@@ -56,20 +61,34 @@ from tasks.report import publish_report, write_run_report
 from tasks.run_state import check_locations, claim_run_id, load_ledger, load_manifest, mark_retired
 
 Options = dict[str, Any] | None
+RECEIPT_NOT_STORED = (
+    "its part was written and verified, but its receipt could not be stored at the "
+    "destination (the flow-run logs have the storage error), so it is not handed off and "
+    "nothing of it was retired; the next run of this run id hands it off again"
+)
 
 
 class RunFailedError(RuntimeError):
     """A run failed something: batches, input lines, or it was aborted; its ledger says which.
 
-    `failures` holds one line per failure; `summary` what the run did nonetheless.
+    `failures` holds one line per failure; `summary` what the run did nonetheless;
+    `next_step` the sentence naming the one command that completes the run, if any.
     """
 
     def __init__(
-        self, message: str, failures: list[str] | None = None, summary: Any = None
+        self,
+        message: str,
+        failures: list[str] | None = None,
+        summary: Any = None,
+        next_step: str = "",
     ) -> None:
         super().__init__(message)
         self.failures = failures or [message]
         self.summary = summary
+        self.next_step = next_step
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.failures, self.summary, self.next_step))
 
 
 @dataclass
@@ -159,27 +178,54 @@ class RunSteps:
             finalized = finalizing.result()
         except Exception as exc:
             outcomes = describe_batch(self.rollouts, batch, self.options)
-            tally.batch_failed(
-                batch.index, outcomes, f"batch {batch.index}: finalize failed: {exc}"
-            )
+            self.batch_failed(tally, batch.index, outcomes, f"finalize failed: {exc}")
             return None
         if isinstance(finalized, HandoffReceipt):
             return self.handed_off_meanwhile(finalized, tally, gate)
         crash_point("after-finalize")
         if not tally.may_hand_off(gate, batch.index, finalized.outcomes):
             return None
+        return self.upload_receipt(finalized, tally)
+
+    def upload_receipt(self, finalized: FinalizedBatch, tally: RunTally) -> HandoffReceipt | None:
+        """Upload the batch; its receipt once Prefect persisted it, else `None` (the batch
+        failed, with why: the upload failed, or its receipt could not be stored).
+
+        Prefect logs a failed commit of a task's result and still completes the task; a
+        receipt that was not stored hands nothing off, so its batch fails here instead.
+        """
         upload = self.upload  # outside the try: unprepared receipt storage fails the run
         try:
             # quote: Prefect would otherwise walk every outcome and the part looking for
             # futures, twice per task; a finished batch holds none.
             args = (self.run_id, quote(finalized), self.dest, self.options)
-            return upload(*args, claim=self.claim)
+            state = upload(*args, claim=self.claim, return_state=True)
+            receipt = state.result()
         except (ClaimLostError, UnrecordedReceiptError):
             raise  # a lost claim writes nothing more; an unrecorded receipt may be retired
         except Exception as exc:
-            message = f"batch {batch.index}: upload failed: {exc}"
-            tally.batch_failed(batch.index, finalized.outcomes, message)
+            self.batch_failed(tally, finalized.index, finalized.outcomes, f"upload failed: {exc}")
             return None
+        if not getattr(state.data, "is_persisted", True):
+            self.batch_failed(tally, finalized.index, finalized.outcomes, RECEIPT_NOT_STORED)
+            return None
+        get_run_logger().info(
+            "batch %d: handed off %d records (%d bytes, sha256 %s) to %s",
+            receipt.batch,
+            receipt.records,
+            receipt.bytes,
+            receipt.sha256[:12],
+            receipt.part_key,
+        )
+        return receipt
+
+    def batch_failed(
+        self, tally: RunTally, index: int, outcomes: list[RolloutOutcome], what: str
+    ) -> None:
+        """A batch that was not handed off: one line now, and its rollouts in the ledger."""
+        message = f"batch {index}: {what}"
+        get_run_logger().warning("%s", message)
+        tally.batch_failed(index, outcomes, message)
 
     def handed_off_meanwhile(
         self, receipt: HandoffReceipt, tally: RunTally, gate: MaskGate
@@ -216,6 +262,7 @@ class RunSteps:
             raise
         except Exception as exc:
             outcome = tally.retire_failed(receipt, str(exc), getattr(exc, "outcome", None))
+            get_run_logger().warning("%s", tally.errors[-1])
         tally.retired(receipt, outcome)
         return outcome
 
@@ -318,12 +365,32 @@ def finalize_run(
         steps.run_batch(batch, earlier.get(receipt_key(batch)), finalizing, tally, gate)
         progress.batch_done(masked=sum(gate.reasons.values()))
     steps.storage.result()  # prepared even when no batch needed it: a failure fails the run
-    report = {"claim": claim, "mask_alert_fraction": mask_alert_fraction}
-    summary = write_run_report(dest, quote(tally), options, **report)  # quote: see hand_off
+    summary = report_run(dest, tally, options, claim, mask_alert_fraction)
     publish_report(summary, tally, progress.artifact)
     alert_on_masks(summary)
     raise_if_failed(summary, tally, steps)
     return summary
+
+
+def report_run(
+    dest: str,
+    tally: RunTally,
+    options: dict[str, Any],
+    claim: Claim | None,
+    mask_alert_fraction: float | None,
+) -> RunSummary:
+    """Write the run's ledger and summary table, and return its summary. A ledger that
+    storage cannot take fails the run, with the summary of what it did nonetheless: the next
+    run of the run id writes the ledger (`tokcap status` meanwhile reads the receipts)."""
+    report = {"claim": claim, "mask_alert_fraction": mask_alert_fraction}
+    try:
+        return write_run_report(dest, quote(tally), options, **report)  # quote: see upload_receipt
+    except (CaptureStoreError, OSError) as exc:  # not a lost claim, nor the API's artifacts
+        tally.ledger_failed(f"the ledger could not be written: {exc}")
+        get_run_logger().warning("%s", tally.ledger_error)
+        summary = tally.summary(dest)
+        summary.mask_alert_threshold = mask_alert_fraction
+        return summary
 
 
 def raise_if_failed(summary: RunSummary, tally: RunTally, steps: RunSteps | None = None) -> None:
@@ -337,35 +404,34 @@ def raise_if_failed(summary: RunSummary, tally: RunTally, steps: RunSteps | None
     if failures or not summary.ok:
         grouped = "; ".join(group_batch_errors(tally.errors))
         message = tally.abort or grouped or _malformed_message(summary)
-        if steps is not None and tally.abort is None:
-            message += completion(summary, steps)
-        raise RunFailedError(message, failures, summary)
+        step = completion(summary, steps, tally) if steps is not None and not tally.abort else ""
+        if step:
+            message += f". {step}"
+        raise RunFailedError(message, failures, summary, step)
 
 
-def completion(summary: RunSummary, steps: RunSteps) -> str:
+def completion(summary: RunSummary, steps: RunSteps, tally: RunTally) -> str:
     """What the run left undone and the one command that completes it (or nothing)."""
     left = []
     if summary.retire_failed:
         left.append(f"{plural(summary.retire_failed, 'handed-off rollout')} left unretired")
     if summary.failed:
         left.append(f"{plural(summary.failed, 'rollout')} not handed off")
+    kept = " (their captures are kept)" if left else ""
+    if tally.ledger_error:
+        left.append("the ledger unwritten")
     if not left:
         return ""
-    command = "retrigger" if summary.failed else "retire"
-    located = (("--dest", steps.dest), ("--run-id", steps.run_id), ("--store", steps.source.store))
-    where = " ".join(f"{flag} {shlex.quote(value)}" for flag, value in located)
-    extra = [flag for flag, given in EXTRA_FLAGS if given(steps)]
-    also = f" (with the run's {' and '.join(extra)} values)" if extra else ""
-    return (
-        f". {' and '.join(left)} (their captures are kept); once the cause is fixed, complete "
-        f"the run with: tokcap {command} {where}{also}"
+    command = "retrigger" if summary.failed or tally.ledger_error else "retire"
+    line = tokcap_command(
+        command,
+        steps.dest,
+        steps.run_id,
+        steps.source.store,
+        source_kwargs=bool(steps.source.source_kwargs),
+        options=bool(steps.options),
     )
-
-
-EXTRA_FLAGS = (
-    ("--source-kwarg", lambda steps: bool(steps.source.source_kwargs)),
-    ("--storage-option", lambda steps: bool(steps.options)),
-)
+    return f"{' and '.join(left)}{kept}; once the cause is fixed, complete the run with: {line}"
 
 
 def _malformed_message(summary: RunSummary) -> str:
@@ -441,13 +507,7 @@ def retrigger_failed(
     except Exception as exc:
         error = RunFailedError(str(exc))
     report = ledger_changes(run_id, before, load_ledger(dest, run_id, options))
-    get_run_logger().info(
-        "retrigger %s: %d newly handed off, %d newly retired, %d still failing",
-        run_id,
-        len(report.newly_handed_off),
-        len(report.newly_retired),
-        len(report.still_failing),
-    )
+    get_run_logger().info("retrigger %s: %s", run_id, report.describe())
     if error is None:
         return report
     message = f"retrigger of {run_id} did not complete: {error}"
@@ -456,7 +516,7 @@ def retrigger_failed(
             name=NEEDS_ATTENTION,
             message=f"{message}; left for a person after {retrigger} automatic retriggers",
         )
-    raise RunFailedError(message, error.failures, report)
+    raise RunFailedError(message, error.failures, report, error.next_step)
 
 
 def _rerun_settings(

@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 STARTUP_TIMEOUT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
@@ -24,7 +25,7 @@ CLI_PREFECT_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     STARTUP_TIMEOUT_SETTING: str(DEFAULT_STARTUP_TIMEOUT_SECONDS),
 }
-ENGINE_MODULES = ("flow_engine", "task_engine")
+ENGINE_MODULES = ("flow_engine", "task_engine", "transactions")
 
 
 class ServerUnavailableError(RuntimeError):
@@ -77,19 +78,27 @@ def server_help(waiting: bool = True) -> str:
 
 
 @contextmanager
-def prefect_api(notes: list[str] | None = None) -> Iterator[str | None]:
+def prefect_api(
+    notes: list[str] | None = None, on_lost: Callable[[str], None] | None = None
+) -> Iterator[str | None]:
     """Yield the API URL the flows use: `PREFECT_API_URL`, else a temporary server's.
 
     `None` means the temporary server, which stops on exit. Its flow runs stay in the
     database under `PREFECT_HOME`, where `prefect server start` shows them later. If its
     log gained errors while the command ran, a note naming the log goes to `notes` (for
     the caller to print after the command's result), or to stderr.
+    While the block runs the API is watched (`flows.api_watch`): once it refuses every
+    connection for seconds, `on_lost` gets what went away and what to do about it.
     """
     from prefect.settings import PREFECT_API_URL
 
+    from flows.api_watch import watching
+
     configured = PREFECT_API_URL.value()
     if configured:
-        yield str(configured)
+        lost = on_lost and partial(_configured_lost, on_lost)
+        with watching(str(configured), lost):
+            yield str(configured)
         return
     from flows.temporary_server import TemporaryServer, log_position, rotate_log, server_log_path
 
@@ -104,11 +113,28 @@ def prefect_api(notes: list[str] | None = None) -> Iterator[str | None]:
         raise ServerUnavailableError(start_failure(exc, server, started_at)) from None
     ran_from = log_position(log)
     try:
-        yield None
+        with watching(server.api_url, on_lost and partial(_temporary_lost, server, on_lost)):
+            yield None
     finally:
         drain_to_api()
         server.stop()
         report_server_errors(server, ran_from, notes)
+
+
+def _configured_lost(on_lost: Callable[[str], None], api_url: str, seen: str) -> None:
+    on_lost(
+        f"the Prefect API at {api_url} stopped answering ({seen}), so this command stopped; "
+        "start that server again (or set PREFECT_API_URL to one that runs)"
+    )
+
+
+def _temporary_lost(server: Any, on_lost: Callable[[str], None], api_url: str, seen: str) -> None:
+    server.stop()  # whatever is left of it
+    log = f"; its log: {server.log_path}" if getattr(server, "redirected", False) else ""
+    on_lost(
+        f"the temporary Prefect server this command started at {api_url} stopped answering "
+        f"({seen}{log}), so this command stopped; the next command starts a new one"
+    )
 
 
 def report_server_errors(server: Any, since: Any, notes: list[str] | None) -> None:
@@ -195,7 +221,9 @@ class OneLineFormatter(logging.Formatter):
 
 
 class EngineFailureFilter(logging.Filter):
-    """Drops the engine's reports of failed states; the CLI prints each failure once."""
+    """Drops the engine's reports of failed states, failed tries and failed result commits;
+    the run logs one line per batch that failed, and the CLI prints each failure once more
+    at the end (all of them stay in the flow-run logs)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.module not in ENGINE_MODULES:
@@ -203,14 +231,22 @@ class EngineFailureFilter(logging.Filter):
         if record.levelno >= logging.WARNING:
             return False
         message = str(record.msg)
+        if message.startswith("Task run failed with"):  # a try that a retry follows
+            return False
         return not message.startswith("Finished in state") or "Completed" in message
 
 
 def one_line_console() -> None:
-    """Make every Prefect console handler print one line per record and no engine failures."""
+    """Make every Prefect console handler print one line per record and no engine failures.
+
+    A log handler's own failure is not printed either (`logging.raiseExceptions`): Prefect's
+    API log handler writes `--- Error logging to API ---` onto the console once the API is
+    gone, which `flows.api_watch` reports in one line; the logs still reach the console.
+    """
     import prefect.main  # noqa: F401  (configures Prefect's logging once, on first import)
     from prefect.logging.handlers import PrefectConsoleHandler
 
+    logging.raiseExceptions = False
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
     for logger in loggers:
         for handler in getattr(logger, "handlers", []):

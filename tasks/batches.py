@@ -189,6 +189,7 @@ def upload_batch(
     """Write the batch's part durably, verify it, and return the receipt Prefect persists.
 
     A receipt of this batch that records no handoff is set aside first, with the old part.
+    The batch is handed off once the receipt is persisted: the flow logs that, not this task.
     """
     ensure_claim(dest, claim, storage_options)
     evidence = set_aside_unrecorded(dest, run_id, finalized, storage_options)
@@ -202,14 +203,6 @@ def upload_batch(
     receipt = handoff_batch(run_id, finalized, open_byte_store(dest, storage_options))
     crash_point("after-upload")
     publish_receipt(receipt)
-    get_run_logger().info(
-        "batch %d: handed off %d records (%d bytes, sha256 %s) to %s",
-        receipt.batch,
-        receipt.records,
-        receipt.bytes,
-        receipt.sha256[:12],
-        receipt.part_key,
-    )
     return receipt
 
 

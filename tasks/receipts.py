@@ -10,7 +10,8 @@ a run reads it from the API and writes it only when it is missing or was edited.
 Result paths are `<run_id>/receipts/<name>` (`result_path`), the object's key in the destination.
 A bare name is Prefect's own key (a failed task's exception) or an older run's receipt: it
 resolves under the run the block was bound to (`for_run`, or the run id an older run's block
-document holds).
+document holds). A failed task's exception that the destination cannot take (an outage) is
+noted and dropped: it certifies nothing.
 A receipt exists exactly when the upload task's persisted result exists.
 Receipts are read through the destination's byte store, never `ResultStore.exists`, which
 reads every failure, transient or not, as "absent".
@@ -124,6 +125,27 @@ class ReceiptStorage(WritableFileSystem):
 
     def write_path(self, path: str, content: bytes, _sync: bool | None = None) -> str:
         run_id, name = self._split(path)
+        if not RECEIPT_KEY.match(name):
+            return self._write_error_record(run_id, name, content)
+        return self._write(run_id, name, content)
+
+    def _write_error_record(self, run_id: str, name: str, content: bytes) -> str:
+        """Prefect's record of a failed upload or retire task's error: stored when the
+        destination takes it, else only noted. It certifies nothing, and Prefect's warning
+        that a result was not written would read as a lost receipt (in an outage, while the
+        run itself names each failed batch)."""
+        try:
+            return self._write(run_id, name, content)
+        except Exception as exc:
+            logger.info(
+                "the error record %s of a failed task could not be stored (%s); no receipt "
+                "is affected and the error is in the flow-run logs",
+                name,
+                " ".join(str(exc).split()),
+            )
+            return self._layout(run_id).receipt_key(name)
+
+    def _write(self, run_id: str, name: str, content: bytes) -> str:
         layout = self._layout(run_id)
         key = layout.receipt_key(name)
         if layout.dest.create(key, content):

@@ -16,14 +16,7 @@ from capture_core.run.run_index import list_runs, record_summary, table
 from capture_core.run.run_layout import RunLayout
 from capture_core.run.run_outcome import outcome_line, verdict
 from capture_core.run.run_progress import RunTally
-from capture_core.run.run_report import (
-    RunSummary,
-    locate,
-    markdown_report,
-    summarize,
-    summary_table,
-    terminal_words,
-)
+from capture_core.run.run_report import RunSummary, markdown_report, summary_table, terminal_words
 from capture_core.storage import ByteStore, open_byte_store
 from tasks.common import ensure_claim, tokcap_task
 
@@ -51,12 +44,9 @@ def write_run_report(
     ledger = tally.ledger()
     layout = RunLayout(open_byte_store(dest, storage_options), run_id)
     layout.write_ledger(ledger)
-    summary = summarize(run_id, ledger)
-    summary.delivery = tally.delivery
-    summary.errors = tally.all_errors()
+    summary = tally.summary(dest, ledger)
     summary.mask_alert_threshold = mask_alert_fraction
     record_summary(layout, summary, seconds=sum(tally.seconds.values()))
-    locate(summary, dest)
     create_table_artifact(
         key=artifact_key(summary.run_id, "summary"),
         table=summary_table(summary),

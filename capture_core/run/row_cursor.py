@@ -194,15 +194,28 @@ class ConsumerProgress(BaseModel):
     captures_waiting: int
 
 
-def consumer_progress(layout: RunLayout, names: list[str]) -> list[ConsumerProgress]:
+def acknowledged_receipts(
+    layout: RunLayout, name: str, receipts: list[HandoffReceipt]
+) -> list[HandoffReceipt]:
+    """The receipts among `receipts` whose rows part consumer `name` acknowledged."""
+    cursor = Cursor(layout, name, token="")
+    return [r for r in receipts if r.rows is not None and cursor.acknowledged(r) is not None]
+
+
+def consumer_progress(
+    layout: RunLayout, names: list[str], receipts: list[HandoffReceipt] | None = None
+) -> list[ConsumerProgress]:
     """Per consumer: rows parts acknowledged of the run's parts, and the retirable captures
-    of the parts it has not acknowledged (what retirement after that consumer waits for)."""
-    receipts = [read_stored_receipt(layout, key) for key in receipt_keys(layout)]
+    of the parts it has not acknowledged (what retirement after that consumer waits for).
+
+    `receipts` are the run's receipts when the caller has read them already.
+    """
+    if receipts is None:
+        receipts = [read_stored_receipt(layout, key) for key in receipt_keys(layout)]
     with_rows = [r for r in receipts if r.rows is not None]
     progress = []
     for name in names:
-        cursor = Cursor(layout, name, token="")
-        acked = {r.receipt_key for r in with_rows if cursor.acknowledged(r) is not None}
+        acked = {r.receipt_key for r in acknowledged_receipts(layout, name, receipts)}
         waiting = sum(marked_retirable(r) for r in receipts if r.receipt_key not in acked)
         progress.append(
             ConsumerProgress(

@@ -149,6 +149,7 @@ class LedgerLine(RolloutFigures):
     with it derived from their error text, the way they were interpreted then.
     `awaiting_consumer` names the row consumer whose acknowledgement its retirement waits for.
     `earlier` marks a rollout whose batch an earlier run (or pass) of this run id handed off;
+    `retired_earlier` one whose retirement an earlier run (or pass) recorded;
     `gated` one finalized but not handed off because the mask gate stopped the run there;
     `not_started` an input line the run never finalized (it stopped first). They are
     written only when set, so other ledgers are unchanged.
@@ -161,6 +162,7 @@ class LedgerLine(RolloutFigures):
     error: str | None = None
     awaiting_consumer: str | None = None
     earlier: bool = False
+    retired_earlier: bool = False
     gated: bool = False
     not_started: bool = False
 
@@ -173,7 +175,7 @@ class LedgerLine(RolloutFigures):
 
 
 TRACE_COUNTS = ("traces", "owned_calls", "tokens_trained")
-FLAGS_WHEN_SET = ("earlier", "gated", "not_started")
+FLAGS_WHEN_SET = ("earlier", "retired_earlier", "gated", "not_started")
 
 
 def _unset(line: LedgerLine) -> set[str]:
@@ -183,7 +185,7 @@ def _unset(line: LedgerLine) -> set[str]:
 
 def encode_ledger(lines: list[LedgerLine]) -> bytes:
     """One JSON line per rollout; trace counts only where a build counted them, the
-    `earlier`, `gated` and `not_started` flags only where set."""
+    `earlier`, `retired_earlier`, `gated` and `not_started` flags only where set."""
     return b"".join(orjson.dumps(line.model_dump(exclude=_unset(line))) + b"\n" for line in lines)
 
 

@@ -26,7 +26,7 @@ from capture_core.run.handoff import (
 )
 from capture_core.run.mask_reasons import kind_counts, kinds_of
 from capture_core.run.run_layout import LedgerLine
-from capture_core.run.run_report import reason_category, spans
+from capture_core.run.run_report import RunSummary, locate, reason_category, spans, summarize
 
 Item = TypeVar("Item")
 Started = TypeVar("Started")
@@ -118,12 +118,14 @@ def _handed_off_lines(
     for rollout in receipt.rollouts:
         rid = rollout.rollout_id or ""
         kept = retire.kept.get(rid) or retire.disagreed.get(rid)
-        waits = rollout.can_retire and not rollout.masked and rid not in retire.retired
+        retired = rid in retire.retired
+        waits = rollout.can_retire and not rollout.masked and not retired
         yield LedgerLine(
             **rollout.figures(),
             finalized=rollout.emitted,
             handed_off=rollout.emitted,
-            retired=rid in retire.retired,
+            retired=retired,
+            retired_earlier=retired and retire.earlier,
             kept=kept is not None and rollout.error is None,
             error=rollout.error or retire.failed.get(rid) or kept,
             awaiting_consumer=retire.waiting_for if waits else None,
@@ -201,6 +203,8 @@ class RunTally(BaseModel):
     errors: list[str] = Field(default_factory=list)
     abort: str | None = None
     delivery: str = MAIN_CHAIN
+    ledger_error: str | None = None
+    """Why the run's ledger could not be written (the next run of the run id writes it)."""
 
     def batch_failed(self, index: int, outcomes: list[RolloutOutcome], message: str) -> None:
         """A batch that was not handed off: its rollouts go to the ledger with the reason."""
@@ -256,9 +260,29 @@ class RunTally(BaseModel):
             self.receipts, self.retirements, self.failed, self.earlier, self.unstarted
         )
 
+    def ledger_failed(self, error: str) -> None:
+        """The ledger could not be written: an error of the run; its summary still stands."""
+        self.ledger_error = (
+            f"{error}. This summary is not recorded; the next run of this run id writes the "
+            "ledger, and `tokcap status` meanwhile counts the receipts"
+        )
+
+    def summary(self, dest: str, ledger: list[LedgerLine] | None = None) -> RunSummary:
+        """What the run did, from its ledger lines (`ledger`, when built already), with its
+        errors; located at `dest` (without a ledger location when it could not be written)."""
+        lines = self.ledger() if ledger is None else ledger
+        summary = locate(summarize(self.run_id, lines), dest)
+        summary.delivery = self.delivery
+        summary.errors = self.all_errors()
+        if self.ledger_error is not None:
+            summary.ledger = ""
+        return summary
+
     def all_errors(self) -> list[str]:
-        """The run's errors, each once (batches failing alike are one line), the abort last."""
-        return group_batch_errors(self.errors) + ([self.abort] if self.abort else [])
+        """The run's errors, each once (batches failing alike are one line), then a ledger
+        that could not be written, the abort last."""
+        ledger = [self.ledger_error] if self.ledger_error else []
+        return group_batch_errors(self.errors) + ledger + ([self.abort] if self.abort else [])
 
 
 BATCH_PREFIX = re.compile(r"^batch (\d+): ")
@@ -290,27 +314,54 @@ def _batches(indexes: list[int]) -> str:
 
 
 class RetriggerReport(BaseModel):
-    """What a re-run changed in a run's ledger, by rollout id (or `line N` without one)."""
+    """What a re-run did to a run, by rollout id (or `line N` without one).
+
+    `newly_*` is what this re-run itself handed off or retired; `handed_off_earlier` and
+    `retired_earlier` count what earlier runs of the run id did, recorded in a ledger or
+    not (a run interrupted before its ledger leaves only receipts and retirements).
+    """
 
     run_id: str
     newly_handed_off: list[str] = Field(default_factory=list)
     newly_retired: list[str] = Field(default_factory=list)
     still_failing: list[str] = Field(default_factory=list)
+    handed_off_earlier: int = 0
+    retired_earlier: int = 0
+
+    def describe(self) -> str:
+        """`2 newly handed off (4 by an earlier run), 2 newly retired, 0 still failing`."""
+        return (
+            f"{len(self.newly_handed_off)} newly handed off{_by_earlier(self.handed_off_earlier)}, "
+            f"{len(self.newly_retired)} newly retired{_by_earlier(self.retired_earlier)}, "
+            f"{len(self.still_failing)} still failing"
+        )
+
+
+def _by_earlier(count: int) -> str:
+    return f" ({count} by an earlier run)" if count else ""
 
 
 def ledger_changes(
     run_id: str, before: list[LedgerLine], after: list[LedgerLine]
 ) -> RetriggerReport:
-    """Diff two ledgers of one run: what became handed off or retired, and what still fails."""
+    """What a re-run changed, from the ledgers before and after it: what it handed off or
+    retired itself (not what its ledger marks `earlier` or `retired_earlier`, nor what the
+    ledger before already showed), and what still fails."""
     old = {(line.line, line.rollout_id): line for line in before}
     changes = RetriggerReport(run_id=run_id)
     for line in after:
-        earlier = old.get((line.line, line.rollout_id))
+        known = old.get((line.line, line.rollout_id))
         name = line.rollout_id or f"line {line.line}"
-        if line.handed_off and not (earlier and earlier.handed_off):
-            changes.newly_handed_off.append(name)
-        if line.retired and not (earlier and earlier.retired):
-            changes.newly_retired.append(name)
+        if line.handed_off:
+            earlier = line.earlier or (known is not None and known.handed_off)
+            changes.handed_off_earlier += earlier
+            if not earlier:
+                changes.newly_handed_off.append(name)
+        if line.retired:
+            earlier = line.retired_earlier or (known is not None and known.retired)
+            changes.retired_earlier += earlier
+            if not earlier:
+                changes.newly_retired.append(name)
         if not line.handed_off or line.error:
             changes.still_failing.append(name)
     return changes

@@ -8,6 +8,7 @@ This module does not import Prefect.
 from __future__ import annotations
 
 import re
+import shlex
 import statistics
 from collections import Counter
 
@@ -55,6 +56,10 @@ class RunSummary(BaseModel):
     terminal_methods: dict[str, int] = Field(default_factory=dict)
     terminal_abstentions: dict[str, int] = Field(default_factory=dict)
     awaiting_consumer: int = 0
+    acknowledged_unretired: int = 0
+    """Captures waiting for the consumer in the ledger whose batch it has acknowledged since:
+    the next retire pass retires them (counted by `tokcap status`, which reads the
+    acknowledgements as they are now; a run's own summary leaves it 0)."""
     delivery: str = MAIN_CHAIN
     traces: int = 0
     """`all_traces`: training rows handed off, calls they own and tokens they train."""
@@ -80,12 +85,28 @@ class RunSummary(BaseModel):
     @property
     def complete(self) -> bool:
         """`ok`, and no capture waits for a row consumer's acknowledgement to be retired."""
-        return self.ok and self.awaiting_consumer == 0
+        return self.ok and self.awaiting_consumer + self.acknowledged_unretired == 0
 
 
 def plural(count: int, noun: str, many: str | None = None) -> str:
     """`1 capture`, `2 captures`; `many` for an irregular plural (`batch`, `batches`)."""
     return f"{count} {noun if count == 1 else many or noun + 's'}"
+
+
+def tokcap_command(
+    command: str, dest: str, run_id: str, store: str, *, source_kwargs: bool, options: bool
+) -> str:
+    """The `tokcap retrigger` (or `retire`) command line for a run, and which of the run's
+    other flags it needs: their values are not repeated (they may hold secrets)."""
+    located = (("--dest", dest), ("--run-id", run_id), ("--store", store))
+    where = " ".join(f"{flag} {shlex.quote(value)}" for flag, value in located)
+    extra = [
+        flag
+        for flag, given in (("--source-kwarg", source_kwargs), ("--storage-option", options))
+        if given
+    ]
+    also = f" (with the run's {' and '.join(extra)} values)" if extra else ""
+    return f"tokcap {command} {where}{also}"
 
 
 def masked_line(line: int, rollout_id: str | None, reason: str | None) -> str:

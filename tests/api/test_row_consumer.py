@@ -322,12 +322,25 @@ def test_consumers_keep_separate_cursors_and_a_second_ack_is_refused(locations) 
     record_case("a part acknowledged twice by one consumer name")
 
 
-def status_lines(locations: dict, run_id: str, capsys: pytest.CaptureFixture) -> list[str]:
+def status_text(locations: dict, run_id: str, capsys: pytest.CaptureFixture) -> str:
+    """What `tokcap status` prints of the run (it must exit 0)."""
     options = locations["options"] or {}
     extra = [f"--storage-option=endpoint_url={options['endpoint_url']}"] if options else []
     capsys.readouterr()
     assert main(["status", "--dest", locations["dest"], "--run-id", run_id, *extra]) == 0
-    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("consumer")]
+    return capsys.readouterr().out
+
+
+def status_lines(locations: dict, run_id: str, capsys: pytest.CaptureFixture) -> list[str]:
+    text = status_text(locations, run_id, capsys)
+    return [line for line in text.splitlines() if line.startswith("consumer")]
+
+
+def retire_command(locations: dict, run_id: str) -> str:
+    """How `tokcap status` names the command that retires the run's acknowledged captures."""
+    also = " (with the run's --storage-option values)" if locations["options"] else ""
+    store, dest = locations["store"], locations["dest"]
+    return f"tokcap retire --dest {dest} --run-id {run_id} --store {store}{also}"
 
 
 def test_retirement_after_consumption_retires_exactly_the_acknowledged_batches(
@@ -351,11 +364,18 @@ def test_retirement_after_consumption_retires_exactly_the_acknowledged_batches(
     assert not run_completed(dest, "after")
     for part in reader:
         reader.ack(part.key)
-    assert status_lines(locations, "after", capsys)[0].startswith(
-        "consumer trainer: 3 of 3 rows parts acknowledged, 0 captures waiting"
-    )
+    text = status_text(locations, "after", capsys)
+    assert "consumer trainer: 3 of 3 rows parts acknowledged, 0 captures waiting" in text
+    assert "retirement waiting for consumer" not in text, "the consumer acknowledged them all"
+    assert re.search(r"^acknowledged, not retired yet\s+4$", text, re.M), text
+    assert (
+        "4 captures no longer wait for consumer trainer: it acknowledged their parts, and "
+        f"nothing retires them until you run: {retire_command(locations, 'after')}" in text
+    ), text
     retire_uploaded(locations["dest"], "after", locations["store"], locations["options"])
     assert captured(locations) == ["7-1"], "the masked rollout keeps its capture"
+    text = status_text(locations, "after", capsys)
+    assert "acknowledged, not retired yet" not in text and "tokcap retire" not in text, text
     ledger = read_ledger(dest, "after") or []
     assert [line.rollout_id for line in ledger if line.retired] == [
         "7-0",
@@ -383,7 +403,7 @@ def test_an_acknowledgement_of_other_bytes_retires_nothing(locations) -> None:
     record_case("an acknowledgement edited to name other bytes")
 
 
-def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(locations) -> None:
+def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(locations, capsys) -> None:
     options = locations["options"]
     records = make_batch(TokenCaptureStore(locations["store"], options), 4)
     inbox_file = write_rollouts(f"{locations['inbox']}/a.jsonl", records, options)
@@ -396,6 +416,14 @@ def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(locatio
     reader = consumer(locations, run_id)
     first = next(iter(reader))
     reader.ack(first.key)
+    text = status_text(locations, run_id, capsys)
+    assert re.search(r"^retirement waiting for consumer\s+2$", text, re.M), text
+    assert re.search(r"^acknowledged, not retired yet\s+2$", text, re.M), text
+    assert (
+        "2 captures no longer wait for consumer trainer: it acknowledged their parts. The "
+        f"inbox's next pass retires them; to retire them now: {retire_command(locations, run_id)}"
+        in text
+    ), text
     report = finalize_inbox(settings)
     assert report.finalized == [inbox_file], "a run waiting for its consumer is not done"
     assert captured(locations) == ["7-2", "7-3"]
@@ -424,7 +452,8 @@ def test_tokcap_finalize_with_rows_then_retire_after_the_consumer(run_inputs, pr
     assert as_json["consumers"] == [
         {"name": "trainer", "parts": 2, "acknowledged": 1, "captures_waiting": 2}
     ]
-    assert as_json["summary"]["awaiting_consumer"] == 3  # until a retire pass runs
+    summary = as_json["summary"]
+    assert (summary["awaiting_consumer"], summary["acknowledged_unretired"]) == (2, 1)
     retired = run_cli([*receipt_args("retire", *run[1::2], run_inputs["store"])], prefect_api)
     assert retired.returncode == 0, retired.stderr
     assert "1 capture retired from 2 receipts" in retired.stdout, retired.stdout

@@ -64,9 +64,10 @@ def test_a_gate_tripping_mid_run_hands_off_and_retires_nothing_after_it(tmp_path
         read_ledger(open_byte_store(dest), "gate-mid"),
     )
     assert again[0] == first[0]
-    same = {"exclude": {"earlier"}}
+    same = {"exclude": {"earlier", "retired_earlier"}}
     assert [x.model_dump(**same) for x in again[1]] == [x.model_dump(**same) for x in first[1]]
     assert [x.rollout_id for x in again[1] if x.earlier] == ids[:2], "its first run handed them off"
+    assert [x.rollout_id for x in again[1] if x.retired_earlier] == ids[:2], "and retired them"
     assert [rid for rid in ids if store.read_entries(rid)] == left
 
 

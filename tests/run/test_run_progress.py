@@ -9,6 +9,7 @@ from capture_core.run.run_progress import (
     MaskGate,
     RunTally,
     ledger_changes,
+    ledger_lines,
     retire_counts,
 )
 
@@ -131,3 +132,31 @@ def test_ledger_changes_name_what_a_rerun_completed() -> None:
 def test_ledger_changes_list_what_still_fails() -> None:
     changes = ledger_changes("run", [], [line(1, False, error="x"), line(2, True, error="kept")])
     assert changes.still_failing == ["r1", "r2"]
+
+
+def test_ledger_changes_count_an_interrupted_runs_work_as_earlier() -> None:
+    """A run killed before its ledger leaves none: what its receipts and retirements did is
+    marked in the re-run's ledger (`earlier`, `retired_earlier`), never counted as new."""
+    after = [
+        line(1, True, retired=True).model_copy(update={"earlier": True, "retired_earlier": True}),
+        line(2, True, retired=True).model_copy(update={"earlier": True}),
+        line(3, True, retired=True),
+    ]
+    changes = ledger_changes("run", [], after)
+    assert (changes.newly_handed_off, changes.newly_retired) == (["r3"], ["r2", "r3"])
+    assert (changes.handed_off_earlier, changes.retired_earlier) == (2, 1)
+    assert changes.describe() == (
+        "1 newly handed off (2 by an earlier run), 2 newly retired (1 by an earlier run), "
+        "0 still failing"
+    )
+
+
+def test_a_cached_retirement_is_marked_retired_earlier_in_the_ledger() -> None:
+    earlier = RetireOutcome(receipt_key="a", retired=["r1"], earlier=True)
+    now = RetireOutcome(receipt_key="b", retired=["r2"])
+    receipts = [receipt(outcome(1), key="a"), receipt(outcome(2), key="b")]
+    lines = ledger_lines(receipts, {"a": earlier, "b": now}, {}, earlier=["a"])
+    assert [(x.rollout_id, x.earlier, x.retired_earlier) for x in lines] == [
+        ("r1", True, True),
+        ("r2", False, False),
+    ]

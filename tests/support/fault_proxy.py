@@ -3,7 +3,10 @@
 For a chosen fraction of requests, optionally only some operations, it answers 500 or
 503 SlowDown, or drops the connection before forwarding (nothing applied) or after forwarding
 (applied, but the reply is lost). A request signed with a rejected access key gets 403
-InvalidAccessKeyId. Every decision is counted, so tests and reports can say what was injected.
+InvalidAccessKeyId. `outage_after` (a method and a path fragment) starts an outage, every
+later request faulted, the moment such a request has been forwarded and answered: an outage
+that begins at an exact step of a run. Every decision is counted, so tests and reports can
+say what was injected.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class FaultPlan:
     kinds: tuple[str, ...] = FAULT_KINDS
     operations: tuple[str, ...] = ("read", "list", "write", "delete", "other")
     rejected_key: str | None = None
+    outage_after: tuple[str, str] | None = None
     seed: int = 0
     injected: Counter = field(default_factory=Counter)
     forwarded: int = 0
@@ -70,6 +74,14 @@ class FaultPlan:
             kind = self._rng.choice(self.kinds)
             self.injected[f"{op}:{kind}"] += 1
             return kind
+
+    def forwarded_to(self, method: str, path: str) -> None:
+        """Count a forwarded request; the one `outage_after` names starts the outage."""
+        with self._lock:
+            self.forwarded += 1
+            starts = self.outage_after is not None and self.outage_after[0] == method
+            if starts and self.outage_after[1] in path:
+                self.rate, self.outage_after = 1.0, None
 
 
 def _handler(upstream: tuple[str, int], plan: FaultPlan) -> type[BaseHTTPRequestHandler]:
@@ -127,7 +139,7 @@ def _handler(upstream: tuple[str, int], plan: FaultPlan) -> type[BaseHTTPRequest
                 )
                 return
             status, headers, payload = self._forward(body)
-            plan.forwarded += 1
+            plan.forwarded_to(self.command, self.path)
             if kind == "drop-after":
                 self._drop()
                 return
