@@ -1,0 +1,44 @@
+"""The shipped `prefect.yaml`'s deployments and the parameters their triggers pass.
+
+`triggered_parameters` renders a deployment trigger's `parameters` against a flow run with
+Prefect's own templating (single-expression templates keep their type, as on the server),
+over the deployment's parameters with its `{{ $TOKCAP_* }}` placeholders filled, as
+`prefect deploy` does from the environment. So a test can start the run an automation would
+start, without a worker.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect.server.events.actions import RunDeployment
+from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
+
+from flows.serve import fill
+from tests.support.pipeline_helpers import REPO
+
+SHIPPED = Path(REPO, "deployments", "prefect.yaml")
+
+
+def shipped_deployment(name: str) -> dict[str, Any]:
+    """One deployment of the shipped file, anchors merged."""
+    spec = yaml.safe_load(SHIPPED.read_text(encoding="utf-8"))
+    (deployment,) = [d for d in spec["deployments"] if d["name"] == name]
+    return deployment
+
+
+def triggered_parameters(
+    deployment: str, flow_run: Any, env: dict[str, str], trigger: int = 0
+) -> dict[str, Any]:
+    """The parameters of the run that the deployment's `trigger` starts for `flow_run`:
+    the deployment's own (placeholders filled from `env`), then the trigger's, rendered."""
+    spec = shipped_deployment(deployment)
+    rendered = copy.deepcopy(spec["triggers"][trigger]["parameters"])
+    RunDeployment._upgrade_v1_templates(rendered)  # as the server does to plain templates
+    context = HydrationContext(
+        raise_on_error=True, render_jinja=True, jinja_context={"flow_run": flow_run}
+    )
+    return {**fill(spec.get("parameters") or {}, env), **hydrate(rendered, context)}
