@@ -42,3 +42,26 @@ def triggered_parameters(
         raise_on_error=True, render_jinja=True, jinja_context={"flow_run": flow_run}
     )
     return {**fill(spec.get("parameters") or {}, env), **hydrate(rendered, context)}
+
+
+def shipped_automation_names() -> list[str]:
+    """Every automation the shipped files create: deployment triggers, then automations.yaml."""
+    spec = yaml.safe_load(SHIPPED.read_text(encoding="utf-8"))
+    triggers = [t["name"] for d in spec["deployments"] for t in d.get("triggers") or []]
+    applied = yaml.safe_load(SHIPPED.with_name("automations.yaml").read_text(encoding="utf-8"))
+    return triggers + [a["name"] for a in applied["automations"]]
+
+
+def remove_deployed(pool: str) -> None:
+    """Delete the deployments on `pool`, the shipped automations and the store-request limit,
+    so later tests of the session see none of them."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        for deployment in client.read_deployments():
+            if deployment.work_pool_name == pool:
+                client.delete_deployment(deployment.id)
+        for name in shipped_automation_names():
+            for automation in client.read_automations_by_name(name):
+                client.delete_automation(automation.id)
+        client.delete_global_concurrency_limit_by_name("tokcap-store-requests")
