@@ -2,7 +2,8 @@
 
 The definitions live in `automations.yaml` next to the shipped `prefect.yaml`. Applying is
 idempotent: an automation of the same name is replaced, a limit of the same name is set to
-the file's value. The retrigger of failed runs is not here: it is a deployment trigger in
+the file's value. The file's `tokcap-crash-silent-runs` marks a run whose heartbeats stopped
+Crashed. The retrigger of failed and crashed runs is not here: it is a deployment trigger in
 `prefect.yaml`, created by `prefect deploy` (or `tokcap serve`) with the deployment it runs.
 """
 

@@ -334,7 +334,7 @@ def cmd_retire(args: argparse.Namespace) -> int:
 
 
 def cmd_retrigger(args: argparse.Namespace) -> int:
-    from flows.finalize import retrigger_failed
+    from flows.retrigger import retrigger_failed
 
     report = _run_on_run_id(retrigger_failed, args)
     print_retriggered(report)

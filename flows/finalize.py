@@ -1,4 +1,4 @@
-"""Finalization flows: finalize a run, retire what was handed off, retrigger what failed.
+"""Finalization flows: finalize a run, and retire what was handed off.
 
 `finalize_run` reads rollout records, finalizes each against the capture store, hands each
 batch off durably (its receipt is the upload task's persisted result) and only then retires.
@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from prefect import State, Task, flow, get_run_logger
+from prefect import Task, flow, get_run_logger
 from prefect.futures import PrefectFuture
-from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
 from capture_core.builder import BUILDERS
@@ -39,10 +38,8 @@ from capture_core.run.run_layout import ROW_FORMATS, validate_run_id
 from capture_core.run.run_progress import (
     Lookahead,
     MaskGate,
-    RetriggerReport,
     RunTally,
     group_batch_errors,
-    ledger_changes,
     retire_counts,
 )
 from capture_core.run.run_report import RunSummary, plural, tokcap_command
@@ -58,7 +55,7 @@ from tasks.batches import (
 from tasks.consumers import acknowledged
 from tasks.receipts import ReceiptStorage, UnrecordedReceiptError, find_receipts, receipt_storage
 from tasks.report import publish_report, write_run_report
-from tasks.run_state import check_locations, claim_run_id, load_ledger, load_manifest, mark_retired
+from tasks.run_state import check_locations, claim_run_id, load_manifest, mark_retired
 
 Options = dict[str, Any] | None
 RECEIPT_NOT_STORED = (
@@ -471,74 +468,3 @@ def retire_uploaded(
         errors = group_batch_errors(tally.errors)
         raise RunFailedError("; ".join(errors), errors)
     return counts
-
-
-NEEDS_ATTENTION = "NeedsAttention"  # a Failed state no shipped automation retriggers
-
-
-@flow(name="retrigger-failed", flow_run_name="retrigger {run_id}")
-def retrigger_failed(
-    dest: str,
-    run_id: str,
-    store: str,
-    storage_options: Options = None,
-    source_kwargs: Options = None,
-    rollouts: str | None = None,
-    batch_size: int = 500,
-    retrigger: int = 0,
-    max_retriggers: int = 3,
-) -> RetriggerReport | State:
-    """Re-run only what did not complete in a run (finalize, upload or retire) and report it.
-
-    A run that failed before it recorded its manifest is finalized from `rollouts` with
-    `batch_size`. `retrigger` counts the automation's retriggers of this run in a row (0:
-    started by a person); the `max_retriggers`-th one that still fails ends in the Failed
-    state `NeedsAttention`, with its reason, which the automation leaves to a person.
-    """
-    options = public_storage_options(storage_options)
-    check_separate_locations({"store": store, "dest": dest})
-    error: RunFailedError | None = None
-    before: list[Any] = []
-    try:
-        before, settings = _rerun_settings(dest, run_id, rollouts or None, batch_size, options)
-        finalize_run(store=store, dest=dest, run_id=run_id, **settings, source_kwargs=source_kwargs)
-    except RunFailedError as exc:
-        error = exc
-    except Exception as exc:
-        error = RunFailedError(str(exc))
-    report = ledger_changes(run_id, before, load_ledger(dest, run_id, options))
-    get_run_logger().info("retrigger %s: %s", run_id, report.describe())
-    if error is None:
-        return report
-    message = f"retrigger of {run_id} did not complete: {error}"
-    if 0 < max_retriggers <= retrigger:
-        return Failed(
-            name=NEEDS_ATTENTION,
-            message=f"{message}; left for a person after {retrigger} automatic retriggers",
-        )
-    raise RunFailedError(message, error.failures, report, error.next_step)
-
-
-def _rerun_settings(
-    dest: str, run_id: str, rollouts: str | None, batch_size: int, options: dict[str, Any]
-) -> tuple[list[Any], dict[str, Any]]:
-    """The ledger before the re-run and `finalize_run`'s settings: the manifest's, or for a
-    run that never recorded one, `rollouts` with `batch_size` and the flow's defaults."""
-    try:
-        manifest = load_manifest(dest, run_id, options)
-    except ValueError:
-        if rollouts is None:
-            raise
-        return [], {"rollouts": rollouts, "batch_size": batch_size, "storage_options": options}
-    settings = {
-        "rollouts": manifest.rollouts,
-        "builder": manifest.builder,
-        "batch_size": manifest.batch_size,
-        "max_mask_fraction": manifest.max_mask_fraction,
-        "mask_fraction_min_samples": manifest.mask_fraction_min_samples,
-        "storage_options": options,
-        "delivery": manifest.delivery,
-        "rows": manifest.rows,
-        "retire_after_consumer": manifest.retire_after_consumer,
-    }
-    return load_ledger(dest, run_id, options), settings

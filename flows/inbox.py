@@ -37,6 +37,7 @@ from capture_core.run.inbox import (
     claim_is_live,
     claim_numbers,
     keep_claim,
+    outwait_silent_claim,
     read_claim,
     release_claim,
     replaced_file,
@@ -306,8 +307,8 @@ def finalize_inbox_file(rollouts: str, run_id: str, settings: FileSettings) -> I
 
     `run_id` must be the file's own (`run_id_for_file`) and the file must lie in the inbox:
     an event naming anything else is refused, so no event can finalize a file elsewhere.
-    A refused run ends in the Failed state `Refused`, with the reason: the retrigger
-    automation re-runs `Failed` runs from their parameters, without this check.
+    A refused run ends in the Failed state `Refused`, with the reason, which the retrigger
+    automation does not expect: retrying cannot make the event valid.
     """
     settings = settings.checked()
     try:
@@ -315,10 +316,45 @@ def finalize_inbox_file(rollouts: str, run_id: str, settings: FileSettings) -> I
     except ValueError as exc:
         get_run_logger().error("%s", exc)
         return Failed(name=REFUSED, message=str(exc))
+    return finalize_file(rollouts, settings)
+
+
+def retry_file(rollouts: str, run_id: str, settings: FileSettings) -> InboxReport:
+    """Finalize a file again as its failed or crashed run would have: the same settings, the
+    same checks, under the file's claim.
+
+    A run that crashed holding the claim renews it no more; it is waited out (one lease at
+    most) and then taken over. A holder that renews meanwhile is alive: the file is left to
+    it. Raises `ValueError` for a file outside the inbox or a run id not the file's own,
+    and `InboxFailedError` when the file was not finalized.
+    """
+    settings = settings.checked()
+    check_inbox_file(rollouts, run_id, settings.inbox)
+    return finalize_file(rollouts, settings, outwait=True)
+
+
+def finalize_file(rollouts: str, settings: FileSettings, outwait: bool = False) -> InboxReport:
+    """Inspect, claim and finalize one checked file of the inbox, then conclude.
+
+    With `outwait`, a claim held by a pass that renews it no more is waited out first.
+    """
+    dest, options = settings.dest, settings.storage_options
+    inspected = inspect_inbox_file(rollouts, dest, options)
+    held_by = inspected.held_by
+    if outwait and held_by and outwait_claim(dest, inspected.run_id, held_by, options):
+        inspected = inspect_inbox_file(rollouts, dest, options)
     report = InboxReport()
-    inspected = inspect_inbox_file(rollouts, settings.dest, settings.storage_options)
     take_file(inspected, settings, report)
     return _conclude(rollouts, report)
+
+
+@tokcap_task("outwait-claim", "wait out the claim on run {run_id}")
+def outwait_claim(
+    dest: str, run_id: str, held_by: str, storage_options: dict[str, Any] | None = None
+) -> bool:
+    """`outwait_silent_claim` as a task: whether the file's claim lapsed or ended."""
+    get_run_logger().info("run %s: waiting for %s to renew its claim or lose it", run_id, held_by)
+    return outwait_silent_claim(open_byte_store(dest, storage_options), run_id)
 
 
 def check_inbox_file(rollouts: str, run_id: str, inbox: str) -> None:

@@ -4,7 +4,9 @@ Without `PREFECT_API_URL` the CLI starts Prefect's temporary server itself, befo
 with a generous readiness wait (`PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`, default
 300 s: a fresh `PREFECT_HOME` migrates its database first, slowly on a busy machine) and with
 the server's telemetry off, so its background writes cannot lock the database mid-run.
-The console shows one line per log record; tracebacks stay in the flow-run logs on the API.
+Its flow runs send a heartbeat every 30 s, as the shipped work pool's do, so a run on a real
+server is marked Crashed only when its process is gone. The console shows one line per log
+record; tracebacks stay in the flow-run logs on the API.
 The temporary server's own output goes to a log file under `PREFECT_HOME`
 (`flows.temporary_server`).
 """
@@ -21,9 +23,12 @@ from typing import Any
 
 STARTUP_TIMEOUT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 300
+HEARTBEAT_SETTING = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
+HEARTBEAT_SECONDS = 30  # the shipped crash automation marks a run silent for 90 s Crashed
 CLI_PREFECT_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     STARTUP_TIMEOUT_SETTING: str(DEFAULT_STARTUP_TIMEOUT_SECONDS),
+    HEARTBEAT_SETTING: str(HEARTBEAT_SECONDS),
 }
 ENGINE_MODULES = ("flow_engine", "task_engine", "transactions")
 

@@ -9,6 +9,7 @@ Each attempt is a numbered create-only claim, so of two passes racing for a file
 A claim lives while its holder renews it; a holder that died loses it after its lease.
 Claim times are wall-clock seconds, so leases must exceed the clock skew between machines.
 A holder checks its claim before each write that decides its run's state (`check_claim`).
+A retrigger waits out a claim whose holder stopped renewing it, and leaves a renewed one.
 This module does not import Prefect.
 """
 
@@ -19,7 +20,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -188,6 +189,34 @@ def take_claim(
         release_claim(dest, claim, ok=True)
         return ClaimDecision(status="done", attempts=claim.number + 1)
     return ClaimDecision(status="claimed", attempts=claim.number + 1, claim=claim)
+
+
+def outwait_silent_claim(
+    dest: ByteStore,
+    run_id: str,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Wait while the run's latest claim stays live and unrenewed; whether it lapsed or ended.
+
+    A holder that died (a killed worker) renews nothing more: its claim lapses within one
+    lease of its last renewal, and this returns `True`, so the caller may take the file over.
+    A renewal, or a newer claim, while waiting shows a live pass: `False`, leave it the file.
+    Renewals are compared by content, never by clock, so clock skew only moves the lapse.
+    """
+    layout = RunLayout(dest, run_id)
+    numbers = layout.attempt_numbers()
+    claim = read_claim(dest, run_id, numbers[-1]) if numbers else None
+    if claim is None:
+        return True
+    beat = layout.read_attempt(claim.number, "beat")
+    poll = min(10.0, max(1.0, claim.lease_seconds / 20))
+    while claim_is_live(dest, claim, clock()):
+        sleep(poll)
+        renewed = layout.read_attempt(claim.number, "beat") != beat
+        if renewed or layout.attempt_numbers()[-1] != claim.number:
+            return False
+    return True
 
 
 def check_claim(dest: ByteStore, claim: Claim, now: float | None = None) -> None:

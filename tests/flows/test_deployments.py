@@ -83,3 +83,30 @@ def test_tokcap_deployments_locates_the_shipped_file(capsys) -> None:
     assert located.read_text() == SOURCE.read_text()
     assert main(["deployments", "--show"]) == 0
     assert capsys.readouterr().out == SOURCE.read_text()
+
+
+def test_every_run_beats_often_enough_for_the_crash_automation_and_is_retriggered() -> None:
+    """Three heartbeats fit in the silence that marks a run Crashed, for every deployed flow
+    and the CLI's runs; a Crashed run is retriggered like a Failed one."""
+    from flows.automations import load_definitions
+    from flows.runners import CLI_PREFECT_DEFAULTS, HEARTBEAT_SETTING
+
+    spec = yaml.safe_load(SOURCE.read_text())
+    (crash,) = [
+        a for a in load_definitions()["automations"] if a["name"] == "tokcap-crash-silent-runs"
+    ]
+    trigger = crash["trigger"]
+    assert trigger["posture"] == "Proactive" and trigger["for_each"] == ["prefect.resource.id"]
+    assert crash["actions"] == [{**crash["actions"][0], "type": "change-flow-run-state"}]
+    assert crash["actions"][0]["state"] == "CRASHED"
+    beats = [
+        int(d["work_pool"]["job_variables"]["env"][HEARTBEAT_SETTING]) for d in spec["deployments"]
+    ]
+    beats.append(int(CLI_PREFECT_DEFAULTS[HEARTBEAT_SETTING]))
+    assert all(3 * beat <= trigger["within"] for beat in beats), (beats, trigger["within"])
+    flows = {import_object(d["entrypoint"]).name for d in spec["deployments"]}
+    assert set(trigger["match_related"]["prefect.resource.name"]) == flows
+    (retrigger,) = [d for d in spec["deployments"] if d["name"] == "retrigger-failed"]
+    (on_failure,) = retrigger["triggers"]
+    assert set(on_failure["expect"]) == {"prefect.flow-run.Failed", "prefect.flow-run.Crashed"}
+    assert on_failure["parameters"]["failed_run"] == "{{ flow_run.id | string }}"

@@ -22,7 +22,6 @@ import orjson
 import pytest
 import yaml
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 from prefect.deployments import run_deployment
 
 from capture_core.run.inbox import run_completed, run_id_for_file
@@ -34,18 +33,20 @@ from tasks.receipts import list_receipt_keys
 from tests.conftest import make_bucket
 from tests.support.fault_proxy import FaultPlan, fault_proxy
 from tests.support.pipeline_helpers import REPO, dest_records, make_batch, rollout_ids, run_cli
-from tests.support.prefect_workers import kill_tree, prefect_cli, start_worker
+from tests.support.prefect_workers import (
+    all_final,
+    deployment_runs,
+    kill_tree,
+    prefect_cli,
+    start_worker,
+)
 from tests.support.reliability_figures import record_case
 from tests.support.servers import wait_until
+from tests.support.shipped_triggers import remove_deployed, shipped_automation_names
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 POOL = "tokcap-events"
-AUTOMATIONS = (
-    "tokcap-finalize-submitted-file",
-    "tokcap-retrigger-failed-runs",
-    "tokcap-mask-fraction-alert",
-)
 RUN_DEADLINE = 300
 
 
@@ -108,19 +109,7 @@ def event_path(
         finally:
             for worker in workers:
                 kill_tree(worker.pid)
-            remove_deployed()
-
-
-def remove_deployed() -> None:
-    """Delete this module's deployments, automations and limit, so later tests see none."""
-    with get_client(sync_client=True) as client:
-        for deployment in client.read_deployments():
-            if deployment.work_pool_name == POOL:
-                client.delete_deployment(deployment.id)
-        for name in AUTOMATIONS:
-            for automation in client.read_automations_by_name(name):
-                client.delete_automation(automation.id)
-        client.delete_global_concurrency_limit_by_name("tokcap-store-requests")
+            remove_deployed(POOL)
 
 
 def rollout_file(paths: dict[str, Any], name: str, task: int, count: int, **kwargs: Any) -> str:
@@ -139,24 +128,13 @@ def submit(paths: dict[str, Any], *sources: str):
     return run_cli(["submit", "--inbox", paths["inbox"], *sources], paths["api"])
 
 
-def runs_of(deployment: str, run_id: str) -> list[Any]:
-    """The flow runs of one deployment (`flow/name`) whose `run_id` parameter is `run_id`."""
-    name = deployment.split("/")[1]
-    with get_client(sync_client=True) as client:
-        found = client.read_flow_runs(
-            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])), limit=200
-        )
-    return [r for r in found if r.parameters.get("run_id") == run_id]
-
-
-def finished(runs: list[Any]) -> bool:
-    return bool(runs) and all(r.state is not None and r.state.is_final() for r in runs)
-
-
 def wait_finished(deployment: str, run_ids: list[str], what: str) -> None:
     """Wait until every run id has a run of the deployment and all of them ended."""
     wait_until(
-        lambda: all(finished(runs_of(deployment, r)) for r in run_ids), RUN_DEADLINE, what, 0.5
+        lambda: all(all_final(deployment_runs(deployment, r)) for r in run_ids),
+        RUN_DEADLINE,
+        what,
+        0.5,
     )
 
 
@@ -181,7 +159,7 @@ def handed_off_once(paths: dict[str, Any], run_id: str, ids: list[str], batches:
 def test_deploying_and_applying_creates_every_shipped_automation(event_path) -> None:
     wide = {**event_path["env"], "COLUMNS": "400"}  # the table cuts names to fit the width
     listed = prefect_cli(["automation", "ls"], wide, event_path["home"])
-    for name in AUTOMATIONS:
+    for name in shipped_automation_names():
         assert name in listed, f"{name} is listed by prefect automation ls"
     assert "concurrency limit: tokcap-store-requests = 64" in event_path["applied"]
     with get_client(sync_client=True) as client:
@@ -200,7 +178,7 @@ def test_submitted_files_are_finalized_by_their_triggered_runs_two_at_once(event
     handed_off_once(event_path, run_ids[0], ["31-0", "31-1"], 1)
     handed_off_once(event_path, run_ids[1], ["32-0", "32-1"], 1)
     wait_finished("finalize-inbox-file/inbox-file", run_ids, "both triggered runs to end")
-    runs = [runs_of("finalize-inbox-file/inbox-file", r) for r in run_ids]
+    runs = [deployment_runs("finalize-inbox-file/inbox-file", r) for r in run_ids]
     assert [len(r) for r in runs] == [1, 1], "one triggered run per submitted file"
     (one,), (two,) = runs
     assert one.state.is_completed() and two.state.is_completed()
@@ -233,14 +211,14 @@ def test_a_resubmitted_file_is_handed_off_once_under_two_workers(event_path) -> 
     run_id = run_id_for_file(inbox_url(event_path, source))
     wait_until(
         lambda: (
-            len(runs_of("finalize-inbox-file/inbox-file", run_id)) == 2
-            and finished(runs_of("finalize-inbox-file/inbox-file", run_id))
+            len(deployment_runs("finalize-inbox-file/inbox-file", run_id)) == 2
+            and all_final(deployment_runs("finalize-inbox-file/inbox-file", run_id))
         ),
         RUN_DEADLINE,
         "both runs of the resubmitted file to end",
         0.5,
     )
-    runs = runs_of("finalize-inbox-file/inbox-file", run_id)
+    runs = deployment_runs("finalize-inbox-file/inbox-file", run_id)
     assert all(r.state.is_completed() for r in runs), [r.state for r in runs]
     handed_off_once(event_path, run_id, ["33-0", "33-1", "33-2"], 1)
     other = event_path["sources"] / "elsewhere" / "again.jsonl"
@@ -262,21 +240,22 @@ def test_a_run_failed_by_an_unreachable_store_is_retriggered_once_it_is_back(
     try:
         assert submit(event_path, source).returncode == 0
         wait_until(
-            lambda: finished(runs_of("finalize-inbox-file/inbox-file", run_id)),
+            lambda: all_final(deployment_runs("finalize-inbox-file/inbox-file", run_id)),
             RUN_DEADLINE,
             "the file's run to fail on the unreachable store",
             0.5,
         )
     finally:
         event_path["plan"].rate = 0.0
-    (failed,) = runs_of("finalize-inbox-file/inbox-file", run_id)
+    (failed,) = deployment_runs("finalize-inbox-file/inbox-file", run_id)
     assert failed.state.is_failed(), failed.state
     wait_completed(event_path, [run_id], "the retriggered run to hand the file off")
     wait_finished("retrigger-failed/retrigger-failed", [run_id], "the retrigger run to end")
-    retriggers = runs_of("retrigger-failed/retrigger-failed", run_id)
+    retriggers = deployment_runs("retrigger-failed/retrigger-failed", run_id)
     assert [r.state.name for r in retriggers] == ["Completed"]
     assert retriggers[0].parameters["retrigger"] == 1
     assert retriggers[0].parameters["rollouts"] == inbox_url(event_path, source)
+    assert retriggers[0].parameters["failed_run"] == str(failed.id), "it names the failed run"
     uninterrupted = uninterrupted_records(event_path, source, tmp_path)
     assert comparable(dest_records(event_path["dest"], run_id)) == comparable(uninterrupted)
     record_case("a run failed by an unreachable store is retriggered by the automation")
@@ -318,9 +297,9 @@ def test_an_inbox_pass_fans_out_one_run_per_file_copied_in_without_an_event(even
     parent = run_deployment("finalize-inbox/inbox", timeout=0)
     wait_completed(event_path, run_ids, "the inbox pass's child runs to hand both files off")
     wait_finished("finalize-inbox-file/inbox-file", run_ids, "both child runs to end")
-    children = [runs_of("finalize-inbox-file/inbox-file", r) for r in run_ids]
+    children = [deployment_runs("finalize-inbox-file/inbox-file", r) for r in run_ids]
     assert [len(c) for c in children] == [1, 1], "one child run per file"
-    wait_until(lambda: finished([read_run(parent.id)]), 120, "the inbox pass to end")
+    wait_until(lambda: all_final([read_run(parent.id)]), 120, "the inbox pass to end")
     report = read_run(parent.id)
     assert report.state.is_completed()
     for (child,) in children:

@@ -15,7 +15,8 @@ from capture_core.records import TokenEntry
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import rollout_record
-from flows.finalize import RunFailedError, finalize_run, retire_uploaded, retrigger_failed
+from flows.finalize import RunFailedError, finalize_run, retire_uploaded
+from flows.retrigger import retrigger_failed
 from tests.conftest import make_bucket
 from tests.support import workers
 from tests.support.backends import PROCESS_SHARED_BACKENDS

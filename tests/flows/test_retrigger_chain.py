@@ -1,27 +1,35 @@
 """The automation's retrigger chain ends: the `max_retriggers`-th retrigger that still fails
 ends as `NeedsAttention` (a Failed state the automation does not expect), with its reason;
-earlier ones fail as `Failed`, which the automation retriggers. The automation itself, on a
-real server and workers, is tests/test_events.py."""
+earlier ones fail as `Failed`, which the automation retriggers. A run whose settings cannot
+be recovered is never retriggered with other ones: it ends `NeedsAttention` at once. The
+automation itself, on a real server and workers, is tests/flows/test_events.py."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
 
-from flows.finalize import NEEDS_ATTENTION, retrigger_failed
+from flows.finalize import finalize_run
+from flows.retrigger import NEEDS_ATTENTION, retrigger_failed
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
-def retrigger(tmp_path: Path, number: int):
+def locations(tmp_path: Path) -> tuple[str, str]:
     for folder in ("store", "dest"):
         (tmp_path / folder).mkdir(exist_ok=True)
+    return str(tmp_path / "dest"), str(tmp_path / "store")
+
+
+def retrigger(tmp_path: Path, failed_run: str | None, number: int):
+    dest, store = locations(tmp_path)
     return retrigger_failed(
-        str(tmp_path / "dest"),
+        dest,
         "never-started",
-        str(tmp_path / "store"),
-        rollouts=str(tmp_path / "missing.jsonl"),
+        store,
+        failed_run=failed_run,
         retrigger=number,
         max_retriggers=2,
         return_state=True,
@@ -29,8 +37,25 @@ def retrigger(tmp_path: Path, number: int):
 
 
 def test_the_last_retrigger_that_fails_is_left_for_a_person_with_its_reason(tmp_path) -> None:
-    earlier = retrigger(tmp_path, 1)
+    dest, store = locations(tmp_path)
+    missing = str(tmp_path / "missing.jsonl")
+    first = finalize_run(missing, store, dest, "never-started", return_state=True)
+    assert first.is_failed()
+    failed_run = str(first.state_details.flow_run_id)
+    earlier = retrigger(tmp_path, failed_run, 1)
     assert earlier.is_failed() and earlier.name == "Failed", "the automation retriggers it"
-    last = retrigger(tmp_path, 2)
+    last = retrigger(tmp_path, str(earlier.state_details.flow_run_id), 2)
     assert last.is_failed() and last.name == NEEDS_ATTENTION
     assert "missing.jsonl" in last.message and "after 2 automatic retriggers" in last.message
+
+
+@pytest.mark.parametrize("failed_run", [None, str(uuid.uuid4())], ids=["manifest", "flow-run"])
+def test_a_run_whose_settings_are_unknown_is_left_for_a_person_at_once(
+    tmp_path, failed_run: str | None
+) -> None:
+    """No manifest (and no flow run named), or a flow run the server does not know: the
+    retrigger finalizes nothing, rather than with default settings."""
+    state = retrigger(tmp_path, failed_run, 1)
+    assert state.is_failed() and state.name == NEEDS_ATTENTION, state
+    assert "never-started" in state.message and "settings it ran with are unknown" in state.message
+    assert not any((tmp_path / "dest").iterdir()), "nothing was finalized"

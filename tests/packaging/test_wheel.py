@@ -135,7 +135,7 @@ def test_installed_tokcap_deploys_the_shipped_deployments_and_a_worker_runs_them
         "dispatch-clear/dispatch-clear": "flows.clear:dispatch_clear",
         "sweep-retired/sweep-retired": "flows.sweep:sweep_retired_captures",
         "retire-uploaded/retire-uploaded": "flows.finalize:retire_uploaded",
-        "retrigger-failed/retrigger-failed": "flows.finalize:retrigger_failed",
+        "retrigger-failed/retrigger-failed": "flows.retrigger:retrigger_failed",
     }
     assert {name: deployments[name].entrypoint for name in shipped} == shipped
     assert all(not deployments[name].pull_steps for name in shipped), "no path to a checkout"

@@ -11,6 +11,7 @@ import pytest
 from capture_core.run.inbox import (
     attempts,
     keep_claim,
+    outwait_silent_claim,
     read_claim,
     release_claim,
     renew_claim,
@@ -62,6 +63,48 @@ def test_a_claim_lapses_only_when_its_holder_stops_renewing_it(tmp_path) -> None
     release_claim(dest, again.claim, ok=False)
     assert take_claim(dest, "run-b", "fourth", "t4", LEASE, 3, now=1058.0).status == "given_up"
     assert read_claim(dest, "run-b", 0).owner == "dead pass"
+
+
+class FakeTime:
+    """A clock that `sleep` advances, calling `during_sleep` once per sleep."""
+
+    def __init__(self, now: float, during_sleep=lambda now: None) -> None:
+        self.now, self.during_sleep, self.sleeps = now, during_sleep, 0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.sleeps += 1
+        self.during_sleep(self.now)
+
+
+def test_a_silent_claim_is_waited_out_and_a_renewed_one_left_to_its_holder(tmp_path) -> None:
+    dest = open_byte_store(str(tmp_path / "dest"))
+    dead = take_claim(dest, "run-d", "killed pass", "t1", LEASE, 3, now=1000.0).claim
+    assert dead is not None
+    renew_claim(dest, dead, now=1010.0)
+    silent = FakeTime(1020.0)
+    assert outwait_silent_claim(dest, "run-d", lambda: silent.now, silent.sleep)
+    assert 1040.0 <= silent.now < 1040.0 + LEASE / 20 + 1, "returns once the lease lapsed"
+
+    live = take_claim(dest, "run-e", "live pass", "t2", LEASE, 3, now=1000.0).claim
+    assert live is not None
+    renewing = FakeTime(1001.0, lambda now: renew_claim(dest, live, now=now))
+    assert not outwait_silent_claim(dest, "run-e", lambda: renewing.now, renewing.sleep)
+    assert renewing.sleeps == 1, "a renewal shows a live holder: left to it at once"
+
+    taken = take_claim(dest, "run-f", "first pass", "t3", LEASE, 3, now=1000.0).claim
+    assert taken is not None
+
+    def another_takes_over(now: float) -> None:
+        release_claim(dest, taken, ok=False)
+        take_claim(dest, "run-f", "second pass", "t4", LEASE, 3, now=now)
+
+    newer = FakeTime(1001.0, another_takes_over)
+    assert not outwait_silent_claim(dest, "run-f", lambda: newer.now, newer.sleep)
+    release_claim(dest, read_claim(dest, "run-f", 1), ok=True)
+    ended = FakeTime(1002.0)
+    assert outwait_silent_claim(dest, "run-f", lambda: ended.now, ended.sleep)
+    assert ended.sleeps == 0, "an ended claim needs no wait"
 
 
 def test_keep_claim_renews_while_its_body_runs(tmp_path) -> None:

@@ -14,8 +14,9 @@ import pytest
 from capture_core.errors import OverlappingLocationsError
 from capture_core.storage import locations_overlap
 from capture_core.store import TokenCaptureStore
-from flows.finalize import finalize_run, retire_uploaded, retrigger_failed
+from flows.finalize import finalize_run, retire_uploaded
 from flows.inbox import FileSettings, finalize_inbox
+from flows.retrigger import retrigger_failed
 from tests.support.pipeline_helpers import (
     finalize_args,
     make_batch,

@@ -7,8 +7,11 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 
 PREFECT = (sys.executable, "-m", "prefect")
 
@@ -50,3 +53,18 @@ def kill_tree(pid: int) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.send_signal(signal.SIGKILL)
     psutil.wait_procs(procs, timeout=30)
+
+
+def deployment_runs(deployment: str, run_id: str) -> list[Any]:
+    """The flow runs of one deployment (`flow/name`) whose `run_id` parameter is `run_id`."""
+    name = deployment.split("/")[1]
+    with get_client(sync_client=True) as client:
+        found = client.read_flow_runs(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name])), limit=200
+        )
+    return [r for r in found if r.parameters.get("run_id") == run_id]
+
+
+def all_final(runs: list[Any]) -> bool:
+    """Whether there are runs and every one of them ended."""
+    return bool(runs) and all(r.state is not None and r.state.is_final() for r in runs)

@@ -1,0 +1,192 @@
+"""`retrigger_failed`: re-run what did not complete in a run, with that run's own settings.
+
+The shipped automation starts it for a finalize run that failed or crashed, naming that flow
+run (`failed_run`). The retrigger reads the parameters the run was started with from the
+Prefect API and re-runs the same flow with them: an inbox file's run under the file's claim
+(waiting out the claim of a run that crashed holding it), a `finalize_run` as it was called.
+Started by hand (no `failed_run`), it re-runs the run from the manifest the run recorded.
+Settings it cannot recover are never replaced by defaults: the run is left to a person.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from prefect import State, flow, get_run_logger
+from prefect.states import Failed
+
+from capture_core.config import public_storage_options
+from capture_core.run.capture_source import check_separate_locations
+from capture_core.run.run_progress import RetriggerReport, ledger_changes
+from flows.finalize import RunFailedError, finalize_run
+from flows.inbox import FileSettings, check_inbox_file, retry_file
+from tasks.flow_runs import RETRIGGER_FLOW, RetriedRun, read_retried_run
+from tasks.run_state import load_ledger, load_manifest
+
+Options = dict[str, Any] | None
+
+NEEDS_ATTENTION = "NeedsAttention"  # a Failed state no shipped automation retriggers
+INBOX_FILE_FLOW, FINALIZE_FLOW = "finalize-inbox-file", "finalize-run"
+
+
+class RetriggerRefusedError(RuntimeError):
+    """The run cannot be re-run as it first ran (its settings are unknown, or its input was
+    refused); the message names the run and what a person can do."""
+
+
+@dataclass
+class Rerun:
+    """One re-run: the run's input, the destination and options of its ledger, and the call
+    that re-runs it with its own settings."""
+
+    rollouts: str | None
+    dest: str
+    options: dict[str, Any]
+    call: Callable[[], Any]
+
+
+@flow(name="retrigger-failed", flow_run_name="retrigger {run_id}")
+def retrigger_failed(
+    dest: str,
+    run_id: str,
+    store: str,
+    storage_options: Options = None,
+    source_kwargs: Options = None,
+    rollouts: str | None = None,
+    failed_run: str | None = None,
+    retrigger: int = 0,
+    max_retriggers: int = 3,
+) -> RetriggerReport | State:
+    """Re-run only what did not complete in a run (finalize, upload or retire) and report it.
+
+    `failed_run` is the flow run that failed or crashed (the automation passes it): the run is
+    re-run with that flow run's parameters, and `dest`, `store`, `storage_options` and
+    `source_kwargs` are not used. Without it the run is re-run from its manifest at `dest`.
+    `rollouts`, when given, must be the run's input. A run whose settings cannot be recovered
+    (no manifest, an unknown flow run) ends at once in the Failed state `NeedsAttention`,
+    naming why. `retrigger` counts the automation's retriggers of this run in a row (0:
+    started by a person); the `max_retriggers`-th one that still fails ends `NeedsAttention`
+    too, with its reason. The automation expects neither: the run is left to a person.
+    """
+    options = public_storage_options(storage_options)
+    check_separate_locations({"store": store, "dest": dest})
+    located = Rerun(rollouts, dest, options, lambda: None)
+    error: RunFailedError | None = None
+    before: list[Any] = []
+    try:
+        located = planned_rerun(dest, run_id, store, options, source_kwargs, failed_run)
+        check_input(run_id, rollouts, located)
+        before = load_ledger(located.dest, run_id, located.options)
+        located.call()
+    except RetriggerRefusedError as exc:
+        get_run_logger().error("%s", exc)
+        return Failed(name=NEEDS_ATTENTION, message=str(exc))
+    except RunFailedError as exc:
+        error = exc
+    except Exception as exc:
+        error = RunFailedError(str(exc))
+    report = ledger_changes(run_id, before, load_ledger(located.dest, run_id, located.options))
+    get_run_logger().info("retrigger %s: %s", run_id, report.describe())
+    if error is None:
+        return report
+    message = f"retrigger of {run_id} did not complete: {error}"
+    if 0 < max_retriggers <= retrigger:
+        return Failed(
+            name=NEEDS_ATTENTION,
+            message=f"{message}; left for a person after {retrigger} automatic retriggers",
+        )
+    raise RunFailedError(message, error.failures, report, error.next_step)
+
+
+def planned_rerun(
+    dest: str,
+    run_id: str,
+    store: str,
+    options: dict[str, Any],
+    source_kwargs: Options,
+    failed_run: str | None,
+) -> Rerun:
+    """How to re-run the run: as the flow run `failed_run` ran, else from its manifest."""
+    if failed_run is None:
+        return manifest_rerun(dest, run_id, store, options, source_kwargs)
+    try:
+        retried = read_retried_run(failed_run)
+    except LookupError as exc:
+        raise RetriggerRefusedError(
+            f"run {run_id} cannot be retriggered: {exc}, so the settings it ran with are "
+            "unknown. Retry it from the UI, or finalize its input again with its settings"
+        ) from None
+    found = retried.parameters.get("run_id")
+    if found != run_id:
+        raise RetriggerRefusedError(
+            f"flow run {retried.flow_run_id} finalized run {found!r}, not {run_id!r}; nothing "
+            "was retriggered"
+        )
+    if retried.flow == INBOX_FILE_FLOW:
+        return inbox_rerun(retried)
+    if retried.flow == FINALIZE_FLOW and not retried.parameters.get("claim"):
+        called = retried.parameters
+        where = public_storage_options(called.get("storage_options"))
+        call = partial(finalize_run, **called)
+        return Rerun(called["rollouts"], called["dest"], where, call)
+    if retried.flow == RETRIGGER_FLOW:  # started by hand: the run's manifest
+        called = retried.parameters
+        where = public_storage_options(called.get("storage_options"))
+        kwargs = called.get("source_kwargs")
+        return manifest_rerun(called["dest"], run_id, called["store"], where, kwargs)
+    raise RetriggerRefusedError(
+        f"flow run {retried.flow_run_id} of {retried.flow} is not one the retrigger re-runs "
+        f"(an inbox file's run, a finalize-run deployment's run or a retrigger); retry it "
+        "from the UI"
+    )
+
+
+def inbox_rerun(retried: RetriedRun) -> Rerun:
+    """An inbox file's run again: its file, run id and inbox settings, under the claim."""
+    called = retried.parameters
+    settings = FileSettings.model_validate(called["settings"]).checked()
+    try:
+        check_inbox_file(called["rollouts"], called["run_id"], settings.inbox)
+    except ValueError as exc:
+        raise RetriggerRefusedError(str(exc)) from None
+    call = partial(retry_file, called["rollouts"], called["run_id"], settings)
+    return Rerun(called["rollouts"], settings.dest, settings.storage_options or {}, call)
+
+
+def manifest_rerun(
+    dest: str, run_id: str, store: str, options: dict[str, Any], source_kwargs: Options
+) -> Rerun:
+    """The run again with the settings of its manifest; refused when it recorded none."""
+    try:
+        manifest = load_manifest(dest, run_id, options)
+    except ValueError as exc:  # no manifest, or an unreadable one
+        raise RetriggerRefusedError(
+            f"run {run_id} cannot be retriggered from its manifest: {exc}. Without it the "
+            "settings it ran with are unknown; retry its flow run from the UI, or finalize "
+            "its input again with its settings"
+        ) from None
+    settings = {
+        "rollouts": manifest.rollouts,
+        "builder": manifest.builder,
+        "batch_size": manifest.batch_size,
+        "max_mask_fraction": manifest.max_mask_fraction,
+        "mask_fraction_min_samples": manifest.mask_fraction_min_samples,
+        "storage_options": options,
+        "source_kwargs": source_kwargs,
+        "delivery": manifest.delivery,
+        "rows": manifest.rows,
+        "retire_after_consumer": manifest.retire_after_consumer,
+    }
+    call = partial(finalize_run, store=store, dest=dest, run_id=run_id, **settings)
+    return Rerun(manifest.rollouts, dest, options, call)
+
+
+def check_input(run_id: str, rollouts: str | None, rerun: Rerun) -> None:
+    """Refuse a `rollouts` that is not the input of the run being re-run."""
+    if rollouts and rerun.rollouts != rollouts:
+        raise RetriggerRefusedError(
+            f"run {run_id} finalizes {rerun.rollouts}, not {rollouts}; nothing was retriggered"
+        )
