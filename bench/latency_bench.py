@@ -44,14 +44,32 @@ from capture_core.testing.synthetic import rollout_record, synthetic_rollout
 SCHEDULE_SECONDS = 600  # the shipped inbox cron: */10 * * * *
 
 
-def write_file(work: str, index: int, rollouts: int) -> str:
+def workspace(name: str, poll_seconds: float) -> str:
+    """A new folder with an inbox, an outbox and a destination, named in the environment
+    (`TOKCAP_*`, a Prefect home of its own) for the shipped deployments; returns it."""
+    work = tempfile.mkdtemp(prefix=f"tokcap-{name}-bench-")
+    for folder in ("inbox", "outbox", "dest"):
+        os.makedirs(os.path.join(work, folder))
+    os.environ.update(
+        PREFECT_HOME=os.path.join(work, "prefect"),
+        PREFECT_LOGGING_LEVEL="ERROR",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_WORKER_QUERY_SECONDS=f"{poll_seconds:g}",
+        TOKCAP_INBOX=os.path.join(work, "inbox"),
+        TOKCAP_STORE=os.path.join(work, "store"),
+        TOKCAP_DEST=os.path.join(work, "dest"),
+    )
+    return work
+
+
+def write_file(work: str, index: int, rollouts: int, name: str = "latency") -> str:
     """Capture `rollouts` rollouts and write their rollout file outside the inbox."""
     store = TokenCaptureStore(os.path.join(work, "store"))
     ids = range(index * rollouts, (index + 1) * rollouts)
     entries = [e for i in ids for e in synthetic_rollout(f"{i}-0", SHAPE)]
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(store.put_now, entries))
-    path = os.path.join(work, "outbox", f"latency-{index:03d}.jsonl")
+    path = os.path.join(work, "outbox", f"{name}-{index:03d}.jsonl")
     with open(path, "wb") as out:
         out.write(b"".join(orjson.dumps(rollout_record(i, 0)) + b"\n" for i in ids))
     return path
@@ -91,18 +109,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     logging.getLogger("capture_core").setLevel(logging.ERROR)
-    work = tempfile.mkdtemp(prefix="tokcap-latency-bench-")
-    for folder in ("inbox", "outbox", "dest"):
-        os.makedirs(os.path.join(work, folder))
-    os.environ.update(
-        PREFECT_HOME=os.path.join(work, "prefect"),
-        PREFECT_LOGGING_LEVEL="ERROR",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_WORKER_QUERY_SECONDS=f"{args.poll_seconds:g}",
-        TOKCAP_INBOX=os.path.join(work, "inbox"),
-        TOKCAP_STORE=os.path.join(work, "store"),
-        TOKCAP_DEST=os.path.join(work, "dest"),
-    )
+    work = workspace("latency", args.poll_seconds)
     try:
         sources = [write_file(work, i, args.rollouts) for i in range(args.files)]
         print(

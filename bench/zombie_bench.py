@@ -23,21 +23,17 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-import orjson
 import psutil
 import yaml
 
-from bench.latency_bench import apply_automations
+from bench.latency_bench import apply_automations, workspace, write_file
 from bench.scaling_bench import (
     INBOX,
     POOL,
-    SHAPE,
     WORKER,
     prefect_server,
     wait_for,
@@ -45,8 +41,6 @@ from bench.scaling_bench import (
 )
 from capture_core.run.inbox import run_completed
 from capture_core.storage import open_byte_store
-from capture_core.store import TokenCaptureStore
-from capture_core.testing.synthetic import rollout_record, synthetic_rollout
 
 FILE_DEPLOYMENT, RETRIGGERS = "inbox-file", "retrigger-failed"
 
@@ -136,19 +130,6 @@ def kill_tree(pid: int) -> None:
         psutil.wait_procs(family, timeout=30)
 
 
-def write_file(work: str, index: int, rollouts: int) -> str:
-    """Capture `rollouts` rollouts and write their rollout file outside the inbox."""
-    store = TokenCaptureStore(os.path.join(work, "store"))
-    ids = range(index * rollouts, (index + 1) * rollouts)
-    entries = [e for i in ids for e in synthetic_rollout(f"{i}-0", SHAPE)]
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(store.put_now, entries))
-    path = os.path.join(work, "outbox", f"zombie-{index:03d}.jsonl")
-    with open(path, "wb") as out:
-        out.write(b"".join(orjson.dumps(rollout_record(i, 0)) + b"\n" for i in ids))
-    return path
-
-
 def runs_of(deployment: str, run_id: str) -> list[Any]:
     """The flow runs of a deployment of the bench pool for this run id."""
     from prefect.client.orchestration import get_client
@@ -196,20 +177,9 @@ def main() -> None:
     parser.add_argument("--poll-seconds", type=float, default=10.0)
     args = parser.parse_args()
     logging.getLogger("capture_core").setLevel(logging.ERROR)
-    work = tempfile.mkdtemp(prefix="tokcap-zombie-bench-")
-    for folder in ("inbox", "outbox", "dest"):
-        os.makedirs(os.path.join(work, folder))
-    os.environ.update(
-        PREFECT_HOME=os.path.join(work, "prefect"),
-        PREFECT_LOGGING_LEVEL="ERROR",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_WORKER_QUERY_SECONDS=f"{args.poll_seconds:g}",
-        TOKCAP_INBOX=os.path.join(work, "inbox"),
-        TOKCAP_STORE=os.path.join(work, "store"),
-        TOKCAP_DEST=os.path.join(work, "dest"),
-    )
+    work = workspace("zombie", args.poll_seconds)
     try:
-        sources = [write_file(work, i, args.rollouts) for i in range(args.reps)]
+        sources = [write_file(work, i, args.rollouts, "zombie") for i in range(args.reps)]
         print(
             f"{args.reps} files x {args.rollouts} rollouts, batches of {args.batch_size}, claim "
             f"lease {args.lease:g} s, workers poll every {args.poll_seconds:g} s; "

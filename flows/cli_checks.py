@@ -57,12 +57,21 @@ def absolute(location: str) -> str:
 
 def positive_int(text: str) -> int:
     """An argparse type: an integer of at least 1."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer of at least 0."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} is not at least {least}")
     return value
 
 

@@ -15,19 +15,15 @@ from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.run.capture_source import check_separate_locations, is_class_spec
 from capture_core.run.run_report import plural
 from capture_core.storage import open_byte_store
-from flows.cli_checks import UsageError, absolute, check_location, is_local, positive_int
+from flows.cli_checks import (
+    UsageError,
+    absolute,
+    check_location,
+    is_local,
+    non_negative_int,
+    positive_int,
+)
 from flows.runners import script
-
-
-def seed_value(text: str) -> int:
-    """An argparse type: an integer of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not at least 0")
-    return value
 
 
 def add_inputs_command(commands: Any, add_storage: Callable[..., None]) -> None:
@@ -59,7 +55,11 @@ def add_inputs_command(commands: Any, add_storage: Callable[..., None]) -> None:
         "--files", type=positive_int, default=1, metavar="K", help="files to split them into"
     )
     inputs.add_argument(
-        "--seed", type=seed_value, default=0, metavar="S", help="the same seed, the same tokens"
+        "--seed",
+        type=non_negative_int,
+        default=0,
+        metavar="S",
+        help="the same seed, the same tokens",
     )
     inputs.add_argument(
         "--delivery",

@@ -13,20 +13,9 @@ from typing import Any
 
 import orjson
 
-from flows.cli_checks import check_dest
+from flows.cli_checks import check_dest, non_negative_int
 
 DEFAULT_LIMIT = 50
-
-
-def limit_value(text: str) -> int:
-    """An argparse type: an integer of at least 0 (0: no limit)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not at least 0")
-    return value
 
 
 def add_runs_command(commands: Any, add_storage: Callable[..., None], dest_help: str) -> None:
@@ -38,7 +27,7 @@ def add_runs_command(commands: Any, add_storage: Callable[..., None], dest_help:
     runs.add_argument("--json", action="store_true", help="print the rows as JSON")
     runs.add_argument(
         "--limit",
-        type=limit_value,
+        type=non_negative_int,
         default=DEFAULT_LIMIT,
         metavar="N",
         help=f"newest runs shown (default {DEFAULT_LIMIT}; 0 shows all)",
