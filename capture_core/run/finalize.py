@@ -27,7 +27,7 @@ from capture_core.builder.build_result import (
 from capture_core.builder.snapshot import build_from_snapshot, warn_masked
 from capture_core.builder.terminal import BEFORE_FINALIZE_KEY, TerminalInputs
 from capture_core.builder.trace_envelope import DELIVERIES, ENVELOPE_KEY, MAIN_CHAIN
-from capture_core.errors import error_text
+from capture_core.errors import InvalidRecordError, error_text
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenSource
 from capture_core.records import TOKEN_FIELDS, check_response_token_arrays, response_items
@@ -89,12 +89,17 @@ def recover_harness_record(result: dict) -> str | None:
     none), so finalizing a finalized record gives what finalizing the original gives. A record
     whose output an earlier finalize rebuilt without keeping the harness's (NeMo Gym's, say:
     its metrics count `chains`) has lost its scored transcript: no build may read it there.
+    A `_before_finalize` that finalize could not have written raises `InvalidRecordError`:
+    the record was edited, so the finalizer masks it and keeps its capture.
     """
     result.pop(ENVELOPE_KEY, None)
     if BEFORE_FINALIZE_KEY in result:
         kept = result.pop(BEFORE_FINALIZE_KEY)
-        if not isinstance(kept, Mapping):
-            return f"{BEFORE_FINALIZE_KEY} is not an object; {LOST_TRANSCRIPT}"
+        if not isinstance(kept, Mapping) or not kept or not set(kept) <= set(KEPT_FIELDS):
+            raise InvalidRecordError(
+                f"{BEFORE_FINALIZE_KEY} is not what finalize writes (an object of some of "
+                f"{', '.join(KEPT_FIELDS)}): the record was edited; {LOST_TRANSCRIPT}"
+            )
         result.pop(TOKEN_CAPTURE_KEY, None)
         for key in KEPT_FIELDS:
             if key in kept and kept[key] is None:
@@ -171,8 +176,8 @@ async def finalize_record(
     builder, delivery = options.builder, options.delivery
     if source is None:
         return None
-    lost = recover_harness_record(result)
     try:
+        lost = recover_harness_record(result)
         if delivery == MAIN_CHAIN:
             return await _finalize(result, source, builder, lost)
         return await _finalize_traces(result, source, builder, delivery, lost)

@@ -223,3 +223,19 @@ def test_a_record_that_arrives_masked_carries_no_envelope_and_keeps_its_capture(
         assert "arrived masked" in done[TOKEN_CAPTURE_KEY]["error"]
         assert BEFORE_FINALIZE_KEY not in done or MASK_SAMPLE_KEY not in done[BEFORE_FINALIZE_KEY]
     record_case("a record that arrives masked carries no envelope and keeps its capture")
+
+
+@pytest.mark.parametrize("edited", ["junk", [], {}, {"reward": 1.0}, {"response": 3, "x": 1}])
+def test_an_edited_before_finalize_masks_and_keeps_the_capture(store, edited) -> None:
+    """Finalize writes `_before_finalize` as an object of the fields it replaced; anything
+    else is an edited record, never a record whose tokens may retire its capture."""
+    for entry in synthetic_rollout("7-0", RolloutShape(turns=3)):
+        store.put_now(entry)
+    first, _ = finalized(rollout_record(7, 0), store, "main_chain")
+    assert first.get(MASK_SAMPLE_KEY) is not True and BEFORE_FINALIZE_KEY in first
+    for delivery in DELIVERIES:
+        done, built = finalized({**first, BEFORE_FINALIZE_KEY: edited}, store, delivery)
+        assert done[MASK_SAMPLE_KEY] is True and ENVELOPE_KEY not in done
+        assert built is not None and not capture_build_can_retire(built)
+        assert "the record was edited" in done[TOKEN_CAPTURE_KEY]["error"]
+    record_case("an edited _before_finalize never retires a capture")
