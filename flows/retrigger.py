@@ -48,7 +48,7 @@ class Rerun:
     call: Callable[[], Any]
 
 
-@flow(name="retrigger-failed", flow_run_name="retrigger {run_id}")
+@flow(name="retrigger-failed", flow_run_name="retrigger {run_id}", validate_parameters=False)
 def retrigger_failed(
     dest: str,
     run_id: str,
@@ -70,13 +70,27 @@ def retrigger_failed(
     naming why. `retrigger` counts the automation's retriggers of this run in a row (0:
     started by a person); the `max_retriggers`-th one that still fails ends `NeedsAttention`
     too, with its reason. The automation expects neither: the run is left to a person.
+    Parameters are checked in the body, never by Prefect before it, and a count past the
+    limit ends `NeedsAttention` before anything runs: a retrigger that failed or crashed
+    before it could count (bad parameters, a killed worker) still ends the chain.
     """
-    options = public_storage_options(storage_options)
-    check_separate_locations({"store": store, "dest": dest})
-    located = Rerun(rollouts, dest, options, lambda: None)
+    count, limit = _whole(retrigger), _whole(max_retriggers)
+    if count is None or limit is None or 0 < limit < count:
+        message = (
+            f"retrigger {retrigger!r} of run {run_id!r} is past max_retriggers "
+            f"{max_retriggers!r} (earlier retriggers failed or crashed before they could "
+            "count themselves); left for a person: tokcap status, then tokcap retrigger"
+        )
+        get_run_logger().error("%s", message)
+        return Failed(name=NEEDS_ATTENTION, message=message)
+    run_id = str(run_id)
+    located = Rerun(rollouts, dest, {}, lambda: None)
     error: RunFailedError | None = None
     before: list[Any] = []
     try:
+        options = public_storage_options(storage_options)
+        check_separate_locations({"store": store, "dest": dest})
+        located = Rerun(rollouts, dest, options, lambda: None)
         located = planned_rerun(dest, run_id, store, options, source_kwargs, failed_run)
         check_input(run_id, rollouts, located)
         before = load_ledger(located.dest, run_id, located.options)
@@ -88,17 +102,37 @@ def retrigger_failed(
         error = exc
     except Exception as exc:
         error = RunFailedError(str(exc))
-    report = ledger_changes(run_id, before, load_ledger(located.dest, run_id, located.options))
+    report = ledger_changes(run_id, before, _ledger_after(located, run_id, before))
     get_run_logger().info("retrigger %s: %s", run_id, report.describe())
     if error is None:
         return report
     message = f"retrigger of {run_id} did not complete: {error}"
-    if 0 < max_retriggers <= retrigger:
+    if 0 < limit <= count:
         return Failed(
             name=NEEDS_ATTENTION,
-            message=f"{message}; left for a person after {retrigger} automatic retriggers",
+            message=f"{message}; left for a person after {count} automatic retriggers",
         )
     raise RunFailedError(message, error.failures, report, error.next_step)
+
+
+def _whole(value: Any) -> int | None:
+    """A count given as an integer or its text (a rendered template); `None` otherwise."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _ledger_after(located: Rerun, run_id: str, before: list[Any]) -> list[Any]:
+    """The run's ledger after the re-run; the one before when it cannot be read, so the
+    report claims nothing new it cannot show."""
+    try:
+        return load_ledger(located.dest, run_id, located.options)
+    except Exception as exc:
+        get_run_logger().warning("the ledger of run %s could not be read: %s", run_id, exc)
+        return before
 
 
 def planned_rerun(

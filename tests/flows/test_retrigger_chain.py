@@ -59,3 +59,32 @@ def test_a_run_whose_settings_are_unknown_is_left_for_a_person_at_once(
     assert state.is_failed() and state.name == NEEDS_ATTENTION, state
     assert "never-started" in state.message and "settings it ran with are unknown" in state.message
     assert not any((tmp_path / "dest").iterdir()), "nothing was finalized"
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize(
+    ("run_id", "number"),
+    [("never-started", 3), (20240601, 3), ("never-started", "3"), ("never-started", "x")],
+    ids=["past-the-limit", "bad-parameter", "count-as-text", "no-count"],
+)
+def test_a_chain_past_its_limit_ends_before_anything_runs(tmp_path, run_id, number) -> None:
+    """A retrigger that failed or crashed before it could count itself (Prefect refused its
+    parameters, its worker was killed) never makes the chain endless: the next one past
+    `max_retriggers` ends `NeedsAttention` at once, whatever its parameters."""
+    from tests.support.reliability_figures import record_case
+
+    dest, store = locations(tmp_path)
+    state = retrigger_failed(
+        dest, run_id, store, retrigger=number, max_retriggers=2, return_state=True
+    )
+    assert state.is_failed() and state.name == NEEDS_ATTENTION, state
+    assert "past max_retriggers" in state.message
+    assert not any((tmp_path / "dest").iterdir()), "nothing was finalized"
+    record_case("a retrigger chain that cannot count itself still ends")
+
+
+def test_a_retrigger_within_the_limit_takes_a_text_count(tmp_path) -> None:
+    """The count may come as the rendered template's text; within the limit it re-runs."""
+    state = retrigger(tmp_path, None, "1")  # type: ignore[arg-type]
+    assert state.is_failed() and state.name == NEEDS_ATTENTION, state
+    assert "settings it ran with are unknown" in state.message
