@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 from array import array
 from collections.abc import Mapping
 from numbers import Integral
@@ -84,8 +85,8 @@ class TokenEntry(BaseModel):
     def _vocabulary_ids(cls, ids: list[int]) -> list[int]:
         if not are_token_ids(ids):
             raise InvalidRecordError(
-                f"holds the negative id {min(ids)}; token ids index the vocabulary, so capture "
-                "the ids the model server returned (0 or more)"
+                f"{_first_non_id(ids)}; token ids index the vocabulary, so capture the ids the "
+                f"model server returned (0 to {MAX_TOKEN_ID})"
             )
         return ids
 
@@ -243,31 +244,40 @@ def float32_holds(values: list[float]) -> bool:
     return True
 
 
+MAX_TOKEN_ID = 2**63 - 1
+"""The largest token id: trainer rows hold ids as int64."""
+_SIGN_BYTE = 7 if sys.byteorder == "little" else 0
+_NON_NEGATIVE = bytes(range(0x80))
+
+
 def token_id_array(values: Any) -> array | None:
-    """A list of ids from 0 to 2**64 - 1 as unsigned 64-bit integers, packed in one C pass
-    that refuses anything else (a float, a string, `None`, a negative id); else `None`."""
+    """A list of ids from 0 to `MAX_TOKEN_ID` as signed 64-bit integers, packed in one C pass
+    that refuses anything else (a float, a string, `None`, an id of 64 bits), with a negative
+    id found in a second pass over one byte per id; else `None`."""
     if not isinstance(values, list):
         return None
-    packed = array("Q")
+    packed = array("q")
     try:
         packed.fromlist(values)
     except (TypeError, OverflowError):
         return None
+    if packed.tobytes()[_SIGN_BYTE::8].translate(None, _NON_NEGATIVE):
+        return None  # a sign bit is set: a negative id
     return packed
 
 
 def are_token_ids(values: Any) -> bool:
-    """Whether `values` is a list of token ids: integers 0 or more (ids index the vocabulary).
+    """Whether `values` is a list of token ids: integers from 0 to `MAX_TOKEN_ID` (ids index
+    the vocabulary; trainer rows hold them as int64).
 
-    One C pass (`token_id_array`) decides every list of ids below 2**64; only a list it
-    refuses is read value by value, to tell a negative id (a -100 pad) or one that is no
-    integer from an id of 64 bits or more. `bool` and NumPy integers count as the integers
-    they are, as validation reads them.
+    One C pass (`token_id_array`) decides every list of plain ids; only a list it refuses is
+    read value by value, for the integers it cannot pack (NumPy's unsigned ones). `bool` and
+    NumPy integers count as the integers they are, as validation reads them.
     """
     if token_id_array(values) is not None:
         return True
     return isinstance(values, list) and all(
-        isinstance(value, Integral) and value >= 0 for value in values
+        isinstance(value, Integral) and 0 <= value <= MAX_TOKEN_ID for value in values
     )
 
 
@@ -289,7 +299,7 @@ def _first_non_id(ids: Any) -> str:
     if not isinstance(ids, list):
         return f"is a {type(ids).__name__}, not a list of token ids"
     for position, value in enumerate(ids):
-        if not isinstance(value, Integral) or value < 0:
+        if not isinstance(value, Integral) or not 0 <= value <= MAX_TOKEN_ID:
             return f"holds {value!r} at position {position}, which is no token id"
     return "is not a list of token ids"
 
@@ -322,8 +332,8 @@ def storable_entry(entry: Any) -> StorableEntry:
         except ValidationError as exc:
             raise InvalidRecordError(describe_validation_error(exc)) from exc
     copies = {
-        name: value.copy()
-        for name in ("generation_token_ids", "generation_log_probs")
+        name: _plain(value, kind)
+        for name, kind in (("generation_token_ids", "q"), ("generation_log_probs", "d"))
         if type(value := getattr(entry, name)) is list
     }
     record = entry.model_copy(update=copies)
@@ -331,6 +341,18 @@ def storable_entry(entry: Any) -> StorableEntry:
     check_token_ids(record, TOKEN_ID_FIELDS if prompt_ids is None else TOKEN_ID_FIELDS[1:])
     check_entry_consistency(record)
     return StorableEntry(record, prompt_ids)
+
+
+def _plain(values: list[Any], kind: str) -> list[Any]:
+    """A copy of `values` as plain Python integers (`kind` "q") or floats ("d"), what every
+    store can encode, made in one C pass; a list that cannot be read so is copied as it is,
+    for the check to refuse by name."""
+    packed = array(kind)
+    try:
+        packed.fromlist(values)
+    except (TypeError, OverflowError):
+        return values.copy()
+    return packed.tolist()
 
 
 def describe_validation_error(exc: ValidationError) -> str:

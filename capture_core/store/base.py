@@ -105,18 +105,21 @@ class CaptureStore(ABC):
         try:
             return storable_entry(entry)
         except InvalidRecordError as exc:
-            rollout_id, call_id = _identity(entry)
-            if rollout_id is None:
-                raise
-            detail = str(exc).removeprefix(f"call {call_id!r}: ")
-            refusal = f"call {call_id!r} was refused at put: {detail}"
-            try:
-                outcome = self._lose_refused_call(rollout_id, call_id, refusal)
-            except InvalidInputError:  # an id no store holds: nothing can be stored under it
-                raise exc from None
-            raise InvalidRecordError(
-                f"rollout {rollout_id}: {refusal}. Nothing was stored; {outcome}"
-            ) from exc
+            raise self.refused(entry, exc) from exc
+
+    def refused(self, entry: Any, exc: InvalidRecordError) -> InvalidRecordError:
+        """The error to raise for an entry a put cannot store, its call reported lost first
+        as `storable` says; also for one that passed the check but cannot be encoded."""
+        rollout_id, call_id = _identity(entry)
+        if rollout_id is None:
+            return exc
+        detail = str(exc).removeprefix(f"call {call_id!r}: ")
+        refusal = f"call {call_id!r} was refused at put: {detail}"
+        try:
+            outcome = self._lose_refused_call(rollout_id, call_id, refusal)
+        except InvalidInputError:  # an id no store holds: nothing can be stored under it
+            return exc
+        return InvalidRecordError(f"rollout {rollout_id}: {refusal}. Nothing was stored; {outcome}")
 
     def _lose_refused_call(self, rollout_id: str, call_id: str, refusal: str) -> str:
         """Report a refused call lost unless the rollout is closed to writes; say the outcome."""

@@ -197,10 +197,9 @@ def digest_text(hasher: Any) -> str:
 def token_bytes(tokens: Sequence[int]) -> bytes | None:
     """Tokens as int64 little-endian bytes, or `None` for ids outside int64.
 
-    A list of ids from 0 to 2**64 - 1 (every valid entry's below that) is packed as an
-    unsigned array (`records.token_id_array`), in about half the time `struct` takes;
-    anything else (negative ids in an object an older writer stored) by `struct`, to the
-    same bytes.
+    A list of valid ids (0 to 2**63 - 1) is packed as an array (`records.token_id_array`),
+    in about half the time `struct` takes; anything else (negative ids, or ids beyond int64,
+    in an object an older writer stored) by `struct`, to the same bytes or `None`.
     """
     packed = token_id_array(tokens)
     if packed is not None:
@@ -212,10 +211,10 @@ def token_bytes(tokens: Sequence[int]) -> bytes | None:
 
 
 def packed_bytes(packed: array) -> bytes | None:
-    """Ids packed as unsigned 64-bit integers as `token_bytes` gives them: int64
-    little-endian bytes, or `None` when an id is 2**63 or more (outside int64)."""
+    """Ids packed as 64-bit integers (`records.token_id_array`) as `token_bytes` gives them:
+    int64 little-endian bytes, or `None` when an id is outside int64 (an unsigned array)."""
     if _BIG_ENDIAN:
-        packed = array("Q", packed)
+        packed = array(packed.typecode, packed)
         packed.byteswap()
     raw = packed.tobytes()
     return raw if raw[7::8].isascii() else None  # every top byte below 0x80

@@ -22,11 +22,13 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 import orjson
+from pydantic_core import PydanticSerializationError
 
 from capture_core.errors import (
     CaptureConflictError,
     CaptureFencedError,
     CaptureRetiredError,
+    InvalidRecordError,
     LocationMissingError,
     LocationNotWritableError,
     UnreadableCaptureError,
@@ -203,9 +205,14 @@ class NemoGymFileStore(CaptureStore):
         `CaptureConflictError` and marks the rollout incomplete. After freeze or retirement
         every put raises, as NeMo Gym's writer does.
         """
-        record = self.storable(entry).entry
+        record, prompt_ids = self.storable(entry)
+        if prompt_ids is not None:  # the prompt as checked, in plain integers
+            record = record.model_copy(update={"prompt_token_ids": prompt_ids.tolist()})
         rollout_id = validate_rollout_id(record.rollout_id)
-        canonical = orjson.dumps(record.wire_dump(), option=orjson.OPT_SORT_KEYS)
+        try:
+            canonical = orjson.dumps(record.wire_dump(), option=orjson.OPT_SORT_KEYS)
+        except (TypeError, ValueError, PydanticSerializationError) as exc:  # not encodable
+            raise self.refused(record, InvalidRecordError(f"cannot be encoded: {exc}")) from exc
         digest = layout.line_digest(canonical)
         with self._locked(rollout_id):
             state = self._read_state(rollout_id)

@@ -21,6 +21,7 @@ from capture_core.errors import (
     CaptureFencedError,
     CaptureRetiredError,
     CaptureStoreError,
+    InvalidRecordError,
 )
 from capture_core.ids import validate_rollout_id
 from capture_core.protocols import (
@@ -123,7 +124,10 @@ class TokenCaptureStore(CaptureStore):
         rollout_id = validate_rollout_id(record.rollout_id)
         name = call_key(record.model_call_id)
         key = layout.entry_key(rollout_id, name)
-        encoded = self._encode(rollout_id, compact.Draft(record, name, prompt_ids))
+        try:
+            encoded = self._encode(rollout_id, compact.Draft(record, name, prompt_ids))
+        except (TypeError, ValueError, OverflowError) as exc:  # checked, yet not encodable
+            raise self.refused(record, InvalidRecordError(f"cannot be encoded: {exc}")) from exc
         if self._fence(rollout_id):
             existing = self._settled(key)
             if existing is not None and compact.stored_identity(existing) == encoded.identity:

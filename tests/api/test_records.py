@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from capture_core.errors import InvalidRecordError
 from capture_core.records import (
     FLOAT32_MAX,
+    MAX_TOKEN_ID,
     TOKEN_ENTRY_RECORD_SCHEMA_VERSION,
     TOKEN_FIELDS,
     TokenEntry,
@@ -119,14 +120,30 @@ def test_a_log_prob_no_float_can_hold_is_not_finite() -> None:
 
 
 @pytest.mark.parametrize(
-    "ids", [[], [0, 5], [True, 2], [np.int64(7)], [2**63 + 5, 2**70], list(range(3000))]
+    "ids", [[], [0, 5], [True, 2], [np.int64(7)], [np.uint64(2**63 - 1)], list(range(3000))]
 )
-def test_token_ids_are_integers_zero_or_more_of_any_size(ids: list) -> None:
+def test_token_ids_are_integers_from_zero_to_the_int64_maximum(ids: list) -> None:
     assert are_token_ids(ids)
+    assert are_token_ids([*ids, MAX_TOKEN_ID])
 
 
 @pytest.mark.parametrize(
-    "ids", [[-100], [1, -1], [1.5], [1.0], ["3"], [None], [2**70, -1], (1, 2), None, [[1]]]
+    "ids",
+    [
+        [-100],
+        [1, -1],
+        [1.5],
+        [1.0],
+        ["3"],
+        [None],
+        [2**70, -1],
+        (1, 2),
+        None,
+        [[1]],
+        [2**63],
+        [5, 2**64 - 1],
+        [np.uint64(2**63)],
+    ],
 )
 def test_anything_else_is_no_list_of_token_ids(ids: object) -> None:
     assert not are_token_ids(ids)

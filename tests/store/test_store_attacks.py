@@ -733,3 +733,59 @@ def test_a_refused_put_to_a_frozen_rollout_leaves_its_snapshot_retirable(root) -
     with pytest.raises(InvalidRecordError, match="already frozen"):
         store.put_now(second)
     record_case("entry changed after it was built, put after its rollout was frozen")
+
+
+def _both_stores(tmp_path) -> list:
+    from capture_core.store.nemo_gym_store import NemoGymFileStore
+
+    (tmp_path / "gym").mkdir()
+    return [TokenCaptureStore(str(tmp_path / "tokcap")), NemoGymFileStore(tmp_path / "gym")]
+
+
+@pytest.mark.integrity
+def test_values_of_other_numeric_types_are_stored_as_the_plain_numbers_they_are(tmp_path) -> None:
+    """A writer appending NumPy integers and floats, or a float subclass, after the entry
+    was built: each store keeps the numbers as plain ones, what it checked."""
+    import numpy as np
+
+    class Half(float):
+        pass
+
+    for store in _both_stores(tmp_path):
+        entry = TokenEntry(
+            rollout_id="n-0",
+            model_call_id="c",
+            prompt_token_ids=[1, 2],
+            generation_token_ids=[3],
+            generation_log_probs=[-0.5],
+        )
+        entry.prompt_token_ids.append(np.int64(4))
+        entry.generation_token_ids.extend([np.int64(5), 6])
+        entry.generation_log_probs.extend([np.float32(-0.25), Half(-0.125)])
+        store.put_now(entry)
+        (read,) = store.freeze_now("n-0").entries
+        assert not store.freeze_now("n-0").incomplete
+        assert read.prompt_token_ids == [1, 2, 4] and read.generation_token_ids == [3, 5, 6]
+        assert read.generation_log_probs == [-0.5, -0.25, -0.125]
+        assert all(type(v) is int for v in read.generation_token_ids + read.prompt_token_ids)
+    record_case("numbers of other types appended after an entry was built")
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("big", [2**63, 2**64])
+def test_an_id_beyond_int64_is_refused_and_its_call_lost_in_either_store(tmp_path, big) -> None:
+    for store in _both_stores(tmp_path):
+        entry = TokenEntry(
+            rollout_id="b-0",
+            model_call_id="c",
+            prompt_token_ids=[1, 2],
+            generation_token_ids=[3],
+            generation_log_probs=[-0.5],
+        )
+        entry.generation_token_ids.append(big)
+        entry.generation_log_probs.append(-0.5)
+        with pytest.raises(InvalidRecordError, match="generation_token_ids"):
+            store.put_now(entry)
+        snapshot = store.freeze_now("b-0")
+        assert snapshot.incomplete and not snapshot.entries
+    record_case("a token id beyond int64 at put")
