@@ -84,13 +84,12 @@ def retrigger_failed(
         get_run_logger().error("%s", message)
         return Failed(name=NEEDS_ATTENTION, message=message)
     run_id = str(run_id)
-    located = Rerun(rollouts, dest, {}, lambda: None)
+    options = public_storage_options(storage_options)
+    check_separate_locations({"store": store, "dest": dest})
+    located = Rerun(rollouts, dest, options, lambda: None)
     error: RunFailedError | None = None
     before: list[Any] = []
     try:
-        options = public_storage_options(storage_options)
-        check_separate_locations({"store": store, "dest": dest})
-        located = Rerun(rollouts, dest, options, lambda: None)
         located = planned_rerun(dest, run_id, store, options, source_kwargs, failed_run)
         check_input(run_id, rollouts, located)
         before = load_ledger(located.dest, run_id, located.options)
