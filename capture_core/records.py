@@ -299,7 +299,9 @@ def _first_non_id(ids: Any) -> str:
     if not isinstance(ids, list):
         return f"is a {type(ids).__name__}, not a list of token ids"
     for position, value in enumerate(ids):
-        if not isinstance(value, Integral) or not 0 <= value <= MAX_TOKEN_ID:
+        if isinstance(value, Integral) and value < 0:
+            return f"holds {value!r} at position {position}, a negative id"
+        if not isinstance(value, Integral) or value > MAX_TOKEN_ID:
             return f"holds {value!r} at position {position}, which is no token id"
     return "is not a list of token ids"
 
