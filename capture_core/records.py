@@ -84,9 +84,11 @@ class TokenEntry(BaseModel):
     @classmethod
     def _vocabulary_ids(cls, ids: list[int]) -> list[int]:
         if not are_token_ids(ids):
+            low, high = min(ids), max(ids)
+            what = f"the negative id {low}" if low < 0 else f"{high}, beyond the largest id"
             raise InvalidRecordError(
-                f"{_first_non_id(ids)}; token ids index the vocabulary, so capture the ids the "
-                f"model server returned (0 to {MAX_TOKEN_ID})"
+                f"holds {what}; token ids index the vocabulary, so capture the ids the model "
+                f"server returned (0 to {MAX_TOKEN_ID})"
             )
         return ids
 
