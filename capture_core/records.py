@@ -336,8 +336,8 @@ def storable_entry(entry: Any) -> StorableEntry:
         except ValidationError as exc:
             raise InvalidRecordError(describe_validation_error(exc)) from exc
     copies = {
-        name: _plain(value, kind)
-        for name, kind in (("generation_token_ids", "q"), ("generation_log_probs", "d"))
+        name: value.copy()
+        for name in ("generation_token_ids", "generation_log_probs")
         if type(value := getattr(entry, name)) is list
     }
     record = entry.model_copy(update=copies)
@@ -345,18 +345,6 @@ def storable_entry(entry: Any) -> StorableEntry:
     check_token_ids(record, TOKEN_ID_FIELDS if prompt_ids is None else TOKEN_ID_FIELDS[1:])
     check_entry_consistency(record)
     return StorableEntry(record, prompt_ids)
-
-
-def _plain(values: list[Any], kind: str) -> list[Any]:
-    """A copy of `values` as plain Python integers (`kind` "q") or floats ("d"), what every
-    store can encode, made in one C pass; a list that cannot be read so is copied as it is,
-    for the check to refuse by name."""
-    packed = array(kind)
-    try:
-        packed.fromlist(values)
-    except (TypeError, OverflowError):
-        return values.copy()
-    return packed.tolist()
 
 
 def describe_validation_error(exc: ValidationError) -> str:

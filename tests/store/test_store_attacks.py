@@ -743,9 +743,10 @@ def _both_stores(tmp_path) -> list:
 
 
 @pytest.mark.integrity
-def test_values_of_other_numeric_types_are_stored_as_the_plain_numbers_they_are(tmp_path) -> None:
-    """A writer appending NumPy integers and floats, or a float subclass, after the entry
-    was built: each store keeps the numbers as plain ones, what it checked."""
+def test_values_a_store_cannot_encode_are_refused_and_their_call_lost(tmp_path) -> None:
+    """A writer appending NumPy numbers or a float subclass after the entry was built: they
+    pass the check as the numbers they are, but a store that cannot encode them refuses
+    the put by name and reports the call lost, so the rollout never trains without it."""
     import numpy as np
 
     class Half(float):
@@ -759,16 +760,13 @@ def test_values_of_other_numeric_types_are_stored_as_the_plain_numbers_they_are(
             generation_token_ids=[3],
             generation_log_probs=[-0.5],
         )
-        entry.prompt_token_ids.append(np.int64(4))
         entry.generation_token_ids.extend([np.int64(5), 6])
         entry.generation_log_probs.extend([np.float32(-0.25), Half(-0.125)])
-        store.put_now(entry)
-        (read,) = store.freeze_now("n-0").entries
-        assert not store.freeze_now("n-0").incomplete
-        assert read.prompt_token_ids == [1, 2, 4] and read.generation_token_ids == [3, 5, 6]
-        assert read.generation_log_probs == [-0.5, -0.25, -0.125]
-        assert all(type(v) is int for v in read.generation_token_ids + read.prompt_token_ids)
-    record_case("numbers of other types appended after an entry was built")
+        with pytest.raises(InvalidRecordError, match="cannot be encoded"):
+            store.put_now(entry)
+        snapshot = store.freeze_now("n-0")
+        assert snapshot.incomplete and not snapshot.entries
+    record_case("numbers a store cannot encode, appended after an entry was built")
 
 
 @pytest.mark.integrity
