@@ -360,7 +360,7 @@ def _encode(body: dict[str, Any]) -> bytes:
     return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
 
 
-RUN_SETTINGS = ("store", "batch_size", "builder", "delivery", "rows", "retire_after_consumer")
+RUN_SETTINGS = ("batch_size", "builder", "delivery", "rows", "retire_after_consumer")
 
 
 def _changed_settings(existing: RunManifest | None, new: Mapping[str, Any]) -> list[str]:
