@@ -77,7 +77,7 @@ def write_file(work: str, index: int, rollouts: int, name: str = "latency") -> s
 
 def submit_and_wait(work: str, source: str) -> tuple[float, str]:
     """Seconds from `submit_files` returning to the run's completion, and the run id."""
-    from flows.submit import submit_files
+    from tokcap.flows.submit import submit_files
 
     (submitted,) = submit_files(os.path.join(work, "inbox"), [source])
     assert submitted.announced, "the bench's server did not accept the event"
@@ -89,7 +89,7 @@ def submit_and_wait(work: str, source: str) -> tuple[float, str]:
 
 def apply_automations(env: dict[str, str]) -> None:
     subprocess.run(
-        [sys.executable, "-m", "flows.cli", "automations", "apply"],
+        [sys.executable, "-m", "tokcap.flows.cli", "automations", "apply"],
         env=env,
         check=True,
         capture_output=True,

@@ -79,7 +79,7 @@ def flow_run(
     """`finalize_run`; on the `no-heartbeat` side with Prefect's flow-run heartbeat off."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    from flows.finalize import finalize_run
+    from tokcap.flows.finalize import finalize_run
 
     if side == "flow":
         return finalize_run(rollouts, store, dest, run_id, batch_size=batch_size)

@@ -58,7 +58,7 @@ from capture_core.run.trainer_rows import batch_rows, read_rows, record_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
-from tasks.receipts import ReceiptStorage, result_path
+from tokcap.tasks.receipts import ReceiptStorage, result_path
 
 COLUMNS = ("token_ids", "generation_logprobs", "loss_mask")
 

@@ -209,7 +209,7 @@ def run_dask(work: str, batch_size: int) -> float:
     from distributed import LocalCluster
     from prefect_dask import DaskTaskRunner
 
-    from flows.finalize import finalize_run
+    from tokcap.flows.finalize import finalize_run
 
     inbox = os.path.join(work, "inbox")
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
@@ -242,7 +242,7 @@ def bench_yaml(directory: str) -> str:
     """The shipped `prefect.yaml` with every deployment on the bench's pool."""
     import yaml
 
-    from flows.serve import prefect_file
+    from tokcap.flows.serve import prefect_file
 
     spec = yaml.safe_load(prefect_file().read_text())
     for deployment in spec["deployments"]:

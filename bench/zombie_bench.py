@@ -47,7 +47,7 @@ FILE_DEPLOYMENT, RETRIGGERS = "inbox-file", "retrigger-failed"
 
 def bench_yaml(directory: str, batch_size: int, lease: float) -> str:
     """The shipped `prefect.yaml` on the bench's pool, with this batch size and lease."""
-    from flows.serve import prefect_file
+    from tokcap.flows.serve import prefect_file
 
     spec = yaml.safe_load(prefect_file().read_text())
     for deployment in spec["deployments"]:
@@ -146,8 +146,8 @@ def runs_of(deployment: str, run_id: str) -> list[Any]:
 def kill_mid_file(work: str, source: str, workers: Workers) -> dict[str, float]:
     """Submit, kill the run's worker after its first receipt; seconds from the kill to each
     step of the recovery."""
-    from flows.submit import submit_files
-    from tasks.receipts import list_receipt_keys
+    from tokcap.flows.submit import submit_files
+    from tokcap.tasks.receipts import list_receipt_keys
 
     (submitted,) = submit_files(os.path.join(work, "inbox"), [source])
     assert submitted.announced, "the bench's server did not accept the event"

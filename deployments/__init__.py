@@ -1,1 +1,1 @@
-"""The deployment definitions (`prefect.yaml`), installed as `flows.deployments` package data."""
+"""The deployment definitions (`prefect.yaml`), installed as `tokcap.deployments` package data."""

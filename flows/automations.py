@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from flows.serve import prefect_file
+from tokcap.flows.serve import prefect_file
 
 STORE_REQUESTS = "tokcap-store-requests"
 

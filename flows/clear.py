@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from capture_core.config import public_storage_options
 from capture_core.consumer import rollout_ids_of
 from capture_core.run.capture_source import SourceSpec
-from tasks.clear import clear_captures, read_rollout_ids
+from tokcap.tasks.clear import clear_captures, read_rollout_ids
 
 
 class ClearSummary(BaseModel):

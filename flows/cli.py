@@ -2,7 +2,7 @@
 
 Every argument is checked, and every local path made absolute, before any Prefect server or
 flow starts. Without `PREFECT_API_URL` the CLI starts a temporary Prefect server (see
-`flows.runners`). Exit status: 0 success, 1 the run failed (each failure on one line; the
+`tokcap.flows.runners`). Exit status: 0 success, 1 the run failed (each failure on one line; the
 tracebacks are in the flow-run logs), 2 bad usage or input (with the close match of a
 mistyped option, command or choice; an unknown run id: never started), 3 the run started and
 has not ended (`status` of a run still going or interrupted, or a command whose Prefect API
@@ -25,7 +25,7 @@ import orjson
 from capture_core.builder import BUILDERS
 from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.run.run_layout import ROW_FORMATS
-from flows.cli_checks import (
+from tokcap.flows.cli_checks import (
     UnavailableError,
     UsageError,
     absolute,
@@ -46,9 +46,14 @@ from flows.cli_checks import (
     run_summary,
     status_of_run,
 )
-from flows.cli_events import add_event_commands, check_event_args, cmd_automations, cmd_submit
-from flows.cli_inputs import add_inputs_command, check_inputs_args, cmd_make_inputs
-from flows.cli_output import (
+from tokcap.flows.cli_events import (
+    add_event_commands,
+    check_event_args,
+    cmd_automations,
+    cmd_submit,
+)
+from tokcap.flows.cli_inputs import add_inputs_command, check_inputs_args, cmd_make_inputs
+from tokcap.flows.cli_output import (
     EXIT_STARTED,
     STATE_EXIT,
     may_show_progress,
@@ -61,12 +66,12 @@ from flows.cli_output import (
     report_failure,
     report_lost_api,
 )
-from flows.cli_parser import Parser
-from flows.cli_runs import add_runs_command, check_runs_args, cmd_runs
-from flows.cli_stdout import end_quietly, reader_gone
-from flows.cli_sweep import add_sweep, cmd_sweep
-from flows.demo import DEFAULT_ROLLOUTS
-from flows.runners import (
+from tokcap.flows.cli_parser import Parser
+from tokcap.flows.cli_runs import add_runs_command, check_runs_args, cmd_runs
+from tokcap.flows.cli_stdout import end_quietly, reader_gone
+from tokcap.flows.cli_sweep import add_sweep, cmd_sweep
+from tokcap.flows.demo import DEFAULT_ROLLOUTS
+from tokcap.flows.runners import (
     FlowFailed,
     ServerUnavailableError,
     parse_task_runner,
@@ -285,8 +290,8 @@ def _flow_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_finalize(args: argparse.Namespace) -> int:
-    from flows.finalize import finalize_run
-    from flows.runners import task_runner_from_spec
+    from tokcap.flows.finalize import finalize_run
+    from tokcap.flows.runners import task_runner_from_spec
 
     runner = task_runner_from_spec(args.task_runner)
     flow = finalize_run.with_options(task_runner=runner) if runner else finalize_run
@@ -310,7 +315,7 @@ def cmd_finalize(args: argparse.Namespace) -> int:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    from flows.clear import dispatch_clear
+    from tokcap.flows.clear import dispatch_clear
 
     summary = run_flow(
         dispatch_clear, rollouts=args.rollouts, store=args.store, **_flow_options(args)
@@ -327,14 +332,14 @@ def _run_on_run_id(flow: Any, args: argparse.Namespace) -> Any:
 
 
 def cmd_retire(args: argparse.Namespace) -> int:
-    from flows.finalize import retire_uploaded
+    from tokcap.flows.finalize import retire_uploaded
 
     print_retired(args.run_id, _run_on_run_id(retire_uploaded, args))
     return 0
 
 
 def cmd_retrigger(args: argparse.Namespace) -> int:
-    from flows.retrigger import retrigger_failed
+    from tokcap.flows.retrigger import retrigger_failed
 
     report = _run_on_run_id(retrigger_failed, args)
     print_retriggered(report)
@@ -353,7 +358,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from flows.serve import NoSchedulerError, serve_deployments
+    from tokcap.flows.serve import NoSchedulerError, serve_deployments
 
     try:
         serve_deployments(args.inbox, args.store, args.dest, args.cron)
@@ -364,7 +369,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_deployments(args: argparse.Namespace) -> int:
-    from flows.serve import prefect_file
+    from tokcap.flows.serve import prefect_file
 
     path = prefect_file()
     print(path.read_text() if args.show else path, end="" if args.show else "\n")
@@ -372,7 +377,7 @@ def cmd_deployments(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from flows.demo import run_demo
+    from tokcap.flows.demo import run_demo
 
     return run_demo(args.workdir, args.api_url, args.demo_rollouts)
 
@@ -410,8 +415,8 @@ def run_command(args: argparse.Namespace, notes: list[str]) -> int:
     notes about that server go to `notes`, to print after the result."""
     if args.command in NO_SERVER:
         return COMMANDS[args.command](args)
-    from flows.cli_progress import progress_console
-    from flows.runners import one_line_console, prefect_api
+    from tokcap.flows.cli_progress import progress_console
+    from tokcap.flows.runners import one_line_console, prefect_api
 
     one_line_console()
     on_lost = partial(stop_on_lost_api, args)

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from flows.cli_checks import UsageError, absolute, positive_int
+from tokcap.flows.cli_checks import UsageError, absolute, positive_int
 
 NOT_ANNOUNCED = "the inbox deployment's scheduled pass finalizes it"
 NOT_ANNOUNCED_EXIT = 3
@@ -58,7 +58,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     Exit 0 when every file was announced, `NOT_ANNOUNCED_EXIT` when one was placed but no
     server took its event (or none is configured).
     """
-    from flows.submit import SubmitRefusedError, submit_files
+    from tokcap.flows.submit import SubmitRefusedError, submit_files
 
     waiting = False
     for source in args.files:
@@ -86,7 +86,7 @@ def cmd_automations(args: argparse.Namespace) -> int:
 
     from prefect.settings import PREFECT_API_URL
 
-    from flows.automations import apply_automations
+    from tokcap.flows.automations import apply_automations
 
     if not PREFECT_API_URL.value():
         raise UsageError(

@@ -15,7 +15,7 @@ from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.run.capture_source import check_separate_locations, is_class_spec
 from capture_core.run.run_report import plural
 from capture_core.storage import open_byte_store
-from flows.cli_checks import (
+from tokcap.flows.cli_checks import (
     UsageError,
     absolute,
     check_location,
@@ -23,7 +23,7 @@ from flows.cli_checks import (
     non_negative_int,
     positive_int,
 )
-from flows.runners import script
+from tokcap.flows.runners import script
 
 
 def add_inputs_command(commands: Any, add_storage: Callable[..., None]) -> None:
@@ -91,7 +91,7 @@ def check_inputs_args(args: argparse.Namespace) -> None:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.id_prefix is not None:
-        from flows.inputs import check_prefix
+        from tokcap.flows.inputs import check_prefix
 
         check_location("--id-prefix", lambda: check_prefix(args.id_prefix))
     for flag, location in (("--store", args.inputs_store), ("--out", args.out)):
@@ -108,7 +108,7 @@ def _probe(location: str, options: dict[str, Any]) -> None:
 
 def cmd_make_inputs(args: argparse.Namespace) -> int:
     """Write the inputs, print what was written and the commands that use it."""
-    from flows.inputs import InputsRefusedError, make_inputs
+    from tokcap.flows.inputs import InputsRefusedError, make_inputs
 
     try:
         made = make_inputs(

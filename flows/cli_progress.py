@@ -2,7 +2,7 @@
 
 While a run finalizes, the console leaves out the INFO lines each batch logs (`batch 3:
 finalized ...`, `handed off`, `retired`, and the flow's own `k/N batches` line); the run's
-logs in Prefect keep them all. Instead it shows the run's progress line (`flows.progress`):
+logs in Prefect keep them all. Instead it shows the run's progress line (`tokcap.flows.progress`):
 on a terminal one line updated in place (`\\r`; a warning or other log line is printed
 above it, and the line drawn again below), in a pipe or CI one line per batch, `k/N
 batches, ...`. The terminal is detected with `isatty` on the stream the console writes
@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from typing import TextIO
 
-from flows.progress import PROGRESS_FIELD, PROGRESS_LOGGER
+from tokcap.flows.progress import PROGRESS_FIELD, PROGRESS_LOGGER
 
 BATCH_LINE = re.compile(r"(batch \d+[: ]|\d+/\d+ batches, )")
 """How per-batch lines begin: `batch 3: ...`, `batch 3 was handed off ...`, `3/12 batches, `."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from flows.cli_checks import check_dest, non_negative_int
+from tokcap.flows.cli_checks import check_dest, non_negative_int
 
 DEFAULT_LIMIT = 50
 

@@ -42,7 +42,7 @@ def cmd_sweep(
 
     `run_flow` and `flow_options` come from flows/cli.py, which imports this module.
     """
-    from flows.sweep import sweep_retired_captures  # imports Prefect: not at CLI start
+    from tokcap.flows.sweep import sweep_retired_captures  # imports Prefect: not at CLI start
 
     summary = run_flow(
         sweep_retired_captures, store=args.store, older_than=args.older_than, **flow_options

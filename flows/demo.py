@@ -143,10 +143,10 @@ def case_outcomes(rollouts: list[AgentRollout], ledger: list[LedgerLine]) -> lis
 def run_demo(workdir: str, api_url: str | None = None, count: int = DEFAULT_ROLLOUTS) -> int:
     """Run the demo of `count` rollouts in `workdir` against `api_url` (`None`: the CLI's
     temporary server)."""
-    from flows.clear import dispatch_clear
-    from flows.cli_output import print_summary
-    from flows.finalize import finalize_run
-    from flows.runners import run_flow, script, ui_hint
+    from tokcap.flows.clear import dispatch_clear
+    from tokcap.flows.cli_output import print_summary
+    from tokcap.flows.finalize import finalize_run
+    from tokcap.flows.runners import run_flow, script, ui_hint
 
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)

@@ -43,19 +43,24 @@ from capture_core.run.run_progress import (
     retire_counts,
 )
 from capture_core.run.run_report import RunSummary, plural, tokcap_command
-from flows.alerts import alert_on_masks
-from flows.progress import RunProgress
-from tasks.batches import (
+from tokcap.flows.alerts import alert_on_masks
+from tokcap.flows.progress import RunProgress
+from tokcap.tasks.batches import (
     describe_batch,
     finalize_batch,
     plan_rollouts,
     retire_batch,
     upload_batch,
 )
-from tasks.consumers import acknowledged
-from tasks.receipts import ReceiptStorage, UnrecordedReceiptError, find_receipts, receipt_storage
-from tasks.report import publish_report, write_run_report
-from tasks.run_state import check_locations, claim_run_id, load_manifest, mark_retired
+from tokcap.tasks.consumers import acknowledged
+from tokcap.tasks.receipts import (
+    ReceiptStorage,
+    UnrecordedReceiptError,
+    find_receipts,
+    receipt_storage,
+)
+from tokcap.tasks.report import publish_report, write_run_report
+from tokcap.tasks.run_state import check_locations, claim_run_id, load_manifest, mark_retired
 
 Options = dict[str, Any] | None
 RECEIPT_NOT_STORED = (
@@ -333,7 +338,7 @@ def finalize_run(
     receipt; `retire_after_consumer` then hands off but retires only the batches that row
     consumer acknowledged (a later run, `retire_uploaded` or the inbox retires the rest).
     A run that masked more than `mask_alert_fraction` of its rollouts emits an alert event
-    (`flows.alerts`).
+    (`tokcap.flows.alerts`).
     """
     options = public_storage_options(storage_options)
     check_arguments(run_id, builder, delivery, rows, retire_after_consumer)

@@ -46,8 +46,8 @@ from capture_core.run.inbox import (
     take_claim,
 )
 from capture_core.storage import filesystem_for, open_byte_store, url_scheme
-from flows.finalize import finalize_run
-from tasks.common import tokcap_task
+from tokcap.flows.finalize import finalize_run
+from tokcap.tasks.common import tokcap_task
 
 
 class InboxReport(BaseModel):

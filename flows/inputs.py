@@ -32,7 +32,7 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore, open_capture_store
 from capture_core.testing.agent_captures import AgentRollout, write_capture
 from capture_core.testing.trace_shapes import SHAPES, Episode, episode
-from flows.demo import demo_rollouts
+from tokcap.flows.demo import demo_rollouts
 
 SUFFIX = ".jsonl"
 MAX_PREFIX = 64

@@ -21,10 +21,10 @@ from prefect.states import Failed
 from capture_core.config import public_storage_options
 from capture_core.run.capture_source import check_separate_locations
 from capture_core.run.run_progress import RetriggerReport, ledger_changes
-from flows.finalize import RunFailedError, finalize_run
-from flows.inbox import FileSettings, check_inbox_file, retry_file
-from tasks.flow_runs import RETRIGGER_FLOW, RetriedRun, read_retried_run
-from tasks.run_state import load_ledger, load_manifest
+from tokcap.flows.finalize import RunFailedError, finalize_run
+from tokcap.flows.inbox import FileSettings, check_inbox_file, retry_file
+from tokcap.tasks.flow_runs import RETRIGGER_FLOW, RetriedRun, read_retried_run
+from tokcap.tasks.run_state import load_ledger, load_manifest
 
 Options = dict[str, Any] | None
 

@@ -8,7 +8,7 @@ Its flow runs send a heartbeat every 30 s, as the shipped work pool's do, so a r
 server is marked Crashed only when its process is gone. The console shows one line per log
 record; tracebacks stay in the flow-run logs on the API.
 The temporary server's own output goes to a log file under `PREFECT_HOME`
-(`flows.temporary_server`).
+(`tokcap.flows.temporary_server`).
 """
 
 from __future__ import annotations
@@ -92,12 +92,12 @@ def prefect_api(
     database under `PREFECT_HOME`, where `prefect server start` shows them later. If its
     log gained errors while the command ran, a note naming the log goes to `notes` (for
     the caller to print after the command's result), or to stderr.
-    While the block runs the API is watched (`flows.api_watch`): once it refuses every
+    While the block runs the API is watched (`tokcap.flows.api_watch`): once it refuses every
     connection for seconds, `on_lost` gets what went away and what to do about it.
     """
     from prefect.settings import PREFECT_API_URL
 
-    from flows.api_watch import watching
+    from tokcap.flows.api_watch import watching
 
     configured = PREFECT_API_URL.value()
     if configured:
@@ -105,7 +105,12 @@ def prefect_api(
         with watching(str(configured), lost):
             yield str(configured)
         return
-    from flows.temporary_server import TemporaryServer, log_position, rotate_log, server_log_path
+    from tokcap.flows.temporary_server import (
+        TemporaryServer,
+        log_position,
+        rotate_log,
+        server_log_path,
+    )
 
     server = TemporaryServer()
     server.log_path = log = server_log_path()
@@ -144,7 +149,7 @@ def _temporary_lost(server: Any, on_lost: Callable[[str], None], api_url: str, s
 
 def report_server_errors(server: Any, since: Any, notes: list[str] | None) -> None:
     """Note the log of a temporary server that logged errors since `since`."""
-    from flows.temporary_server import error_lines
+    from tokcap.flows.temporary_server import error_lines
 
     if not getattr(server, "redirected", False) or not error_lines(server.log_path, since):
         return
@@ -160,7 +165,7 @@ def report_server_errors(server: Any, since: Any, notes: list[str] | None) -> No
 
 def start_failure(exc: Exception, server: Any, since: Any) -> str:
     """Why the temporary server did not start, with its log's last error, and what to do."""
-    from flows.temporary_server import StartupCrashError, last_error
+    from tokcap.flows.temporary_server import StartupCrashError, last_error
 
     crashed = isinstance(exc, StartupCrashError)
     if crashed:
@@ -246,7 +251,7 @@ def one_line_console() -> None:
 
     A log handler's own failure is not printed either (`logging.raiseExceptions`): Prefect's
     API log handler writes `--- Error logging to API ---` onto the console once the API is
-    gone, which `flows.api_watch` reports in one line; the logs still reach the console.
+    gone, which `tokcap.flows.api_watch` reports in one line; the logs still reach the console.
     """
     import prefect.main  # noqa: F401  (configures Prefect's logging once, on first import)
     from prefect.logging.handlers import PrefectConsoleHandler

@@ -6,7 +6,7 @@ store and destination given on the command line in place of the file's `{{ $TOKC
 placeholders, triggers included. Stop it with Ctrl-C; flow runs appear in the Prefect UI.
 It needs a server that runs schedules: Prefect's temporary server runs none, so without
 `PREFECT_API_URL` (or with a server whose scheduler is off) it refuses, saying what to start.
-The `prefect.yaml` that work pools deploy ships inside the package as `flows.deployments`.
+The `prefect.yaml` that work pools deploy ships inside the package as `tokcap.deployments`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ PLACEHOLDER = re.compile(r"\{\{\s*\$([A-Z_]+)\s*\}\}")
 
 def prefect_file() -> Path:
     """The installed `prefect.yaml`; pass it to `prefect deploy --prefect-file`."""
-    path = Path(str(files("flows.deployments") / "prefect.yaml"))
+    path = Path(str(files("tokcap.deployments") / "prefect.yaml"))
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} is missing: this tokcap installation is incomplete; reinstall tokcap"

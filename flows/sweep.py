@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from capture_core.config import public_storage_options
 from capture_core.run.capture_source import SourceSpec
 from capture_core.store.retirement import DEFAULT_SWEEP_AGE, sweep_age_seconds
-from tasks.sweep import sweep_retired
+from tokcap.tasks.sweep import sweep_retired
 
 ARTIFACT_KEY = "tokcap-sweep"
 

@@ -36,14 +36,14 @@ from capture_core.run.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout
 from capture_core.run.run_progress import RETIREMENTS_FAILED
 from capture_core.run.run_report import masked_line, plural
 from capture_core.storage import open_byte_store
-from tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async, tokcap_task
-from tasks.receipts import (
+from tokcap.tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async, tokcap_task
+from tokcap.tasks.receipts import (
     UnrecordedReceiptError,
     read_receipt,
     result_path,
     set_aside_unrecorded,
 )
-from tasks.store_limit import store_requests
+from tokcap.tasks.store_limit import store_requests
 
 StorageOptions = Mapping[str, Any] | None
 

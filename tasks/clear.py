@@ -11,7 +11,7 @@ from capture_core.consumer import rollout_ids_of
 from capture_core.run import capture_source
 from capture_core.run.rollout_io import read_records
 from capture_core.run.run_report import plural
-from tasks.common import tokcap_task
+from tokcap.tasks.common import tokcap_task
 
 
 def clear_run_name(parameters: Mapping[str, Any]) -> str:

@@ -13,7 +13,7 @@ from capture_core.run.handoff import HandoffReceipt
 from capture_core.run.row_cursor import Cursor
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
-from tasks.common import tokcap_task
+from tokcap.tasks.common import tokcap_task
 
 
 @tokcap_task("check-acknowledged", "check consumer {consumer} acknowledged batch {receipt.batch}")

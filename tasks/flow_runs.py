@@ -13,7 +13,7 @@ from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound
 from pydantic import BaseModel
 
-from tasks.common import tokcap_task
+from tokcap.tasks.common import tokcap_task
 
 RETRIGGER_FLOW = "retrigger-failed"
 FAILED_RUN = "failed_run"  # the retrigger's parameter naming the flow run it retries

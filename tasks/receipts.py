@@ -50,7 +50,7 @@ from capture_core.run.run_layout import (
     validate_run_id,
 )
 from capture_core.storage import open_byte_store
-from tasks.common import tokcap_task
+from tokcap.tasks.common import tokcap_task
 
 logger = logging.getLogger(__name__)
 

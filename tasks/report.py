@@ -18,7 +18,7 @@ from capture_core.run.run_outcome import outcome_line, verdict
 from capture_core.run.run_progress import RunTally
 from capture_core.run.run_report import RunSummary, markdown_report, summary_table, terminal_words
 from capture_core.storage import ByteStore, open_byte_store
-from tasks.common import ensure_claim, tokcap_task
+from tokcap.tasks.common import ensure_claim, tokcap_task
 
 
 def artifact_key(run_id: str, kind: str) -> str:

@@ -13,7 +13,7 @@ from capture_core.run.rollout_io import RolloutFilePlan
 from capture_core.run.run_index import refresh_summary
 from capture_core.run.run_layout import MANIFEST, LedgerLine, RunLayout, RunManifest, run_location
 from capture_core.storage import open_byte_store
-from tasks.common import ensure_claim, tokcap_task
+from tokcap.tasks.common import ensure_claim, tokcap_task
 
 
 @tokcap_task("check-locations", "check store {source.store} and destination {dest}")

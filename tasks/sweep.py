@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import get_run_logger
 
 from capture_core.run.capture_source import SourceSpec
-from tasks.common import tokcap_task
+from tokcap.tasks.common import tokcap_task
 
 
 @tokcap_task(

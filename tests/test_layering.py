@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -53,13 +54,29 @@ def product_modules() -> dict[str, Path]:
     }
 
 
+INSTALLED = {"tokcap.flows": "flows", "tokcap.tasks": "tasks"}
+
+
+def folder_name(module: str) -> str:
+    """The repository name of an imported module: `tokcap.flows.x` is the folder `flows.x`."""
+    for installed, folder in INSTALLED.items():
+        if module == installed or module.startswith(installed + "."):
+            return folder + module[len(installed) :]
+    return module
+
+
 def imports_of(path: Path, known: set[str] | None = None) -> set[str]:
     """Every module a file imports, wherever the import is (function bodies included).
 
     `from package import name` names the submodule when `name` is one of `known`, else
-    the package; a relative import is resolved against the file's own package.
+    the package; a relative import is resolved against the file's own package. Installed
+    names are given as the folders they come from (`tokcap.flows.x` as `flows.x`).
     """
-    known = known or set()
+    return {folder_name(name) for name in _spelled_imports(path, known or set())}
+
+
+def _spelled_imports(path: Path, known: set[str]) -> set[str]:
+    """The imports as the file spells them; the repository uses no relative import."""
     own = module_name(path).split(".")
     package = own if path.name == "__init__.py" else own[:-1]
     found: set[str] = set()
@@ -73,7 +90,7 @@ def imports_of(path: Path, known: set[str] | None = None) -> set[str]:
                 base = ".".join([*anchor, *([base] if base else [])])
             for alias in node.names:
                 dotted = f"{base}.{alias.name}"
-                found.add(dotted if dotted in known else base)
+                found.add(dotted if folder_name(dotted) in known else base)
     return found
 
 
@@ -170,11 +187,14 @@ def test_no_import_circle_in_capture_core_tasks_or_flows() -> None:
 
 def test_every_package_is_checked_and_shipped() -> None:
     """Sub-packages are layers' modules too: the check walks them and the wheel lists them."""
-    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    packages = set(shipped["tool"]["setuptools"]["packages"])
+    folders = {folder: name for name, folder in INSTALLED.items()}
     for layer in FORBIDDEN:
         for init in (ROOT / layer).rglob("__init__.py"):
-            package = ".".join(init.parent.relative_to(ROOT).parts)
-            assert f'"{package}"' in pyproject, f"{package} is missing from pyproject packages"
+            parts = init.parent.relative_to(ROOT).parts
+            package = ".".join([folders.get(parts[0], parts[0]), *parts[1:]])
+            assert package in packages, f"{package} is missing from pyproject packages"
     checked = set(product_modules())
     for module in ("capture_core.storage.base", "capture_core.testing.contracts"):
         assert module in checked
@@ -245,6 +265,18 @@ def test_claim_checker_catches_a_false_claim() -> None:
         "capture_core.storage",
         "orjson",
     }
+
+
+def test_nothing_imports_flows_or_tasks_by_their_folder_names() -> None:
+    """The wheel installs them as `tokcap.flows` and `tokcap.tasks`; no top-level name exists."""
+    spelled = {
+        str(path.relative_to(ROOT)): sorted(
+            n for n in _spelled_imports(path, set()) if n.split(".")[0] in ("flows", "tasks")
+        )
+        for top in (*PRODUCT, "tests", "bench")
+        for path in sorted((ROOT / top).rglob("*.py"))
+    }
+    assert {path: names for path, names in spelled.items() if names} == {}
 
 
 def test_checker_sees_imports_inside_functions(tmp_path: Path) -> None:

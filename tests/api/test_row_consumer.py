@@ -27,9 +27,6 @@ from capture_core.run.trainer_rows import read_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import VOCAB
-from flows.cli import main
-from flows.finalize import RunFailedError, finalize_run, retire_uploaded
-from flows.inbox import finalize_inbox
 from tests.api.test_finalized_input import carried_ids, made_up_envelope
 from tests.support.pipeline_helpers import (
     REPO,
@@ -42,6 +39,9 @@ from tests.support.pipeline_helpers import (
     write_rollouts,
 )
 from tests.support.reliability_figures import record_case
+from tokcap.flows.cli import main
+from tokcap.flows.finalize import RunFailedError, finalize_run, retire_uploaded
+from tokcap.flows.inbox import finalize_inbox
 
 pytestmark = [pytest.mark.usefixtures("prefect_api"), pytest.mark.integrity]
 

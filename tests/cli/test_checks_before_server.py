@@ -2,7 +2,7 @@
 
 Each command runs as a new user's `tokcap` subprocess: no `PREFECT_API_URL`, an empty
 `PREFECT_HOME`. Had the CLI started its temporary server, that server's log would exist
-under `PREFECT_HOME` (`flows.temporary_server`); that it does not is the proof.
+under `PREFECT_HOME` (`tokcap.flows.temporary_server`); that it does not is the proof.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import pytest
 from capture_core.run.rollout_io import plan_rollout_file
 from capture_core.run.run_layout import RunLayout, RunManifest
 from capture_core.storage import open_byte_store
-from flows.temporary_server import LOG_NAME
 from tests.support.pipeline_helpers import finalize_args, finalize_args_for, receipt_args, run_cli
 from tests.support.reliability_figures import record_case
 from tests.support.servers import free_port
+from tokcap.flows.temporary_server import LOG_NAME
 
 
 def run_without_server(args: list[str], home: str) -> subprocess.CompletedProcess:

@@ -15,8 +15,8 @@ import pytest
 
 from capture_core.run.run_layout import LedgerLine, RunLayout, RunManifest
 from capture_core.storage import open_byte_store
-from flows.cli import build_parser, main
 from tests.support.pipeline_helpers import REPO
+from tokcap.flows.cli import build_parser, main
 
 BROKEN_PIPE_EXIT = 141
 
@@ -75,7 +75,7 @@ def run_into_closed_pipe(args: list[str]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     try:
         return subprocess.run(
-            [sys.executable, "-m", "flows.cli", *args],
+            [sys.executable, "-m", "tokcap.flows.cli", *args],
             cwd=REPO,
             env={**env, "PYTHONPATH": REPO},
             stdout=write_end,

@@ -13,8 +13,8 @@ import pytest
 
 from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
-from flows.demo import DEFAULT_ROLLOUTS, SCRIPTED, demo_rollouts
 from tests.support.pipeline_helpers import run_cli
+from tokcap.flows.demo import DEFAULT_ROLLOUTS, SCRIPTED, demo_rollouts
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 

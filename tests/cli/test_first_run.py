@@ -20,8 +20,6 @@ from capture_core.run.run_report import reason_category
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, synthetic_rollout
-from flows.inbox import FileSettings, InboxFailedError, finalize_inbox
-from flows.temporary_server import LOG_START, MAX_STARTS, error_lines
 from tests.conftest import make_bucket
 from tests.support.fault_proxy import FaultPlan, fault_proxy
 from tests.support.pipeline_helpers import (
@@ -41,6 +39,8 @@ from tests.support.prefect_api_reads import (
     logs_of,
     task_runs_of,
 )
+from tokcap.flows.inbox import FileSettings, InboxFailedError, finalize_inbox
+from tokcap.flows.temporary_server import LOG_START, MAX_STARTS, error_lines
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -312,7 +312,7 @@ def test_first_demo_succeeds_on_a_busy_machine_with_a_fresh_prefect_home(tmp_pat
     burners = [cpu_burner(), cpu_burner()]
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "demo", "--workdir", "demo"],
+            [sys.executable, "-m", "tokcap.flows.cli", "demo", "--workdir", "demo"],
             cwd=str(tmp_path),
             env=fresh_prefect_env(str(tmp_path / "prefect-home")),
             capture_output=True,
@@ -342,7 +342,7 @@ def test_first_demo_succeeds_on_a_busy_machine_with_a_fresh_prefect_home(tmp_pat
 
 def test_tokcap_deployments_prints_the_path_without_starting_a_server(tmp_path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "deployments"],
+        [sys.executable, "-m", "tokcap.flows.cli", "deployments"],
         cwd=str(tmp_path),
         env=fresh_prefect_env(str(tmp_path / "prefect-home")),
         capture_output=True,
@@ -358,7 +358,7 @@ def demo_on_a_failing_server(tmp_path, **settings: str) -> list[str]:
     """Run the demo on a temporary server set up with `settings`; it must fail having run
     nothing and printed no traceback. Returns its `tokcap demo:` lines."""
     result = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "demo", "--workdir", str(tmp_path / "demo")],
+        [sys.executable, "-m", "tokcap.flows.cli", "demo", "--workdir", str(tmp_path / "demo")],
         cwd=REPO,
         env=fresh_prefect_env(str(tmp_path / "prefect-home"), **settings),
         capture_output=True,

@@ -17,8 +17,8 @@ from capture_core.ids import maybe_rollout_id_from_run_body as rollout_id_of
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.trace_shapes import SHAPES, episode
-from flows.demo import DEFAULT_ROLLOUTS
 from tests.support.pipeline_helpers import dest_records, run_cli, with_storage_options
+from tokcap.flows.demo import DEFAULT_ROLLOUTS
 
 
 def make_inputs(

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli_progress import ProgressLine
-from flows.inputs import make_inputs
 from tests.support.pipeline_helpers import REPO, finalize_args, run_cli
 from tests.support.prefect_api_reads import artifacts_of, eventually, flow_runs_named, logs_of
+from tokcap.flows.cli_progress import ProgressLine
+from tokcap.flows.inputs import make_inputs
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -83,7 +83,7 @@ def run_on_terminal(args: list[str], api_url: str, timeout: float = 300) -> tupl
     master, slave = os.openpty()
     env = {**os.environ, "PREFECT_API_URL": api_url, "PYTHONPATH": REPO, **INFO}
     process = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "tokcap.flows.cli", *args],
         cwd=REPO,
         env=env,
         stdin=subprocess.DEVNULL,

@@ -18,11 +18,11 @@ from capture_core.run.run_index import record_summary
 from capture_core.run.run_layout import LEDGER, SUMMARY, LedgerLine, RunLayout, RunManifest
 from capture_core.run.run_report import summarize
 from capture_core.storage import open_byte_store
-from flows.inputs import make_inputs
-from tasks.report import RUNS_ARTIFACT
 from tests.conftest import make_bucket
 from tests.support.pipeline_helpers import finalize_args, run_cli, with_storage_options
 from tests.support.prefect_api_reads import artifacts_of, flow_runs_named
+from tokcap.flows.inputs import make_inputs
+from tokcap.tasks.report import RUNS_ARTIFACT
 
 HEADER = re.compile(r"^run id +updated \(UTC\) +state +rollouts +masked +retired +waiting")
 

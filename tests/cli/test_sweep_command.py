@@ -7,11 +7,11 @@ import re
 import pytest
 
 from capture_core.store import TokenCaptureStore
-from flows.sweep import sweep_retired_captures
 from tests.store.test_sweep import DAY, age_tombstone, retire
 from tests.support.pipeline_helpers import run_cli
 from tests.support.prefect_api_reads import artifacts_of, eventually, flow_runs_named, logs_of
 from tests.support.servers import free_port
+from tokcap.flows.sweep import sweep_retired_captures
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from flows.api_watch import ApiWatch
 from tests.support.servers import wait_until
+from tokcap.flows.api_watch import ApiWatch
 
 
 @contextmanager

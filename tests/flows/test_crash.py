@@ -9,7 +9,6 @@ from capture_core.run.handoff import receipt_key
 from capture_core.run.rollout_io import plan_rollout_file
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from tasks.receipts import read_receipt
 from tests.support.attempts import captured_keys
 from tests.support.pipeline_helpers import (
     dest_records,
@@ -20,6 +19,7 @@ from tests.support.pipeline_helpers import (
     write_rollouts,
 )
 from tests.support.reliability_figures import record_figure
+from tokcap.tasks.receipts import read_receipt
 
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
 

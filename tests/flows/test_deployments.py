@@ -15,9 +15,9 @@ from prefect.utilities.importtools import import_object
 from pydantic import BaseModel
 
 from capture_core.store.retirement import MIN_SWEEP_AGE_SECONDS, sweep_age_seconds
-from flows.cli import main
-from flows.inbox import FileSettings, finalize_inbox, finalize_inbox_file
 from tests.support.pipeline_helpers import REPO
+from tokcap.flows.cli import main
+from tokcap.flows.inbox import FileSettings, finalize_inbox, finalize_inbox_file
 
 SOURCE = Path(REPO, "deployments", "prefect.yaml")
 EXPECTED = {
@@ -88,8 +88,8 @@ def test_tokcap_deployments_locates_the_shipped_file(capsys) -> None:
 def test_every_run_beats_often_enough_for_the_crash_automation_and_is_retriggered() -> None:
     """Three heartbeats fit in the silence that marks a run Crashed, for every deployed flow
     and the CLI's runs; a Crashed run is retriggered like a Failed one."""
-    from flows.automations import load_definitions
-    from flows.runners import CLI_PREFECT_DEFAULTS, HEARTBEAT_SETTING
+    from tokcap.flows.automations import load_definitions
+    from tokcap.flows.runners import CLI_PREFECT_DEFAULTS, HEARTBEAT_SETTING
 
     spec = yaml.safe_load(SOURCE.read_text())
     (crash,) = [

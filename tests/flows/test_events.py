@@ -27,9 +27,6 @@ from prefect.deployments import run_deployment
 from capture_core.run.inbox import run_completed, run_id_for_file
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.alerts import MASK_ALERT
-from flows.finalize import finalize_run
-from tasks.receipts import list_receipt_keys
 from tests.conftest import make_bucket
 from tests.support.fault_proxy import FaultPlan, fault_proxy
 from tests.support.pipeline_helpers import REPO, dest_records, make_batch, rollout_ids, run_cli
@@ -43,6 +40,9 @@ from tests.support.prefect_workers import (
 from tests.support.reliability_figures import record_case
 from tests.support.servers import wait_until
 from tests.support.shipped_triggers import remove_deployed, shipped_automation_names
+from tokcap.flows.alerts import MASK_ALERT
+from tokcap.flows.finalize import finalize_run
+from tokcap.tasks.receipts import list_receipt_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
@@ -334,8 +334,8 @@ def read_run(flow_run_id: UUID) -> Any:
 
 def test_a_batch_holds_its_share_of_the_store_request_limit(event_path) -> None:
     """Runs last: it changes the limit, so no run of the module may be in flight."""
-    from flows.automations import apply_automations
-    from tasks.store_limit import STORE_REQUESTS, _limit_at, store_requests
+    from tokcap.flows.automations import apply_automations
+    from tokcap.tasks.store_limit import STORE_REQUESTS, _limit_at, store_requests
 
     def active() -> int:
         with get_client(sync_client=True) as client:

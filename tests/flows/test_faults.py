@@ -15,8 +15,6 @@ from capture_core.records import TokenEntry
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import rollout_record
-from flows.finalize import RunFailedError, finalize_run, retire_uploaded
-from flows.retrigger import retrigger_failed
 from tests.conftest import make_bucket
 from tests.support import workers
 from tests.support.backends import PROCESS_SHARED_BACKENDS
@@ -30,6 +28,8 @@ from tests.support.pipeline_helpers import (
     write_rollouts,
 )
 from tests.support.reliability_figures import record_figure
+from tokcap.flows.finalize import RunFailedError, finalize_run, retire_uploaded
+from tokcap.flows.retrigger import retrigger_failed
 
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
 

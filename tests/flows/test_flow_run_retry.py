@@ -12,8 +12,8 @@ from capture_core.run.rollout_io import plan_rollout_file
 from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.finalize import finalize_run
 from tests.support.pipeline_helpers import REPO, make_batch, write_rollouts
+from tokcap.flows.finalize import finalize_run
 
 
 class FreezeLoggingStore(TokenCaptureStore):

@@ -13,10 +13,6 @@ from capture_core.run.rollout_io import plan_rollout_file
 from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.finalize import finalize_run
-from flows.inbox import FileSettings, InboxFailedError, finalize_inbox
-from flows.runners import task_runner_from_spec
-from tasks.receipts import read_receipt
 from tests.support.pipeline_helpers import (
     dest_records,
     locations_inbox,
@@ -24,6 +20,10 @@ from tests.support.pipeline_helpers import (
     run_cli,
     write_rollouts,
 )
+from tokcap.flows.finalize import finalize_run
+from tokcap.flows.inbox import FileSettings, InboxFailedError, finalize_inbox
+from tokcap.flows.runners import task_runner_from_spec
+from tokcap.tasks.receipts import read_receipt
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 

@@ -29,8 +29,6 @@ from capture_core.run.inbox import read_claim, run_completed
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.submit import submit_files
-from tasks.receipts import list_receipt_keys
 from tests.support.pipeline_helpers import (
     REPO,
     dest_records,
@@ -50,6 +48,8 @@ from tests.support.reliability_figures import record_case
 from tests.support.servers import wait_until
 from tests.support.shipped_triggers import SHIPPED, remove_deployed
 from tests.support.stalling_source import WORKER_ENV, read_flag
+from tokcap.flows.submit import submit_files
+from tokcap.tasks.receipts import list_receipt_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 

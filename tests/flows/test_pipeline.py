@@ -12,8 +12,6 @@ from capture_core.run.rollout_io import plan_rollout_file
 from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.clear import dispatch_clear
-from flows.finalize import RunFailedError, finalize_run, retire_uploaded
 from tests.support.attempts import captured_keys
 from tests.support.pipeline_helpers import (
     FAILING_DROP_SOURCE,
@@ -23,6 +21,8 @@ from tests.support.pipeline_helpers import (
     rollout_ids,
     write_rollouts,
 )
+from tokcap.flows.clear import dispatch_clear
+from tokcap.flows.finalize import RunFailedError, finalize_run, retire_uploaded
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 

@@ -18,8 +18,6 @@ from capture_core.run.rollout_io import plan_rollout_file, read_batch
 from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.finalize import RunFailedError, finalize_run, retire_uploaded
-from tasks.receipts import read_receipt
 from tests.support.pipeline_helpers import (
     FAILING_DROP_SOURCE,
     dest_records,
@@ -32,6 +30,8 @@ from tests.support.pipeline_helpers import (
     write_rollouts,
 )
 from tests.support.reliability_figures import record_case
+from tokcap.flows.finalize import RunFailedError, finalize_run, retire_uploaded
+from tokcap.tasks.receipts import read_receipt
 
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
 

@@ -17,10 +17,10 @@ from prefect.client.schemas.actions import BlockDocumentUpdate
 
 from capture_core.run.handoff import HandoffReceipt
 from capture_core.store import TokenCaptureStore
-from flows.finalize import finalize_run
-from tasks.receipts import ReceiptStorage, receipt_storage
 from tests.support.pipeline_helpers import make_batch, write_rollouts
 from tests.support.prefect_api_reads import eventually, task_runs_of
+from tokcap.flows.finalize import finalize_run
+from tokcap.tasks.receipts import ReceiptStorage, receipt_storage
 
 
 def blocks_for(dest: str) -> list:

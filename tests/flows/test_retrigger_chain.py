@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.finalize import finalize_run
-from flows.retrigger import NEEDS_ATTENTION, retrigger_failed
+from tokcap.flows.finalize import finalize_run
+from tokcap.flows.retrigger import NEEDS_ATTENTION, retrigger_failed
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 

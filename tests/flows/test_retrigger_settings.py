@@ -21,14 +21,14 @@ from capture_core.run.run_layout import RunLayout, read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.store.capture_layout import retired_key
-from flows.inbox import FileSettings, finalize_inbox_file
-from flows.retrigger import retrigger_failed
 from tests.conftest import make_bucket
 from tests.support.fault_proxy import FaultPlan, fault_proxy
 from tests.support.pipeline_helpers import dest_records, make_batch, write_rollouts
 from tests.support.prefect_api_reads import flow_run
 from tests.support.reliability_figures import record_case
 from tests.support.shipped_triggers import triggered_parameters
+from tokcap.flows.inbox import FileSettings, finalize_inbox_file
+from tokcap.flows.retrigger import retrigger_failed
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 

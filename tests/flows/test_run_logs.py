@@ -16,10 +16,10 @@ import pytest
 from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.cli_checks import known_run
-from flows.finalize import finalize_run
 from tests.support.pipeline_helpers import make_batch, write_rollouts
 from tests.support.prefect_api_reads import eventually, logs_of
+from tokcap.flows.cli_checks import known_run
+from tokcap.flows.finalize import finalize_run
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")

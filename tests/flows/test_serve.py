@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import yaml
 
-from flows.serve import deployment_specs, prefect_file, served_deployment, served_deployments
-from flows.submit import SUBMITTED
 from tests.support.pipeline_helpers import run_cli
+from tokcap.flows.serve import deployment_specs, prefect_file, served_deployment, served_deployments
+from tokcap.flows.submit import SUBMITTED
 
 ENV = {"TOKCAP_INBOX": "/in", "TOKCAP_STORE": "/store", "TOKCAP_DEST": "/dest"}
 

@@ -11,11 +11,11 @@ import pytest
 
 from capture_core.run.inbox import run_id_for_file
 from capture_core.storage import open_byte_store
-from flows.cli_events import NOT_ANNOUNCED_EXIT
-from flows.submit import SUBMITTED, SubmitRefusedError, place_file, submit_files
 from tests.support.pipeline_helpers import run_cli, write_rollouts
 from tests.support.reliability_figures import record_case
 from tests.support.servers import free_port, wait_until
+from tokcap.flows.cli_events import NOT_ANNOUNCED_EXIT
+from tokcap.flows.submit import SUBMITTED, SubmitRefusedError, place_file, submit_files
 
 LINE = b'{"_ng_task_index": 1, "_ng_rollout_index": 0}\n'
 
@@ -103,7 +103,7 @@ def test_tokcap_submit_prints_one_run_id_line_per_file(tmp_path: Path) -> None:
     ],
 )
 def test_a_file_run_refuses_an_event_naming_another_file_or_run(rollouts, run_id, why) -> None:
-    from flows.inbox import check_inbox_file
+    from tokcap.flows.inbox import check_inbox_file
 
     with pytest.raises(ValueError, match=why):
         check_inbox_file(rollouts, run_id or run_id_for_file(rollouts), "/data/inbox")
@@ -127,7 +127,7 @@ def test_a_refused_event_ends_refused_which_the_retrigger_does_not_expect(tmp_pa
     """The retrigger automation re-runs `prefect.flow-run.Failed` runs from their parameters,
     without the inbox check; a refused event's run must end in a state it does not expect,
     having written nothing."""
-    from flows.inbox import REFUSED, FileSettings, finalize_inbox_file
+    from tokcap.flows.inbox import REFUSED, FileSettings, finalize_inbox_file
 
     outside = write_rollouts(str(tmp_path / "elsewhere" / "a.jsonl"), [orjson.loads(LINE)])
     dest = tmp_path / "dest"

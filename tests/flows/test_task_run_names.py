@@ -12,11 +12,11 @@ import re
 import orjson
 
 from capture_core.store import TokenCaptureStore
-from flows.clear import dispatch_clear
-from flows.finalize import finalize_run, retire_uploaded
-from flows.inbox import FileSettings, finalize_inbox
 from tests.support.pipeline_helpers import FAILING_FREEZE_SOURCE, make_batch, write_rollouts
 from tests.support.prefect_api_reads import eventually, task_runs_of
+from tokcap.flows.clear import dispatch_clear
+from tokcap.flows.finalize import finalize_run, retire_uploaded
+from tokcap.flows.inbox import FileSettings, finalize_inbox
 
 PREFECT_SUFFIX = re.compile(r"-[0-9a-f]{3}$")
 

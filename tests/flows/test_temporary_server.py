@@ -8,9 +8,15 @@ import sys
 
 import orjson
 
-from flows.temporary_server import LOG_NAME, LOG_START, child_output_to, error_lines, log_position
 from tests.cli.test_first_run import fresh_prefect_env
 from tests.support.pipeline_helpers import REPO
+from tokcap.flows.temporary_server import (
+    LOG_NAME,
+    LOG_START,
+    child_output_to,
+    error_lines,
+    log_position,
+)
 
 CHILD = (
     "import sys; print('served', flush=True); "
@@ -48,7 +54,7 @@ import os
 import sys
 os.close(1)
 sys.stdout = None
-from flows.temporary_server import child_output_to
+from tokcap.flows.temporary_server import child_output_to
 with child_output_to(sys.argv[1]) as redirected:
     pass
 try:
@@ -76,9 +82,9 @@ def test_a_closed_console_is_left_as_it_is(tmp_path) -> None:
 
 SERVER_LOGS_AN_ERROR = """
 import json
-from flows.runners import prefect_api, prefect_environment
+from tokcap.flows.runners import prefect_api, prefect_environment
 prefect_environment()
-from flows.temporary_server import server_log_path
+from tokcap.flows.temporary_server import server_log_path
 notes = []
 with prefect_api(notes) as api_url:
     assert api_url is None
@@ -113,7 +119,7 @@ def test_a_server_error_ends_the_command_with_one_line_naming_the_log(tmp_path) 
 
 
 CLEAN_COMMAND = """
-from flows.runners import prefect_api, prefect_environment
+from tokcap.flows.runners import prefect_api, prefect_environment
 prefect_environment()
 with prefect_api():
     pass
@@ -132,7 +138,9 @@ def test_a_note_only_when_the_log_holds_errors_and_never_a_traceback(tmp_path) -
 
 
 def test_notes_follow_the_result_also_when_stdout_is_a_buffered_file(tmp_path) -> None:
-    script = "from flows.cli_output import print_notes; print('result'); print_notes(['note: x'])"
+    script = (
+        "from tokcap.flows.cli_output import print_notes; print('result'); print_notes(['note: x'])"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     with open(tmp_path / "out", "w") as out:
         subprocess.run(

@@ -27,12 +27,12 @@ from capture_core.run.inbox import attempts, read_claim, run_completed, run_id_f
 from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from tasks.receipts import list_receipt_keys
 from tests.support.pipeline_helpers import REPO, dest_records, make_batch, rollout_ids
 from tests.support.prefect_workers import kill_tree, prefect_cli, start_worker
 from tests.support.reliability_figures import record_case
 from tests.support.servers import wait_until
 from tests.support.stalling_source import WORKER_ENV, read_flag
+from tokcap.tasks.receipts import list_receipt_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 

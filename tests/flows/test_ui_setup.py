@@ -15,8 +15,8 @@ from pathlib import Path
 from prefect.events.schemas.automations import AutomationCore
 
 from capture_core.run.run_outcome import MASK_ALERT_AUTOMATION, MASK_ALERT_EVENT
-from flows.automations import load_definitions
 from tests.support.pipeline_helpers import REPO
+from tokcap.flows.automations import load_definitions
 
 READ_UI_API_URL = (
     "from prefect.settings import PREFECT_UI_API_URL; print(PREFECT_UI_API_URL.value())"

@@ -20,8 +20,8 @@ import pytest
 
 from capture_core.run.run_layout import LedgerLine
 from capture_core.store import TokenCaptureStore
-from flows.cli import build_parser
 from tests.support.pipeline_helpers import REPO, make_batch, write_rollouts
+from tokcap.flows.cli import build_parser
 
 ROOT = Path(REPO)
 DOCS = [

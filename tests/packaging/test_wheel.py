@@ -73,13 +73,48 @@ def elsewhere(tmp_path: Path, fresh_venv: Path, prefect_api: str) -> tuple[Path,
     return cwd, env
 
 
+@pytest.fixture()
+def prefect_project(elsewhere: tuple[Path, dict[str, str]]) -> tuple[Path, dict[str, str]]:
+    """A working folder laid out as Prefect users lay theirs: own `flows/`, `tasks/`, `tasks.py`."""
+    cwd, env = elsewhere
+    for package in ("flows", "tasks"):
+        (cwd / package).mkdir()
+        (cwd / package / "__init__.py").write_text(f'OWNER = "the project\'s {package}"\n')
+    (cwd / "flows" / "inbox.py").write_text('OWNER = "the project\'s flows.inbox"\n')
+    (cwd / "tasks.py").write_text('OWNER = "the project\'s tasks.py"\n')
+    return cwd, env
+
+
+def test_the_wheel_installs_no_top_level_flows_or_tasks(
+    fresh_venv: Path, prefect_project: tuple[Path, dict[str, str]]
+) -> None:
+    """The project's own names stay the project's, and tokcap's stay reachable beside them."""
+    cwd, env = prefect_project
+    python = str(fresh_venv / "bin" / "python")
+    (purelib,) = (fresh_venv / "lib").glob("python3*/site-packages")
+    assert not (purelib / "flows").exists() and not (purelib / "tasks").exists()
+    assert (purelib / "tokcap" / "flows" / "inbox.py").is_file()
+    code = (
+        "import flows.inbox, tasks, tokcap.flows.inbox as f, tokcap.tasks.receipts as r; "
+        "print(flows.inbox.OWNER); print(tasks.OWNER); print(f.__file__); print(r.__file__)"
+    )
+    lines = run([python, "-c", code], cwd, env).stdout.splitlines()
+    assert lines[:2] == ["the project's flows.inbox", "the project's tasks"]
+    assert all(line.startswith(str(purelib)) for line in lines[2:]), lines
+
+
 def test_the_wheel_carries_the_code_and_its_declared_requirements_are_met(
     fresh_venv: Path, elsewhere: tuple[Path, dict[str, str]]
 ) -> None:
     cwd, env = elsewhere
     python = str(fresh_venv / "bin" / "python")
     where = run(
-        [python, "-c", "import capture_core, tasks, flows; print(flows.__file__, tasks.__file__)"],
+        [
+            python,
+            "-c",
+            "import capture_core, tokcap.tasks as t, tokcap.flows as f; "
+            "print(f.__file__, t.__file__)",
+        ],
         cwd,
         env,
     )
@@ -110,9 +145,10 @@ def registered() -> dict:
 
 
 def test_installed_tokcap_deploys_the_shipped_deployments_and_a_worker_runs_them(
-    tmp_path: Path, fresh_venv: Path, elsewhere: tuple[Path, dict[str, str]]
+    tmp_path: Path, fresh_venv: Path, prefect_project: tuple[Path, dict[str, str]]
 ) -> None:
-    cwd, env = elsewhere
+    """The worker runs in a Prefect project's folder (own `flows/`, `tasks/`, `tasks.py`)."""
+    cwd, env = prefect_project
     store, dest = str(tmp_path / "store"), str(tmp_path / "dest")
     rollouts = write_rollouts(str(tmp_path / "in.jsonl"), make_batch(TokenCaptureStore(store), 3))
     env = {**env, "TOKCAP_INBOX": str(tmp_path / "inbox"), "TOKCAP_STORE": store}
@@ -128,14 +164,14 @@ def test_installed_tokcap_deploys_the_shipped_deployments_and_a_worker_runs_them
 
     deployments = registered()
     shipped = {
-        "finalize-inbox/inbox": "flows.inbox:finalize_inbox",
-        "finalize-inbox-file/inbox-file": "flows.inbox:finalize_inbox_file",
-        "finalize-run/finalize-run": "flows.finalize:finalize_run",
-        "finalize-run/finalize-run-strict": "flows.finalize:finalize_run",
-        "dispatch-clear/dispatch-clear": "flows.clear:dispatch_clear",
-        "sweep-retired/sweep-retired": "flows.sweep:sweep_retired_captures",
-        "retire-uploaded/retire-uploaded": "flows.finalize:retire_uploaded",
-        "retrigger-failed/retrigger-failed": "flows.retrigger:retrigger_failed",
+        "finalize-inbox/inbox": "tokcap.flows.inbox:finalize_inbox",
+        "finalize-inbox-file/inbox-file": "tokcap.flows.inbox:finalize_inbox_file",
+        "finalize-run/finalize-run": "tokcap.flows.finalize:finalize_run",
+        "finalize-run/finalize-run-strict": "tokcap.flows.finalize:finalize_run",
+        "dispatch-clear/dispatch-clear": "tokcap.flows.clear:dispatch_clear",
+        "sweep-retired/sweep-retired": "tokcap.flows.sweep:sweep_retired_captures",
+        "retire-uploaded/retire-uploaded": "tokcap.flows.finalize:retire_uploaded",
+        "retrigger-failed/retrigger-failed": "tokcap.flows.retrigger:retrigger_failed",
     }
     assert {name: deployments[name].entrypoint for name in shipped} == shipped
     assert all(not deployments[name].pull_steps for name in shipped), "no path to a checkout"

@@ -43,7 +43,7 @@ def test_a_retirement_is_keyed_as_earlier_runs_persisted_it(spec: SourceSpec, di
     """The retire task's result object, which earlier runs wrote retirements as, is stable:
     the digests are those of the code that took store, options and arguments one by one, and
     the key is that object's path under the run's receipts."""
-    from tasks.batches import _retired_key
+    from tokcap.tasks.batches import _retired_key
 
     fields = {"receipt_key": "batch-00000-0123456789abcdef", "run_id": "r1"}
     receipt = type("Receipt", (), fields)()

@@ -20,11 +20,11 @@ from capture_core.run.inbox import (
 )
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.inbox import FileSettings, finalize_inbox
 from tests.support.pipeline_helpers import dest_records, make_batch, rollout_ids, write_rollouts
 from tests.support.reliability_figures import record_case
 from tests.support.servers import wait_until
 from tests.support.stalling_source import run_while_stalled
+from tokcap.flows.inbox import FileSettings, finalize_inbox
 
 pytestmark = pytest.mark.integrity
 

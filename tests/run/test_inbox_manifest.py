@@ -14,10 +14,10 @@ from capture_core.run.inbox import run_id_for_file
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.inbox import FileSettings, InboxFailedError, finalize_inbox
 from tests.run.test_inbox_replaced import publish
 from tests.support.pipeline_helpers import dest_records, make_batch, rollout_ids
 from tests.support.reliability_figures import record_case
+from tokcap.flows.inbox import FileSettings, InboxFailedError, finalize_inbox
 
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
 

@@ -18,8 +18,6 @@ from capture_core.run.rollout_io import file_fingerprint, plan_rollout_file
 from capture_core.run.run_layout import RunLayout, read_manifest
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.inbox import InboxFailedError, finalize_inbox
-from tasks.run_state import claim_run_id
 from tests.support.pipeline_helpers import (
     dest_records,
     locations_inbox,
@@ -28,6 +26,8 @@ from tests.support.pipeline_helpers import (
     write_rollouts,
 )
 from tests.support.reliability_figures import record_case
+from tokcap.flows.inbox import InboxFailedError, finalize_inbox
+from tokcap.tasks.run_state import claim_run_id
 
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
 

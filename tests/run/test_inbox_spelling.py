@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from flows.inbox import scan_inbox
 from tests.support.pipeline_helpers import write_rollouts
 from tests.support.reliability_figures import record_case
+from tokcap.flows.inbox import scan_inbox
 
 pytestmark = pytest.mark.integrity
 

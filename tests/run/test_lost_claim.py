@@ -33,9 +33,6 @@ from capture_core.run.run_layout import RunLayout, read_ledger
 from capture_core.run.run_report import RunSummary, summarize
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.finalize import finalize_run
-from flows.inbox import FileSettings, finalize_inbox
-from tasks.receipts import list_receipt_keys
 from tests.support.pipeline_helpers import (
     REPO,
     dest_records,
@@ -46,6 +43,9 @@ from tests.support.pipeline_helpers import (
 from tests.support.reliability_figures import record_case
 from tests.support.servers import wait_until
 from tests.support.stalling_source import read_flag, release, run_while_stalled
+from tokcap.flows.finalize import finalize_run
+from tokcap.flows.inbox import FileSettings, finalize_inbox
+from tokcap.tasks.receipts import list_receipt_keys
 
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
 

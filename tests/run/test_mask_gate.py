@@ -16,10 +16,10 @@ from capture_core.run.run_layout import read_ledger
 from capture_core.run.run_progress import MaskGate
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.cli_checks import known_run
-from flows.finalize import RunFailedError, finalize_run
 from tests.support.pipeline_helpers import dest_records, make_batch, rollout_ids, write_rollouts
 from tests.support.reliability_figures import record_case
+from tokcap.flows.cli_checks import known_run
+from tokcap.flows.finalize import RunFailedError, finalize_run
 
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
 

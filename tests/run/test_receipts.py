@@ -19,7 +19,6 @@ from capture_core.run.rollout_io import plan_rollout_file
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import filesystem_for, open_byte_store
 from capture_core.store import TokenCaptureStore
-from tasks.receipts import read_receipt
 from tests.support.pipeline_helpers import (
     dest_records,
     finalize_args,
@@ -30,6 +29,7 @@ from tests.support.pipeline_helpers import (
     write_rollouts,
 )
 from tests.support.reliability_figures import record_case
+from tokcap.tasks.receipts import read_receipt
 
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
 

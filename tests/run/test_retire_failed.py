@@ -17,9 +17,6 @@ from capture_core.run.run_layout import read_ledger
 from capture_core.run.run_report import markdown_report, summarize
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from flows.cli import main
-from flows.finalize import RunFailedError, finalize_run, retire_uploaded
-from flows.inbox import InboxFailedError, finalize_inbox
 from tests.support.pipeline_helpers import (
     FAILING_DROP_SOURCE,
     ONE_DELETE_FAILS_SOURCE,
@@ -28,6 +25,9 @@ from tests.support.pipeline_helpers import (
     write_rollouts,
 )
 from tests.support.reliability_figures import record_case
+from tokcap.flows.cli import main
+from tokcap.flows.finalize import RunFailedError, finalize_run, retire_uploaded
+from tokcap.flows.inbox import InboxFailedError, finalize_inbox
 
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
 

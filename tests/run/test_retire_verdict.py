@@ -128,9 +128,9 @@ def _write_flipped_receipts(locations: dict, run_id: str) -> None:
 def test_tokcap_retire_keeps_a_capture_a_flipped_receipt_would_retire(
     locations: dict, prefect_api: str
 ) -> None:
-    from flows.finalize import RunFailedError, retire_uploaded
     from tests.flows.test_pipeline_attacks import handed_off_not_retired
     from tests.support.pipeline_helpers import receipt_args, run_cli
+    from tokcap.flows.finalize import RunFailedError, retire_uploaded
 
     options = locations["options"]
     store = TokenCaptureStore(locations["store"], options)

@@ -14,9 +14,6 @@ import pytest
 from capture_core.errors import OverlappingLocationsError
 from capture_core.storage import locations_overlap
 from capture_core.store import TokenCaptureStore
-from flows.finalize import finalize_run, retire_uploaded
-from flows.inbox import FileSettings, finalize_inbox
-from flows.retrigger import retrigger_failed
 from tests.support.pipeline_helpers import (
     finalize_args,
     make_batch,
@@ -26,6 +23,9 @@ from tests.support.pipeline_helpers import (
     write_rollouts,
 )
 from tests.support.reliability_figures import record_case
+from tokcap.flows.finalize import finalize_run, retire_uploaded
+from tokcap.flows.inbox import FileSettings, finalize_inbox
+from tokcap.flows.retrigger import retrigger_failed
 
 pytestmark = pytest.mark.integrity
 

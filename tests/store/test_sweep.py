@@ -18,8 +18,6 @@ from capture_core.storage import FolderView, LocalStore
 from capture_core.store import TokenCaptureStore, retirement
 from capture_core.store.capture_layout import entry_key, retired_key
 from capture_core.store.stored_json import encode_json
-from flows.clear import dispatch_clear
-from flows.sweep import sweep_retired_captures
 from tests.store.test_nemo_gym_file_store import write_rollout
 from tests.store.test_store_attacks import PausingBytes, two_turns
 from tests.support.gym_file_writer import GymWriter
@@ -31,6 +29,8 @@ from tests.support.pipeline_helpers import (
     write_rollouts,
 )
 from tests.support.reliability_figures import record_case
+from tokcap.flows.clear import dispatch_clear
+from tokcap.flows.sweep import sweep_retired_captures
 
 pytestmark = pytest.mark.integrity
 

@@ -111,7 +111,7 @@ class StalledRun:
 def start_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen:
     """`tokcap ARGS` as a real subprocess in its own session, its output captured."""
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "tokcap.flows.cli", *args],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": REPO, **env},
         stdout=subprocess.PIPE,

@@ -18,8 +18,8 @@ from capture_core.run.run_report import RunSummary
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
-from flows.finalize import finalize_run
-from flows.inbox import FileSettings
+from tokcap.flows.finalize import finalize_run
+from tokcap.flows.inbox import FileSettings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -180,7 +180,7 @@ def run_cli(
     server = {"PREFECT_API_URL": api_url} if api_url else {}
     full_env = {**base, **server, "PYTHONPATH": REPO, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "tokcap.flows.cli", *args],
         cwd=cwd,
         env=full_env,
         capture_output=True,

@@ -17,8 +17,8 @@ import yaml
 from prefect.server.events.actions import RunDeployment
 from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
-from flows.serve import fill
 from tests.support.pipeline_helpers import REPO
+from tokcap.flows.serve import fill
 
 SHIPPED = Path(REPO, "deployments", "prefect.yaml")
 

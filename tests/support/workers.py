@@ -93,7 +93,7 @@ def inbox_pass(arguments: str) -> None:
     """
     import orjson
 
-    from flows.inbox import FileSettings, finalize_inbox
+    from tokcap.flows.inbox import FileSettings, finalize_inbox
 
     report = finalize_inbox(FileSettings(**orjson.loads(arguments)))
     print(orjson.dumps(report.model_dump()).decode(), flush=True)
