@@ -144,7 +144,7 @@ def run_demo(workdir: str, api_url: str | None = None, count: int = DEFAULT_ROLL
     """Run the demo of `count` rollouts in `workdir` against `api_url` (`None`: the CLI's
     temporary server)."""
     from tokcap.flows.clear import dispatch_clear
-    from tokcap.flows.cli_output import print_summary
+    from tokcap.flows.cli.output import print_summary
     from tokcap.flows.finalize import finalize_run
     from tokcap.flows.runners import run_flow, script, ui_hint
 

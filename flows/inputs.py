@@ -140,15 +140,8 @@ def make_inputs(
     finally:
         folder.close()
         capture_store.close_now()
-    return InputsWritten(
-        prefix=prefix,
-        store=store,
-        out=out,
-        delivery=delivery,
-        seed=seed,
-        files=written,
-        rollout_ids=[r.rollout_id for r in made],
-    )
+    asked = {"prefix": prefix, "store": store, "out": out, "delivery": delivery, "seed": seed}
+    return InputsWritten(**asked, files=written, rollout_ids=[r.rollout_id for r in made])
 
 
 def _writers(store: TokenCaptureStore) -> int:

@@ -2,7 +2,7 @@
 
 Each batch done is one line (`capture_core.run.run_pace`), logged at INFO on the flow-run
 logger (the run's logs keep it beside the tasks' per-batch lines) and on `tokcap.progress`,
-which the CLI shows on its console (`tokcap.flows.cli_progress`) whatever Prefect's log level,
+which the CLI shows on its console (`tokcap.flows.cli.progress_line`) whatever Prefect's log level,
 and written into the description of the run's progress artifact.
 """
 

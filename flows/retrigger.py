@@ -90,7 +90,8 @@ def retrigger_failed(
     error: RunFailedError | None = None
     before: list[Any] = []
     try:
-        located = planned_rerun(dest, run_id, store, options, source_kwargs, failed_run)
+        by_hand = partial(manifest_rerun, dest, run_id, store, options, source_kwargs)
+        located = planned_rerun(run_id, failed_run, by_hand)
         check_input(run_id, rollouts, located)
         before = load_ledger(located.dest, run_id, located.options)
         located.call()
@@ -134,17 +135,11 @@ def _ledger_after(located: Rerun, run_id: str, before: list[Any]) -> list[Any]:
         return before
 
 
-def planned_rerun(
-    dest: str,
-    run_id: str,
-    store: str,
-    options: dict[str, Any],
-    source_kwargs: Options,
-    failed_run: str | None,
-) -> Rerun:
-    """How to re-run the run: as the flow run `failed_run` ran, else from its manifest."""
+def planned_rerun(run_id: str, failed_run: str | None, by_hand: Callable[[], Rerun]) -> Rerun:
+    """How to re-run the run: as the flow run `failed_run` ran, else `by_hand` (a person
+    started the retrigger: the run's manifest at the locations they gave)."""
     if failed_run is None:
-        return manifest_rerun(dest, run_id, store, options, source_kwargs)
+        return by_hand()
     try:
         retried = read_retried_run(failed_run)
     except LookupError as exc:

@@ -26,7 +26,7 @@ def in_tokcap_flow() -> bool:
 
     context = FlowRunContext.get()
     flow = getattr(context, "flow", None)
-    return getattr(getattr(flow, "fn", None), "__module__", "").startswith("flows.")
+    return getattr(getattr(flow, "fn", None), "__module__", "").startswith("tokcap.flows.")
 
 
 class QuietCompletions(logging.Filter):

@@ -39,7 +39,7 @@ from tests.support.pipeline_helpers import (
     write_rollouts,
 )
 from tests.support.reliability_figures import record_case
-from tokcap.flows.cli import main
+from tokcap.flows.cli.main import main
 from tokcap.flows.finalize import RunFailedError, finalize_run, retire_uploaded
 from tokcap.flows.inbox import finalize_inbox
 

@@ -16,7 +16,8 @@ import pytest
 from capture_core.run.run_layout import LedgerLine, RunLayout, RunManifest
 from capture_core.storage import open_byte_store
 from tests.support.pipeline_helpers import REPO
-from tokcap.flows.cli import build_parser, main
+from tokcap.flows.cli.arguments import build_parser
+from tokcap.flows.cli.main import main
 
 BROKEN_PIPE_EXIT = 141
 

@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.pipeline_helpers import REPO, finalize_args, run_cli
 from tests.support.prefect_api_reads import artifacts_of, eventually, flow_runs_named, logs_of
-from tokcap.flows.cli_progress import ProgressLine
+from tokcap.flows.cli.progress_line import ProgressLine
 from tokcap.flows.inputs import make_inputs
 
 pytestmark = pytest.mark.usefixtures("prefect_api")

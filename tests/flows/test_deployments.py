@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from capture_core.store.retirement import MIN_SWEEP_AGE_SECONDS, sweep_age_seconds
 from tests.support.pipeline_helpers import REPO
-from tokcap.flows.cli import main
+from tokcap.flows.cli.main import main
 from tokcap.flows.inbox import FileSettings, finalize_inbox, finalize_inbox_file
 
 SOURCE = Path(REPO, "deployments", "prefect.yaml")

@@ -65,7 +65,7 @@ def test_flow_run_retry_reexecutes_only_the_failed_batch(tmp_path, prefect_api: 
             "retry",
             str(state.state_details.flow_run_id),
             "--entrypoint",
-            "flows/finalize.py:finalize_run",
+            "tokcap.flows.finalize:finalize_run",
         ],
         cwd=REPO,
         env={**os.environ, "PREFECT_API_URL": prefect_api},

@@ -18,7 +18,7 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from tests.support.pipeline_helpers import make_batch, write_rollouts
 from tests.support.prefect_api_reads import eventually, logs_of
-from tokcap.flows.cli_checks import known_run
+from tokcap.flows.cli.checks import known_run
 from tokcap.flows.finalize import finalize_run
 
 pytestmark = pytest.mark.usefixtures("prefect_api")

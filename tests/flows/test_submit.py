@@ -14,7 +14,7 @@ from capture_core.storage import open_byte_store
 from tests.support.pipeline_helpers import run_cli, write_rollouts
 from tests.support.reliability_figures import record_case
 from tests.support.servers import free_port, wait_until
-from tokcap.flows.cli_events import NOT_ANNOUNCED_EXIT
+from tokcap.flows.cli.events import NOT_ANNOUNCED_EXIT
 from tokcap.flows.submit import SUBMITTED, SubmitRefusedError, place_file, submit_files
 
 LINE = b'{"_ng_task_index": 1, "_ng_rollout_index": 0}\n'

@@ -139,7 +139,7 @@ def test_a_note_only_when_the_log_holds_errors_and_never_a_traceback(tmp_path) -
 
 def test_notes_follow_the_result_also_when_stdout_is_a_buffered_file(tmp_path) -> None:
     script = (
-        "from tokcap.flows.cli_output import print_notes; print('result'); print_notes(['note: x'])"
+        "from tokcap.flows.cli.output import print_notes; print('result'); print_notes(['note: x'])"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     with open(tmp_path / "out", "w") as out:

@@ -21,7 +21,7 @@ import pytest
 from capture_core.run.run_layout import LedgerLine
 from capture_core.store import TokenCaptureStore
 from tests.support.pipeline_helpers import REPO, make_batch, write_rollouts
-from tokcap.flows.cli import build_parser
+from tokcap.flows.cli.arguments import build_parser
 
 ROOT = Path(REPO)
 DOCS = [

@@ -18,7 +18,7 @@ from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from tests.support.pipeline_helpers import dest_records, make_batch, rollout_ids, write_rollouts
 from tests.support.reliability_figures import record_case
-from tokcap.flows.cli_checks import known_run
+from tokcap.flows.cli.checks import known_run
 from tokcap.flows.finalize import RunFailedError, finalize_run
 
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]

@@ -1,7 +1,7 @@
 """`tokcap runs`: a destination's runs, newest first, one line each (`run_index`).
 
 It reads the destination only (each run's manifest and summary), never Prefect; the rest
-of the CLI is flows/cli.py, which imports this module.
+of the CLI (`tokcap.flows.cli`) imports this module.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from tokcap.flows.cli_checks import check_dest, non_negative_int
+from tokcap.flows.cli.checks import check_dest, non_negative_int
 
 DEFAULT_LIMIT = 50
 

@@ -11,7 +11,7 @@ from typing import Any
 from capture_core.run.capture_source import is_class_spec
 from capture_core.run.run_outcome import mask_rate_line, outcome_line, reason_lines
 from capture_core.run.run_report import plural, stopped_counts, tokcap_command, trace_counts
-from tokcap.flows.cli_checks import status_of_run
+from tokcap.flows.cli.checks import status_of_run
 from tokcap.flows.runners import script
 
 MAX_FAILURE_LINES = 20

@@ -16,7 +16,8 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TextIO
 
 from tokcap.flows.progress import PROGRESS_FIELD, PROGRESS_LOGGER
@@ -79,42 +80,30 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
-class _ShowProgress(logging.Handler):
-    """On `tokcap.progress`: shows each progress line."""
+class _Calls(logging.Handler):
+    """A logging handler that hands each record to one function."""
 
-    def __init__(self, line: ProgressLine) -> None:
-        super().__init__(logging.INFO)
-        self.line = line
+    def __init__(self, call: Callable[[logging.LogRecord], object], level: int) -> None:
+        super().__init__(level)
+        self.call = call
 
     def emit(self, record: logging.LogRecord) -> None:
-        progress = getattr(record, PROGRESS_FIELD, None)
-        self.line.show(record.getMessage(), last=bool(progress and progress.finished))
+        self.call(record)
 
 
-class _LeaveOutBatchLines(logging.Filter):
+def _show(line: ProgressLine, record: logging.LogRecord) -> None:
+    """On `tokcap.progress`: shows each progress line."""
+    progress = getattr(record, PROGRESS_FIELD, None)
+    line.show(record.getMessage(), last=bool(progress and progress.finished))
+
+
+def _leave_out_batch_lines(line: ProgressLine, record: logging.LogRecord) -> bool:
     """On the console handlers: drops per-batch INFO lines, clears the progress line before
     any other line."""
-
-    def __init__(self, line: ProgressLine) -> None:
-        super().__init__()
-        self.line = line
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno == logging.INFO and BATCH_LINE.match(str(record.getMessage())):
-            return False
-        self.line.clear()
-        return True
-
-
-class _Redraw(logging.Handler):
-    """On the root logger, after the console: draws the progress line again."""
-
-    def __init__(self, line: ProgressLine) -> None:
-        super().__init__(logging.NOTSET)
-        self.line = line
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.line.redraw()
+    if record.levelno == logging.INFO and BATCH_LINE.match(str(record.getMessage())):
+        return False
+    line.clear()
+    return True
 
 
 @contextlib.contextmanager
@@ -128,7 +117,9 @@ def progress_console(enabled: bool = True, stream: TextIO | None = None) -> Iter
     line = ProgressLine(stream or sys.stderr)
     root, progress = logging.getLogger(), logging.getLogger(PROGRESS_LOGGER)
     consoles = [h for h in root.handlers if isinstance(h, PrefectConsoleHandler)]
-    leave_out, redraw, show = _LeaveOutBatchLines(line), _Redraw(line), _ShowProgress(line)
+    leave_out = partial(_leave_out_batch_lines, line)
+    redraw = _Calls(lambda _: line.redraw(), logging.NOTSET)  # on the root, after the console
+    show = _Calls(partial(_show, line), logging.INFO)
     saved = (progress.level, progress.propagate)
     for handler in consoles:
         handler.addFilter(leave_out)

@@ -1,7 +1,7 @@
 """`tokcap make-inputs`: write seeded captures and rollout files, then say what to run next.
 
 It needs no Prefect server. Its locations are checked here (the store and the folder may
-be new); the rest of the CLI is flows/cli.py, which imports this module.
+be new); the rest of the CLI (`tokcap.flows.cli`) imports this module.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.run.capture_source import check_separate_locations, is_class_spec
 from capture_core.run.run_report import plural
 from capture_core.storage import open_byte_store
-from tokcap.flows.cli_checks import (
+from tokcap.flows.cli.checks import (
     UsageError,
     absolute,
     check_location,

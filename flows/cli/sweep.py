@@ -1,4 +1,4 @@
-"""`tokcap sweep`: its arguments and its command; the rest of the CLI is flows/cli.py."""
+"""`tokcap sweep`: its arguments and its command; the rest of the CLI is `tokcap.flows.cli`."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def cmd_sweep(
 ) -> int:
     """Run the sweep flow through the CLI's `run_flow` and print how many tombstones went.
 
-    `run_flow` and `flow_options` come from flows/cli.py, which imports this module.
+    `run_flow` and `flow_options` come from `tokcap.flows.cli.main`, which imports this module.
     """
     from tokcap.flows.sweep import sweep_retired_captures  # imports Prefect: not at CLI start
 

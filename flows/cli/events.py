@@ -1,5 +1,5 @@
-"""`tokcap submit` and `tokcap automations`: the event path's commands; the rest of the CLI
-is flows/cli.py, which imports this module.
+"""`tokcap submit` and `tokcap automations`: the event path's commands; the rest of the
+CLI (`tokcap.flows.cli`) imports this module.
 
 Both talk to the server named by `PREFECT_API_URL`, never to a temporary one: an event or
 an automation on a server that stops with the command would reach no worker.
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tokcap.flows.cli_checks import UsageError, absolute, positive_int
+from tokcap.flows.cli.checks import UsageError, absolute, positive_int
 
 NOT_ANNOUNCED = "the inbox deployment's scheduled pass finalizes it"
 NOT_ANNOUNCED_EXIT = 3

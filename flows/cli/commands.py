@@ -1,0 +1,121 @@
+"""What each `tokcap` command does once its arguments are checked: run its flow, print.
+
+A command returns its exit status; failures raise, and `tokcap.flows.cli.main` prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+
+from tokcap.flows.cli.checks import status_of_run
+from tokcap.flows.cli.output import (
+    STATE_EXIT,
+    print_retired,
+    print_retriggered,
+    print_status,
+    print_summary,
+)
+from tokcap.flows.runners import run_flow
+
+FINALIZE_SETTINGS = (
+    "rollouts",
+    "store",
+    "dest",
+    "run_id",
+    "builder",
+    "delivery",
+    "batch_size",
+    "max_mask_fraction",
+    "mask_fraction_min_samples",
+    "rows",
+    "retire_after_consumer",
+)  # `finalize_run`'s parameters, each from the option of the same name
+
+
+def flow_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The storage options and store arguments every flow takes."""
+    return {"storage_options": args.options or None, "source_kwargs": args.source_kwargs or None}
+
+
+def cmd_finalize(args: argparse.Namespace) -> int:
+    from tokcap.flows.finalize import finalize_run
+    from tokcap.flows.runners import task_runner_from_spec
+
+    runner = task_runner_from_spec(args.task_runner)
+    flow = finalize_run.with_options(task_runner=runner) if runner else finalize_run
+    settings = {name: getattr(args, name) for name in FINALIZE_SETTINGS}
+    summary = run_flow(flow, **settings, **flow_options(args))
+    print_summary(summary)
+    return 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    from tokcap.flows.clear import dispatch_clear
+
+    summary = run_flow(
+        dispatch_clear, rollouts=args.rollouts, store=args.store, **flow_options(args)
+    )
+    print(f"cleared {summary.cleared} rollouts' captures ({summary.without_id} records without id)")
+    return 0
+
+
+def _run_on_run_id(flow: Any, args: argparse.Namespace) -> Any:
+    """Run a flow over an existing run: `--dest`, `--run-id` and `--store`."""
+    return run_flow(
+        flow, dest=args.dest, run_id=args.run_id, store=args.store, **flow_options(args)
+    )
+
+
+def cmd_retire(args: argparse.Namespace) -> int:
+    from tokcap.flows.finalize import retire_uploaded
+
+    print_retired(args.run_id, _run_on_run_id(retire_uploaded, args))
+    return 0
+
+
+def cmd_retrigger(args: argparse.Namespace) -> int:
+    from tokcap.flows.retrigger import retrigger_failed
+
+    report = _run_on_run_id(retrigger_failed, args)
+    print_retriggered(report)
+    return 0 if not report.still_failing else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = status_of_run(args.dest, args.run_id, args.options)
+    if args.json:
+        body = status.model_dump(include={"state", "manifest", "summary", "progress", "unreadable"})
+        body["consumers"] = [c.model_dump() for c in status.consumers]
+        print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print_status(status, args.dest, bool(args.options))
+    return STATE_EXIT[status.state]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from tokcap.flows.serve import NoSchedulerError, serve_deployments
+
+    try:
+        serve_deployments(args.inbox, args.store, args.dest, args.cron)
+    except NoSchedulerError as exc:
+        print(f"tokcap serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_deployments(args: argparse.Namespace) -> int:
+    from tokcap.flows.serve import prefect_file
+
+    path = prefect_file()
+    print(path.read_text() if args.show else path, end="" if args.show else "\n")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from tokcap.flows.demo import run_demo
+
+    return run_demo(args.workdir, args.api_url, args.demo_rollouts)
