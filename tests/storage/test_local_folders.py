@@ -18,12 +18,12 @@ import pytest
 
 from capture_core.errors import UnreadableCaptureError
 from capture_core.storage import LocalStore
-from capture_core.storage.local import _KnownFolders
+from capture_core.storage.local.folder_index import KnownFolders
 from capture_core.store import TokenCaptureStore
 
 
 def test_forgetting_a_folder_forgets_exactly_it_and_what_lies_beneath() -> None:
-    known = _KnownFolders("/root")
+    known = KnownFolders("/root")
     for folder in ("/root/r1/e", "/root/r1", "/root/r10/e", "/root/r2/e", "/root/r2/i"):
         known.add(folder)
     known.forget("/root/r1")
