@@ -16,7 +16,7 @@ import sys
 from array import array
 from collections.abc import Mapping
 from numbers import Integral
-from typing import Any, NamedTuple
+from typing import Any
 
 from pydantic import (
     BaseModel,
@@ -168,55 +168,6 @@ def check_entry_consistency(entry: TokenEntry) -> None:
         )
 
 
-# The Python type validation gives each field (`response_id` also non-empty). A field of any
-# other type is validated, never trusted: validation may convert it or refuse it by name.
-_EXACT_TYPES: dict[str, tuple[type, ...]] = {
-    "schema_version": (int,),
-    "rollout_id": (str,),
-    "model_call_id": (str,),
-    "model": (str,),
-    "prompt_token_ids": (list,),
-    "generation_token_ids": (list,),
-    "generation_log_probs": (list,),
-    "output_items": (list,),
-    "token_item_index": (int, type(None)),
-    "response_id": (str,),
-    "created_at": (float,),
-}
-_REQUIRED_FIELDS = tuple(
-    name for name, info in TokenEntry.model_fields.items() if info.is_required()
-)
-
-
-def construct_sealed_entry(fields: dict[str, Any]) -> TokenEntry | None:
-    """The `TokenEntry` of fields read from sealed bytes, built without a second pass over
-    every token; `None` when a field is not exactly what validation yields (then validate).
-
-    A seal proves the bytes are the ones a writer stored from a validated entry, so their
-    token lists already passed validation; the scalar types and the cross-field rules
-    (`check_entry_consistency`) are checked again. Never for bytes no seal covers.
-    """
-    if any(name not in fields for name in _REQUIRED_FIELDS):
-        return None
-    for name, value in fields.items():
-        kinds = _EXACT_TYPES.get(name)
-        if kinds is None:
-            if name.startswith("_"):
-                return None  # `model_construct`'s own parameter, or a name pydantic keeps
-        elif type(value) not in kinds:
-            return None
-    if "response_id" in fields and not fields["response_id"]:
-        return None
-    if any(type(item) is not dict for item in fields.get("output_items", ())):
-        return None
-    entry = TokenEntry.model_construct(set(fields), **fields)
-    try:
-        check_entry_consistency(entry)
-    except (ValueError, TypeError):
-        return None
-    return entry
-
-
 def all_finite(values: list[float]) -> bool:
     """Whether every value is a finite number that float32 holds: no NaN, no infinity, no
     magnitude above `FLOAT32_MAX` (trainer rows store float32, where it would be an
@@ -306,45 +257,6 @@ def _first_non_id(ids: Any) -> str:
         if not isinstance(value, Integral) or value > MAX_TOKEN_ID:
             return f"holds {value!r} at position {position}, which is no token id"
     return "is not a list of token ids"
-
-
-class StorableEntry(NamedTuple):
-    """An entry as a put stores it (`storable_entry`), with its prompt as it was checked."""
-
-    entry: TokenEntry
-    prompt_ids: array | None
-    """The prompt ids the check read, packed (`token_id_array`), when the entry was ours:
-    its stored digest is taken from them, so a prompt changed after the check fails its
-    digest when read (the rollout masks) instead of being stored unchecked."""
-
-
-def storable_entry(entry: Any) -> StorableEntry:
-    """The entry a put stores, validated as it is at the put, whatever happened to it before.
-
-    A `TokenEntry` of ours was validated when built, but its lists may have changed since (a
-    writer appending a -100 pad and a log prob), so every token rule is checked again: ids,
-    one finite float32 log prob per generated id (`check_token_ids`,
-    `check_entry_consistency`). The generated ids and log probs are copied first and the
-    copies are checked and stored; the prompt is read once, into `prompt_ids`. So what is
-    stored is what was checked, even if the caller changes its entry meanwhile.
-    Anything else is validated in full by `coerce_token_entry`, into lists of its own.
-    Raises `InvalidRecordError` naming the field (and the call, when it could be read).
-    """
-    if type(entry) is not TokenEntry:
-        try:
-            return StorableEntry(coerce_token_entry(entry), None)
-        except ValidationError as exc:
-            raise InvalidRecordError(describe_validation_error(exc)) from exc
-    copies = {
-        name: value.copy()
-        for name in ("generation_token_ids", "generation_log_probs")
-        if type(value := getattr(entry, name)) is list
-    }
-    record = entry.model_copy(update=copies)
-    prompt_ids = token_id_array(record.prompt_token_ids)
-    check_token_ids(record, TOKEN_ID_FIELDS if prompt_ids is None else TOKEN_ID_FIELDS[1:])
-    check_entry_consistency(record)
-    return StorableEntry(record, prompt_ids)
 
 
 def describe_validation_error(exc: ValidationError) -> str:

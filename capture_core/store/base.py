@@ -5,7 +5,8 @@ Subclasses write the blocking operations; the async forms are written once here 
 them on the process's I/O pool (`storage.io_pool`), so no caller asks which class it holds.
 `drop_each` is the batch drop of any `TokenSource`, one rollout at a time; `drop_in_phases`
 the two-phase one of a store that can take its decisions before its deletions.
-This module imports only `errors`, `records`, `protocols` and `storage.io_pool`.
+This module imports only `errors`, `records`, `protocols`, `storage.io_pool` and
+`checked_entries`.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from capture_core.protocols import (
     TokenCaptureSnapshot,
     TokenSource,
 )
-from capture_core.records import StorableEntry, TokenEntry, storable_entry
+from capture_core.records import TokenEntry
 from capture_core.storage.io_pool import map_blocking, run_blocking
+from capture_core.store.checked_entries import StorableEntry, storable_entry
 
 
 class CaptureStore(ABC):
@@ -93,7 +95,7 @@ class CaptureStore(ABC):
         """Release the backend. Safe to repeat."""
 
     def storable(self, entry: Any) -> StorableEntry:
-        """The entry a put stores, checked as it is now (`records.storable_entry`).
+        """The entry a put stores, checked as it is now (`checked_entries.storable_entry`).
 
         A refused entry is never stored. When its rollout and call can be read and the
         rollout is still open to writes, the call is first reported lost

@@ -10,15 +10,11 @@ import orjson
 from pydantic import ValidationError
 
 from capture_core.errors import CaptureStoreError, UnreadableCaptureError
-from capture_core.records import (
-    TokenEntry,
-    construct_sealed_entry,
-    describe_validation_error,
-    entry_fields,
-)
+from capture_core.records import TokenEntry, describe_validation_error, entry_fields
 from capture_core.storage import ByteStore
 from capture_core.store import compact
 from capture_core.store.capture_layout import ENTRY, INTENT, MARKER, call_key, event_key
+from capture_core.store.checked_entries import construct_sealed_entry
 from capture_core.store.prompt_rebuild import StoredEntry, parse_stored, rebuild_prompts
 from capture_core.store.stored_json import encode_json
 

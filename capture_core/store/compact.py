@@ -292,7 +292,7 @@ class Draft:
     """
 
     def __init__(self, entry: TokenEntry, call_key: str, prompt_ids: array | None = None) -> None:
-        """`prompt_ids`: the prompt as a put checked it (`records.storable_entry`); its
+        """`prompt_ids`: the prompt as a put checked it (`checked_entries.storable_entry`); its
         digest is taken from them, so a prompt changed since cannot pass its digest."""
         self.call_key = call_key
         self._prompt = entry.prompt_token_ids

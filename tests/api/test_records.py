@@ -22,14 +22,13 @@ from capture_core.records import (
     are_token_ids,
     check_entry_consistency,
     coerce_token_entry,
-    construct_sealed_entry,
     extract_token_fields,
     float32_holds,
     response_to_output_items,
-    storable_entry,
     strip_token_fields,
     token_entry_from_response,
 )
+from capture_core.store.checked_entries import construct_sealed_entry, storable_entry
 from tests.support.reliability_figures import record_case
 
 

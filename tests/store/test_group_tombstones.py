@@ -25,7 +25,7 @@ from capture_core.protocols import DECIDED, DropRequest
 from capture_core.storage import TMP_DIR, LocalStore
 from capture_core.store import TokenCaptureStore, retirement
 from capture_core.store.stored_json import encode_json
-from capture_core.store.tokcap_store import LOCAL_DECISIONS_AT_ONCE
+from capture_core.store.tokcap_removal import LOCAL_DECISIONS_AT_ONCE
 from tests.store.test_store_attacks import REPO, two_turns
 from tests.support.reliability_figures import record_case
 

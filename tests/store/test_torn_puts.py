@@ -17,7 +17,7 @@ from capture_core.consumer import trajectories_from_source
 from capture_core.errors import CaptureConflictError
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore, compact
-from capture_core.store import tokcap_store as store_module
+from capture_core.store import tokcap_writes as store_module
 from capture_core.store.capture_layout import call_key
 from tests.support.reliability_figures import record_case
 
