@@ -24,9 +24,8 @@ from capture_core.builder.terminal import (
     TerminalAttribution,
     TerminalInputs,
     TerminalMetric,
-    attribute_terminal,
-    check_strict_chain,
 )
+from capture_core.builder.terminal_witnesses import attribute_terminal, check_strict_chain
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.builder.traces import build_training_traces
 from capture_core.errors import error_text
