@@ -12,7 +12,7 @@ twice; abandoned tries trained; rollouts with a lost call trained. Every deliver
 is checked again as a consumer would (`check_envelope` against the frozen capture).
 Time, in CPU seconds of the process (the machine is shared): finalize (freeze, read, build,
 check, encode) of all rollouts per delivery, sides alternating over the repetitions; and the
-in-memory build alone (`assemble` against `assemble_traces` over the entries already read),
+in-memory build alone (`assemble` of either delivery over the entries already read),
 also alternating, with the envelope check inside it (`check_envelope` against the capture, as
 the build runs it before handoff) timed on its own as a third side, and the build per shape.
 Prints figures; asserts nothing.
@@ -36,9 +36,14 @@ from typing import Any
 import orjson
 
 from bench.ratios import alternate, alternate_sides, describe_seconds
-from capture_core.builder.snapshot import assemble, assemble_traces
+from capture_core.builder.snapshot import assemble
 from capture_core.builder.terminal import TerminalInputs
-from capture_core.builder.trace_envelope import ENVELOPE_KEY, TraceEnvelopeError, check_envelope
+from capture_core.builder.trace_envelope import (
+    ALL_TRACES,
+    ENVELOPE_KEY,
+    TraceEnvelopeError,
+    check_envelope,
+)
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.run.capture_source import clear_captures
 from capture_core.store import TokenCaptureStore
@@ -148,13 +153,15 @@ def time_sides(eps: list[Episode], store: TokenCaptureStore, repetitions: int) -
 
     def build_traces(chosen: list = pairs) -> None:
         for ep, calls, terminal in chosen:
-            assemble_traces(ep.rollout_id, calls, "prefix_merging", terminal)
+            assemble(ep.rollout_id, calls, "prefix_merging", "", terminal, delivery=ALL_TRACES)
 
     built = [
         (ep.rollout_id, result.training_traces, {c.model_call_id: c for c in calls})
         for ep, calls, terminal in pairs
         if (
-            result := assemble_traces(ep.rollout_id, calls, "prefix_merging", terminal)
+            result := assemble(
+                ep.rollout_id, calls, "prefix_merging", "", terminal, delivery=ALL_TRACES
+            )
         ).training_traces
     ]
 

@@ -106,6 +106,15 @@ class CallForest:
         """The index of the call with this id (the last one, should ids repeat), or `None`."""
         return self._position.get(call_id)
 
+    def descendants(self, root: int) -> list[int]:
+        """`root`'s descendants, without `root`, without recursion."""
+        found, todo = [], list(self.children.get(root, ()))
+        while todo:
+            node = todo.pop()
+            found.append(node)
+            todo.extend(self.children.get(node, ()))
+        return found
+
     def path_to(self, i: int) -> list[int]:
         """The calls from `i`'s root down to `i`, without recursion."""
         path = [i]

@@ -4,7 +4,7 @@ NeMo Gym 0.7.0's writer stamps each entry with `parent_call_id`, `parent_resolut
 (`root`, `resolved`, `unresolved`), `cum_len` and `digest`; they arrive as extra fields.
 A recorded parent is used only when the tokens confirm it; a contradiction is ambiguity.
 Records without these fields get their parent from the tokens alone.
-This module imports only `records` and `terminal`.
+This module imports only `identical_calls` and `records`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from capture_core.builder.terminal import collapse_identical, same_sequence
+from capture_core.builder.identical_calls import collapse_identical, same_sequence
 from capture_core.records import TokenEntry
 
 AMBIGUOUS = object()

@@ -15,12 +15,8 @@ from collections.abc import Iterable
 
 from capture_core.builder.chain import BuildNotes, BuildOutput, Chain, ChainLink
 from capture_core.builder.forest import CallForest, call_order, link_chain, main_first
-from capture_core.builder.terminal import (
-    CHAIN_BROKEN,
-    CHAIN_DELIVERED,
-    CHAIN_NOT_CAPTURED,
-    collapse_identical,
-)
+from capture_core.builder.identical_calls import collapse_identical
+from capture_core.builder.terminal import CHAIN_BROKEN, CHAIN_DELIVERED, CHAIN_NOT_CAPTURED
 from capture_core.errors import InvalidInputError, WrongTypeError
 from capture_core.records import TokenEntry
 

@@ -24,9 +24,8 @@ from capture_core.builder.terminal import (
     TerminalAttribution,
     TerminalInputs,
     TerminalMetric,
-    attribute_terminal,
-    check_strict_chain,
 )
+from capture_core.builder.terminal_witnesses import attribute_terminal, check_strict_chain
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.builder.traces import build_training_traces
 from capture_core.errors import error_text
@@ -57,13 +56,21 @@ def assemble(
     builder: str,
     model: str,
     terminal: TerminalInputs | None = None,
+    *,
+    delivery: str = MAIN_CHAIN,
+    one_attempt: bool = True,
 ) -> BuildResult:
-    """Build and project one rollout's entries; any failure is a failed (masked) build.
+    """The in-memory build of one rollout's entries for `delivery`; a failure is a failed
+    (masked) build, never an exception.
 
-    An attributed terminal anchors the build and decides the mask: delivered or masked,
-    never the strict policy. Unattributed, the strict single-chain policy applies; a
-    declared terminal that could not be attributed, or contradicting witnesses, mask.
+    `main_chain` builds and projects the main chain. An attributed terminal anchors it and
+    decides the mask: delivered or masked, never the strict policy. Unattributed, the strict
+    single-chain policy applies; a declared terminal that could not be attributed, or
+    contradicting witnesses, mask. Any other delivery builds the `all_traces` envelope;
+    `one_attempt` says the capture shows it holds one attempt (see `build_training_traces`).
     """
+    if delivery != MAIN_CHAIN:
+        return _assemble_traces(rollout_id, entries, builder, terminal, one_attempt)
     if builder == "per_request":
         return BuildResult.failed(rollout_id, builder, PER_REQUEST_ERROR, n_calls=len(entries))
     progress = _Progress()
@@ -194,18 +201,10 @@ def _undeliverable(attribution: TerminalAttribution, chain: str) -> str:
     )
 
 
-def assemble_traces(
-    rollout_id: str,
-    entries: list,
-    builder: str,
-    terminal: TerminalInputs | None = None,
-    *,
-    one_attempt: bool = True,
+def _assemble_traces(
+    rollout_id: str, entries: list, builder: str, terminal: TerminalInputs | None, one_attempt: bool
 ) -> BuildResult:
-    """The `all_traces` build of one rollout's entries; any failure is a failed (masked) build.
-
-    `one_attempt`: the capture shows it holds one attempt (see `build_training_traces`).
-    """
+    """The `all_traces` build of `assemble`; `one_attempt`: the capture holds one attempt."""
     try:
         built = build_training_traces(
             rollout_id, entries, builder, terminal, one_attempt=one_attempt
@@ -251,10 +250,10 @@ def build_from_snapshot(
     if not entries:
         error = incomplete_reason(reasons) if incomplete else EMPTY_CAPTURE_ERROR
         built = BuildResult.failed(rollout_id, builder, error)
-    elif delivery == MAIN_CHAIN:
-        built = assemble(rollout_id, entries, builder, model, terminal)
     else:
-        built = assemble_traces(rollout_id, entries, builder, terminal, one_attempt=marked)
+        built = assemble(
+            rollout_id, entries, builder, model, terminal, delivery=delivery, one_attempt=marked
+        )
     return built.of_snapshot(identity, incomplete, reasons)
 
 

@@ -8,8 +8,9 @@ The finished record carries a scored response whose `id` and model-authored item
 the terminal call, shaped as different harnesses return it (merged transcript, final turn,
 chat dialect, with or without the served id), and sometimes an explicit or declared terminal.
 With `parent_fields` every entry carries the writer-recorded parent of NeMo Gym 0.7.0.
-Everything is deterministic for a seed. This module imports only `capture_core.records` and
-`capture_core.testing.synthetic` (the vocabulary size).
+Everything is deterministic for a seed. This module imports only `capture_core.records`,
+`capture_core.testing.seeded_writer` (the calls' entries) and `capture_core.testing.synthetic`
+(the vocabulary size).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capture_core.records import TokenEntry
+from capture_core.testing.seeded_writer import SeededWriter, assistant_message
 from capture_core.testing.synthetic import VOCAB
 
 
@@ -72,20 +74,16 @@ def _digest(tokens: list[int]) -> str:
     return hashlib.sha256(array("q", tokens).tobytes()).hexdigest()
 
 
-class _Session:
+class _Session(SeededWriter):
     """Serves calls for one rollout and records them as a model server's writer would."""
 
     def __init__(self, rollout_id: str, rng: random.Random, parent_fields: bool) -> None:
-        self.rollout_id, self.rng, self.parent_fields = rollout_id, rng, parent_fields
-        self.entries: list[TokenEntry] = []
-        self.clock = 1_000.0
+        super().__init__(rollout_id, rng)
+        self.parent_fields = parent_fields
         self.submit_output = 0.0
 
     def tokens(self, n: int) -> list[int]:
         return self.rng.choices(range(VOCAB), k=n)
-
-    def words(self, label: str) -> str:
-        return f"{label} {self.rng.getrandbits(48):012x}"
 
     def serve(
         self,
@@ -96,13 +94,9 @@ class _Session:
         like: TokenEntry | None = None,
     ) -> TokenEntry:
         """One served call; `like` makes an identical retry (same tokens, new served id)."""
-        self.clock += self.rng.uniform(0.5, 3.0)
+        self.tick()
         gen = list(like.generation_token_ids) if like else self.tokens(self.rng.randint(8, 40))
-        lps = (
-            list(like.generation_log_probs)
-            if like
-            else [-round(self.rng.random() * 4, 5) for _ in gen]
-        )
+        lps = list(like.generation_log_probs) if like else self.log_probs(gen)
         items = [dict(i) for i in (like.output_items if like else items)]
         extra: dict[str, Any] = {}
         if self.parent_fields:
@@ -112,29 +106,7 @@ class _Session:
                 "cum_len": len(prompt) + len(gen),
                 "digest": _digest(prompt + gen),
             }
-        entry = TokenEntry(
-            rollout_id=self.rollout_id,
-            model_call_id=f"call-{self.rng.getrandbits(40):010x}",
-            model="policy",
-            prompt_token_ids=prompt,
-            generation_token_ids=gen,
-            generation_log_probs=lps,
-            output_items=items,
-            token_item_index=len(items) - 1,
-            created_at=self.clock,
-            response_id=f"resp_{self.rng.getrandbits(64):016x}",
-            **extra,
-        )
-        self.entries.append(entry)
-        return entry
-
-
-def _message(text: str) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text}],
-    }
+        return self.record(self.call_id(), prompt, gen, lps, items, **extra)
 
 
 def _tool_call(session: _Session, name: str) -> dict[str, Any]:
@@ -149,12 +121,12 @@ def _tool_call(session: _Session, name: str) -> dict[str, Any]:
 
 def _turn_items(session: _Session, final: bool) -> list[dict[str, Any]]:
     if final and session.rng.random() < 0.3:
-        return [_message(session.words("done")), _tool_call(session, "submit")]
+        return [assistant_message(session.words("done")), _tool_call(session, "submit")]
     if final:
-        return [_message(session.words("answer"))]
+        return [assistant_message(session.words("answer"))]
     items = [_tool_call(session, session.rng.choice(["search", "read", "run"]))]
     if session.rng.random() < 0.5:
-        items.insert(0, _message(session.words("thinking")))
+        items.insert(0, assistant_message(session.words("thinking")))
     if session.rng.random() < 0.3:
         items.insert(0, {"type": "reasoning", "summary": []})
     return items
@@ -184,13 +156,13 @@ def _subagent(session: _Session, base: TokenEntry) -> None:
     parent = base
     prompt = base.prompt_token_ids + base.generation_token_ids + session.tokens(12)
     for _ in range(session.rng.randint(1, 3)):
-        parent = session.serve(prompt, parent, [_message(session.words("sub-agent"))])
+        parent = session.serve(prompt, parent, [assistant_message(session.words("sub-agent"))])
         prompt = prompt + parent.generation_token_ids + session.tokens(session.rng.randint(5, 30))
 
 
 def _auxiliary(session: _Session, label: str) -> None:
     session.serve(
-        session.tokens(session.rng.randint(20, 80)), None, [_message(session.words(label))]
+        session.tokens(session.rng.randint(20, 80)), None, [assistant_message(session.words(label))]
     )
 
 
@@ -212,7 +184,7 @@ def _continuation(session: _Session, terminal: TokenEntry) -> None:
     """A later call on the scored conversation's whole context: it extends the terminal."""
     prompt = terminal.prompt_token_ids + terminal.generation_token_ids + session.tokens(15)
     label = session.rng.choice(["summary", "memory"])
-    session.serve(prompt, terminal, [_message(session.words(label))])
+    session.serve(prompt, terminal, [assistant_message(session.words(label))])
 
 
 def _main_chain(session: _Session, mix: CaptureMix, shapes: list[str]) -> list[TokenEntry]:

@@ -8,8 +8,9 @@ resolved retry), `abandoned` (a final call retried, the scored try named by its 
 and `lost` (a call whose intent never completed: nothing of the rollout may train).
 Each episode knows which calls the policy sampled for the episode (`used`) and which are
 abandoned tries. Everything is deterministic for a seed.
-This module imports only `capture_core.records` and `capture_core.run.capture_source`
-(the dispatch-time clear).
+This module imports only `capture_core.records`, `capture_core.run.capture_source` (the
+dispatch-time clear), `capture_core.testing.seeded_writer` (the calls' entries) and
+`capture_core.testing.synthetic` (the vocabulary size).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Any
 
 from capture_core.records import TokenEntry
 from capture_core.run.capture_source import clear_captures
+from capture_core.testing.seeded_writer import SeededWriter, assistant_message
+from capture_core.testing.synthetic import VOCAB
 
 SHAPES = ("thinking", "compaction", "subagent", "fork", "parallel", "plain", "abandoned", "lost")
-VOCAB = 151_000
 
 
 @dataclass
@@ -50,44 +52,25 @@ class Episode:
         )
 
 
-class _Writer:
+class _Writer(SeededWriter):
     """Serves calls of one episode and records them as a model server's writer would."""
 
     def __init__(self, rollout_id: str, rng: random.Random, scale: int) -> None:
-        self.rollout_id, self.rng, self.scale = rollout_id, rng, scale
-        self.entries: list[TokenEntry] = []
-        self.clock = 1_000.0
+        super().__init__(rollout_id, rng)
+        self.scale = scale
 
     def tokens(self, low: int, high: int) -> list[int]:
         return self.rng.choices(range(VOCAB), k=self.rng.randint(low, high) * self.scale)
 
     def serve(self, prompt: list[int], generation: list[int], text: str) -> TokenEntry:
-        self.clock += self.rng.uniform(0.5, 3.0)
-        entry = TokenEntry(
-            rollout_id=self.rollout_id,
-            model_call_id=f"call-{self.rng.getrandbits(40):010x}",
-            model="policy",
-            prompt_token_ids=prompt,
-            generation_token_ids=generation,
-            generation_log_probs=[-round(self.rng.random() * 4, 5) for _ in generation],
-            output_items=[_message(f"{text} {self.rng.getrandbits(48):012x}")],
-            token_item_index=0,
-            created_at=self.clock,
-            response_id=f"resp_{self.rng.getrandbits(64):016x}",
-        )
-        self.entries.append(entry)
-        return entry
+        self.tick()
+        call_id = self.call_id()  # drawn before the log probs and the text, as ever
+        log_probs = self.log_probs(generation)
+        items = [assistant_message(self.words(text))]
+        return self.record(call_id, prompt, generation, log_probs, items)
 
     def turn(self, prompt: list[int], text: str = "turn") -> TokenEntry:
         return self.serve(prompt, self.tokens(8, 40), text)
-
-
-def _message(text: str) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text}],
-    }
 
 
 def _chain(w: _Writer, prompt: list[int], turns: int) -> list[TokenEntry]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from capture_core.builder import prefix_merging, project_main_chain_response
-from capture_core.builder.terminal import TerminalInputs, attribute_terminal
+from capture_core.builder.terminal import TerminalInputs
+from capture_core.builder.terminal_witnesses import attribute_terminal
 from capture_core.testing.agent_captures import (
     agent_rollout,
     agent_rollouts,

@@ -14,16 +14,10 @@ from decimal import Decimal
 
 import pytest
 
+from capture_core.builder.retry_groups import ABANDONED_TRY, ON_ABANDONED_TRY, UNSETTLED_TRY
 from capture_core.builder.terminal import TerminalInputs
 from capture_core.builder.trace_envelope import TraceEnvelopeError, check_envelope, owned_calls
-from capture_core.builder.traces import (
-    ABANDONED_TRY,
-    AFTER_SCORED,
-    IDENTICAL_DUPLICATE,
-    ON_ABANDONED_TRY,
-    UNSETTLED_TRY,
-    build_training_traces,
-)
+from capture_core.builder.traces import AFTER_SCORED, IDENTICAL_DUPLICATE, build_training_traces
 from capture_core.config import TokenIdCaptureConfig
 from capture_core.records import FLOAT32_MAX
 from capture_core.testing.trace_shapes import SHAPES, episode

@@ -6,7 +6,8 @@ later call extending one retry); a tie that evidence cannot break is ambiguous, 
 
 from __future__ import annotations
 
-from capture_core.builder.terminal import abstention_reasons, entry_fingerprint, path_items
+from capture_core.builder.call_content import entry_fingerprint, path_items
+from capture_core.builder.terminal import abstention_reasons
 from tests.builder.terminal.test_witnesses import attribute, call, message, tool_call, tool_result
 
 

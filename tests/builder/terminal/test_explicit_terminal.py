@@ -13,7 +13,8 @@ import asyncio
 import pytest
 
 from capture_core.builder.build_result import TOKEN_CAPTURE_KEY
-from capture_core.builder.terminal import TERMINAL_CALL_KEY, TerminalInputs, attribute_terminal
+from capture_core.builder.terminal import TERMINAL_CALL_KEY, TerminalInputs
+from capture_core.builder.terminal_witnesses import attribute_terminal
 from capture_core.delivery import (
     capture_build_can_retire,
     finalize_rollout_token_capture,

@@ -13,8 +13,8 @@ from capture_core.builder.terminal import (
     STRICT_CONTRADICTED,
     TerminalInputs,
     blocking_reason,
-    check_strict_chain,
 )
+from capture_core.builder.terminal_witnesses import check_strict_chain
 from capture_core.consumer import trajectories_from_source
 from capture_core.delivery import finalize_rollout_token_capture, mask_reason
 from capture_core.records import TokenEntry

@@ -7,15 +7,10 @@ from typing import Any
 
 import pytest
 
-from capture_core.builder.terminal import (
-    ContentReader,
-    TerminalInputs,
-    abstention_reasons,
-    attribute_terminal,
-    blocking_reason,
-    entry_fingerprint,
-    transcript_readings,
-)
+from capture_core.builder.call_content import ContentReader, entry_fingerprint
+from capture_core.builder.terminal import TerminalInputs, abstention_reasons, blocking_reason
+from capture_core.builder.terminal_witnesses import attribute_terminal
+from capture_core.builder.transcript import transcript_readings
 from capture_core.records import TokenEntry, token_entry_from_response
 from tests.support.token_calls import token_call
 
