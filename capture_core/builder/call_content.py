@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from capture_core.builder.transcript import own_items, transcript_readings
-from capture_core.records import TokenEntry, response_items
+from capture_core.records import TokenEntry
+from capture_core.records.served import response_items
 
 
 class ContentReader:

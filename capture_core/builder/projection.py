@@ -13,7 +13,8 @@ from typing import Any
 
 from capture_core.builder.chain import BuildOutput, Chain
 from capture_core.errors import InvalidRecordError, PrefixContiguityError, WrongTypeError
-from capture_core.records import TOKEN_FIELDS, TokenEntry
+from capture_core.records import TokenEntry
+from capture_core.records.token_values import TOKEN_FIELDS
 
 TOKEN_ONLY_ITEM = {"type": "message"}
 

@@ -29,7 +29,8 @@ from capture_core.builder.terminal import (
     nonempty_str,
 )
 from capture_core.builder.transcript import ends_in_silent_turn, transcript_readings
-from capture_core.records import TokenEntry, response_items
+from capture_core.records import TokenEntry
+from capture_core.records.served import response_items
 
 logger = logging.getLogger(__name__)
 

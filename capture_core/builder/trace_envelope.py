@@ -17,7 +17,8 @@ import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from capture_core.records import TokenEntry, all_finite, are_token_ids, float32_holds
+from capture_core.records import TokenEntry
+from capture_core.records.token_values import all_finite, are_token_ids, float32_holds
 
 SCHEMA_VERSION = 1
 ENVELOPE_KEY = "training_traces"

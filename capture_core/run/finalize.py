@@ -30,7 +30,9 @@ from capture_core.builder.trace_envelope import DELIVERIES, ENVELOPE_KEY, MAIN_C
 from capture_core.errors import InvalidRecordError, error_text
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenSource
-from capture_core.records import TOKEN_FIELDS, check_response_token_arrays, response_items
+from capture_core.records import check_response_token_arrays
+from capture_core.records.served import response_items
+from capture_core.records.token_values import TOKEN_FIELDS
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from capture_core.builder.build_result import MASK_SAMPLE_KEY
 from capture_core.errors import InvalidInputError, InvalidRecordError
 from capture_core.ids import maybe_rollout_id_from_run_body
-from capture_core.records import response_items
+from capture_core.records.served import response_items
 from capture_core.run.run_layout import ROW_FORMATS
 
 MAIN_CHAIN = "main_chain"
@@ -173,7 +173,7 @@ def _refuse_non_finite(
 ) -> None:
     """Refuse a row holding a log prob that is not finite as float32: at a trained position
     it would poison the loss (a value beyond float32's range became an infinity), and
-    elsewhere a row holds 0. Captures refuse such values (`records.all_finite`), so this
+    elsewhere a row holds 0. Captures refuse such values (`records.token_values.all_finite`), so this
     guards what reached the rows some other way: the row is never written."""
     finite = np.isfinite(logprobs)
     if finite.all():

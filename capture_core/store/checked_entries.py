@@ -16,14 +16,13 @@ from pydantic import ValidationError
 
 from capture_core.errors import InvalidRecordError
 from capture_core.records import (
-    TOKEN_ID_FIELDS,
     TokenEntry,
     check_entry_consistency,
     check_token_ids,
     coerce_token_entry,
     describe_validation_error,
-    token_id_array,
 )
+from capture_core.records.token_values import TOKEN_ID_FIELDS, token_id_array
 
 # The Python type validation gives each field (`response_id` also non-empty). A field of any
 # other type is validated, never trusted: validation may convert it or refuse it by name.

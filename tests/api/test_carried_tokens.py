@@ -23,7 +23,9 @@ from capture_core.delivery import (
     retire_rollout_token_capture,
     rollout_carries_token_ids,
 )
-from capture_core.records import TOKEN_FIELDS, check_response_token_arrays, response_items
+from capture_core.records import check_response_token_arrays
+from capture_core.records.served import response_items
+from capture_core.records.token_values import TOKEN_FIELDS
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.support.reliability_figures import record_case

@@ -13,20 +13,22 @@ from pydantic import ValidationError
 
 from capture_core.errors import InvalidRecordError
 from capture_core.records import (
-    FLOAT32_MAX,
-    MAX_TOKEN_ID,
     TOKEN_ENTRY_RECORD_SCHEMA_VERSION,
-    TOKEN_FIELDS,
     TokenEntry,
-    all_finite,
-    are_token_ids,
     check_entry_consistency,
     coerce_token_entry,
     extract_token_fields,
-    float32_holds,
     response_to_output_items,
     strip_token_fields,
     token_entry_from_response,
+)
+from capture_core.records.token_values import (
+    FLOAT32_MAX,
+    MAX_TOKEN_ID,
+    TOKEN_FIELDS,
+    all_finite,
+    are_token_ids,
+    float32_holds,
 )
 from capture_core.store.checked_entries import construct_sealed_entry, storable_entry
 from tests.support.reliability_figures import record_case

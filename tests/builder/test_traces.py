@@ -19,7 +19,7 @@ from capture_core.builder.terminal import TerminalInputs
 from capture_core.builder.trace_envelope import TraceEnvelopeError, check_envelope, owned_calls
 from capture_core.builder.traces import AFTER_SCORED, IDENTICAL_DUPLICATE, build_training_traces
 from capture_core.config import TokenIdCaptureConfig
-from capture_core.records import FLOAT32_MAX
+from capture_core.records.token_values import FLOAT32_MAX
 from capture_core.testing.trace_shapes import SHAPES, episode
 from tests.support.token_calls import DEEP_TURNS, deep_rollout, shallow_stack, token_call
 

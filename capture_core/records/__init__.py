@@ -4,18 +4,15 @@ A `TokenEntry` holds one model call's exact prompt ids, generated ids and log pr
 Its field names and meaning match NeMo Gym's `TokenEntry`, so either side reads the other.
 Readers refuse records whose schema version is newer than theirs.
 Unknown extra fields are kept and round-trip unchanged.
-This module also extracts token arrays from served Responses and Chat Completions payloads.
+The package's modules: `token_values` (what a token id and a storable log prob are),
+`served` (token arrays in served payloads). This module holds the record itself and the
+public names NeMo Gym's `token_id_capture` records module has.
 It does not import the store, the builder or Prefect.
 """
 
 from __future__ import annotations
 
-import math
-import struct
-import sys
-from array import array
 from collections.abc import Mapping
-from numbers import Integral
 from typing import Any
 
 from pydantic import (
@@ -28,18 +25,26 @@ from pydantic import (
 )
 
 from capture_core.errors import InvalidRecordError, WrongTypeError
+from capture_core.records.served import (
+    carries_tokens,
+    extract_token_fields,
+    response_items,
+    response_to_output_items,
+    strip_token_fields,
+)
+from capture_core.records.token_values import (
+    MAX_TOKEN_ID,
+    TOKEN_FIELDS,
+    TOKEN_ID_FIELDS,
+    all_finite,
+    are_token_ids,
+    first_non_id,
+)
 
 # Schema changelog (older versions are read; newer ones are refused):
 #   0: NeMo Gym's pre-release records, same fields and meaning.
 #   1: first version (prompt, generation, log probs, optional routed experts, content items).
 TOKEN_ENTRY_RECORD_SCHEMA_VERSION = 1
-
-REQUIRED_TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
-TOKEN_FIELDS = (*REQUIRED_TOKEN_FIELDS, "routed_experts")
-TOKEN_ID_FIELDS = ("prompt_token_ids", "generation_token_ids")
-FLOAT32_MAX = 3.4028234663852886e38
-"""The largest magnitude a float32 holds. Trainer rows store log probs as float32, so a log
-prob beyond it would become an infinity there: it is no finite log prob."""
 
 
 class TokenEntry(BaseModel):
@@ -168,72 +173,6 @@ def check_entry_consistency(entry: TokenEntry) -> None:
         )
 
 
-def all_finite(values: list[float]) -> bool:
-    """Whether every value is a finite number that float32 holds: no NaN, no infinity, no
-    magnitude above `FLOAT32_MAX` (trainer rows store float32, where it would be an
-    infinity), no integer beyond any float. A value too small for float32 becomes 0 or a
-    subnormal there, a log prob of about 0 either way: it is finite.
-
-    Two C passes: a NaN or infinity makes the sum non-finite (the sum is a float from its
-    start, so integers too large for a float cannot cancel out unseen; a sum that overflows
-    holds a value beyond float32), then packing as float32 refuses a finite value it would
-    turn into an infinity. A value that is neither a float nor an integer (`None`, a string,
-    a `Decimal`) raises `TypeError`."""
-    try:
-        if not math.isfinite(sum(values, 0.0)):
-            return False
-    except OverflowError:
-        return False  # an integer beyond any float, or finite values beyond float32
-    return float32_holds(values)
-
-
-def float32_holds(values: list[float]) -> bool:
-    """Whether float32 holds every one of these finite numbers without turning it into an
-    infinity (one C pass: packing refuses a value that would overflow, as float32 rounds)."""
-    try:
-        struct.pack(f"<{len(values)}f", *values)
-    except (OverflowError, struct.error):
-        return False
-    return True
-
-
-MAX_TOKEN_ID = 2**63 - 1
-"""The largest token id: trainer rows hold ids as int64."""
-_SIGN_BYTE = 7 if sys.byteorder == "little" else 0
-
-
-def token_id_array(values: Any) -> array | None:
-    """A list of ids from 0 to `MAX_TOKEN_ID` as 64-bit integers, packed in one C pass that
-    refuses anything else (a float, a string, `None`, a negative id: the array is unsigned,
-    which packs about four times faster than a signed one), then one pass over each id's top
-    byte for an id beyond int64; else `None`."""
-    if not isinstance(values, list):
-        return None
-    packed = array("Q")
-    try:
-        packed.fromlist(values)
-    except (TypeError, OverflowError):
-        return None
-    if not packed.tobytes()[_SIGN_BYTE::8].isascii():
-        return None  # a top bit is set: an id beyond int64
-    return packed
-
-
-def are_token_ids(values: Any) -> bool:
-    """Whether `values` is a list of token ids: integers from 0 to `MAX_TOKEN_ID` (ids index
-    the vocabulary; trainer rows hold them as int64).
-
-    One C pass (`token_id_array`) decides every list of plain ids; only a list it refuses is
-    read value by value, for the integers it cannot pack (NumPy's unsigned ones). `bool` and
-    NumPy integers count as the integers they are, as validation reads them.
-    """
-    if token_id_array(values) is not None:
-        return True
-    return isinstance(values, list) and all(
-        isinstance(value, Integral) and 0 <= value <= MAX_TOKEN_ID for value in values
-    )
-
-
 def check_token_ids(entry: TokenEntry, fields: tuple[str, ...] = TOKEN_ID_FIELDS) -> None:
     """Refuse, by call and field, a prompt or generation that is not a list of token ids."""
     for field in fields:
@@ -241,22 +180,10 @@ def check_token_ids(entry: TokenEntry, fields: tuple[str, ...] = TOKEN_ID_FIELDS
         if are_token_ids(ids):
             continue
         raise InvalidRecordError(
-            f"call {entry.model_call_id!r}: {field} {_first_non_id(ids)}; token ids index the "
+            f"call {entry.model_call_id!r}: {field} {first_non_id(ids)}; token ids index the "
             "vocabulary, so store exactly the ids the model server returned (integers 0 or "
             "more), never pads such as -100 (the trainer pads, where the loss mask is 0)"
         )
-
-
-def _first_non_id(ids: Any) -> str:
-    """What is wrong with a value that is not a list of token ids, for an error message."""
-    if not isinstance(ids, list):
-        return f"is a {type(ids).__name__}, not a list of token ids"
-    for position, value in enumerate(ids):
-        if isinstance(value, Integral) and value < 0:
-            return f"holds {value!r} at position {position}, a negative id"
-        if not isinstance(value, Integral) or value > MAX_TOKEN_ID:
-            return f"holds {value!r} at position {position}, which is no token id"
-    return "is not a list of token ids"
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -278,7 +205,7 @@ def check_response_token_arrays(response: Mapping[str, Any]) -> None:
     bad item.
     """
     for index, item in enumerate(response_items(response)):
-        if not _carries_tokens(item):
+        if not carries_tokens(item):
             continue
         arrays = {field: item.get(field) for field in TOKEN_FIELDS}
         try:
@@ -311,96 +238,6 @@ def coerce_token_entry(entry: Any) -> TokenEntry:
 def entry_fields(entry: TokenEntry) -> dict[str, Any]:
     """Every field of an entry, extras included, without copying the token lists."""
     return {**entry.__dict__, **(entry.__pydantic_extra__ or {})}
-
-
-def response_items(response: Mapping[str, Any]) -> list[Any]:
-    """The items that may carry token arrays: Responses `output` or Chat `choices[*].message`."""
-    if isinstance(response.get("output"), list):
-        return list(response["output"])
-    if isinstance(response.get("choices"), list):
-        return [c.get("message") if isinstance(c, Mapping) else None for c in response["choices"]]
-    return []
-
-
-def _carries_tokens(item: Any) -> bool:
-    """Whether an item carries token arrays: any required array present and not null."""
-    return isinstance(item, Mapping) and any(
-        item.get(field) is not None for field in REQUIRED_TOKEN_FIELDS
-    )
-
-
-def _token_candidates(response_json: Mapping[str, Any]) -> list[Any]:
-    """Every item that may carry token arrays: Responses `output` items and Chat messages."""
-    output = response_json.get("output")
-    items = list(output) if isinstance(output, list) else []
-    choices = response_json.get("choices")
-    for choice in choices if isinstance(choices, list) else []:
-        items.append(choice.get("message") if isinstance(choice, Mapping) else None)
-    return items
-
-
-def extract_token_fields(response_json: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Return the token arrays of a served response, or `None` when no item carries them.
-
-    The result holds the three required arrays and `routed_experts` (possibly `None`),
-    NeMo Gym's `TOKEN_FIELDS`. A carrier missing a required array, or two carriers, is an
-    error: the capture could not tell which call the arrays belong to.
-    """
-    carriers = [item for item in _token_candidates(response_json) if _carries_tokens(item)]
-    if not carriers:
-        return None
-    if len(carriers) > 1:
-        raise InvalidRecordError(
-            f"{len(carriers)} response items carry token arrays; exactly one item may carry "
-            "them, so the capture cannot tell which call they belong to"
-        )
-    item = carriers[0]
-    missing = [field for field in REQUIRED_TOKEN_FIELDS if item.get(field) is None]
-    if missing:
-        raise InvalidRecordError(
-            f"a response item carries token arrays but lacks {missing}; a carrier needs "
-            "prompt_token_ids, generation_token_ids and generation_log_probs"
-        )
-    return {field: item.get(field) for field in TOKEN_FIELDS}
-
-
-def strip_token_fields(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int | None]:
-    """Return the items without token arrays, and the position of the one that carried them.
-
-    The arrays are kept once, on the entry; `None` when no item carried them. Two carriers
-    are an error, as in `extract_token_fields`.
-    """
-    carriers = [position for position, item in enumerate(items) if _carries_tokens(item)]
-    if len(carriers) > 1:
-        raise InvalidRecordError(
-            f"output items {carriers} all carry token arrays; exactly one item may carry them"
-        )
-    stripped = [
-        {key: value for key, value in item.items() if key not in TOKEN_FIELDS} for item in items
-    ]
-    return stripped, carriers[0] if carriers else None
-
-
-def response_to_output_items(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The served response's content items, in order, as Responses output items.
-
-    A non-empty Responses `output` gives its mapping items; otherwise each Chat
-    `choices[*].message` becomes a `message` item (`type` and `role` filled in when absent).
-    Token arrays stay on the items: `strip_token_fields` removes them.
-    """
-    output = payload.get("output")
-    if isinstance(output, list) and output:
-        return [dict(item) for item in output if isinstance(item, Mapping)]
-    items: list[dict[str, Any]] = []
-    choices = payload.get("choices")
-    for choice in choices if isinstance(choices, list) else []:
-        message = choice.get("message") if isinstance(choice, Mapping) else None
-        if isinstance(message, Mapping):
-            item = dict(message)
-            item.setdefault("type", "message")
-            item.setdefault("role", "assistant")
-            items.append(item)
-    return items
 
 
 def token_entry_from_response(
