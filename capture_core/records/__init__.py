@@ -19,12 +19,16 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
+    StrictInt,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
 from capture_core.errors import InvalidRecordError, WrongTypeError
+from capture_core.records.provenance import PROVENANCE_FIELDS, check_provenance
 from capture_core.records.served import (
     carries_tokens,
     extract_token_fields,
@@ -57,10 +61,14 @@ class TokenEntry(BaseModel):
     NeMo Gym 0.7.0 records); terminal attribution joins the scored response to it. It is
     optional evidence: a value that is not a non-empty string reads as `None`, so it never
     fails the record.
-    Fields are in NeMo Gym's order. `model_dump()` returns every field, defaults included,
-    as NeMo Gym's does. What a store writes is `wire_dump()`: `schema_version`, every field
-    that was set (given, read, or assigned) and the extras, never an optional field left
-    at its default unset, so a NeMo Gym entry read and written back is the entry it was.
+    The weight-version provenance fields (`start_weight_version`, `end_weight_version`,
+    `generation_weight_versions`, `weight_version_label`, `replica`: `records.provenance`)
+    are tokcap's, after NeMo Gym's, and appear in a dump only when set.
+    Fields are in NeMo Gym's order. `model_dump()` returns every NeMo Gym field, defaults
+    included, as NeMo Gym's does. What a store writes is `wire_dump()`: `schema_version`,
+    every field that was set (given, read, or assigned) and the extras, never an optional
+    field left at its default unset, so a NeMo Gym entry read and written back is the entry
+    it was.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -77,6 +85,11 @@ class TokenEntry(BaseModel):
     token_item_index: int | None = None
     response_id: str | None = None
     created_at: float = 0.0
+    start_weight_version: StrictInt | None = None
+    end_weight_version: StrictInt | None = None
+    generation_weight_versions: list[StrictInt] | None = None
+    weight_version_label: str | None = None
+    replica: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -107,11 +120,19 @@ class TokenEntry(BaseModel):
         check_entry_consistency(self)
         return self
 
+    @model_serializer(mode="wrap")
+    def _provenance_only_when_set(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = dump(self)
+        for name in PROVENANCE_FIELDS:
+            if data.get(name, 0) is None and name not in self.model_fields_set:
+                del data[name]
+        return data
+
     def wire_dump(self) -> dict[str, Any]:
         """The JSON fields a store writes: unset optional fields are left out, nothing else."""
         data = self.model_dump(mode="json")
         for name in _OPTIONAL_FIELDS.difference(self.model_fields_set):
-            del data[name]
+            data.pop(name, None)
         return data
 
 
@@ -164,6 +185,7 @@ def check_entry_consistency(entry: TokenEntry) -> None:
             "or one that is no number; store finite float log probs float32 holds (clip -inf "
             "to a large negative number such as -1e4)"
         )
+    check_provenance(entry)
     index = entry.token_item_index
     if index is not None and not 0 <= index < len(entry.output_items):
         raise InvalidRecordError(

@@ -173,7 +173,7 @@ def _refuse_non_finite(
 ) -> None:
     """Refuse a row holding a log prob that is not finite as float32: at a trained position
     it would poison the loss (a value beyond float32's range became an infinity), and
-    elsewhere a row holds 0. Captures refuse such values (`records.token_values.all_finite`), so this
+    elsewhere a row holds 0. Captures refuse such values (`token_values.all_finite`), so this
     guards what reached the rows some other way: the row is never written."""
     finite = np.isfinite(logprobs)
     if finite.all():

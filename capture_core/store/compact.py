@@ -28,6 +28,7 @@ import orjson
 
 from capture_core.errors import InvalidRecordError
 from capture_core.records import TOKEN_ENTRY_RECORD_SCHEMA_VERSION, TokenEntry, entry_fields
+from capture_core.records.provenance import PROVENANCE_FIELDS
 from capture_core.records.token_values import token_id_array
 from capture_core.store.stored_json import encode_json
 
@@ -54,6 +55,7 @@ _DEFAULTS: dict[str, Any] = {
     "token_item_index": None,
     "created_at": 0.0,
     "response_id": None,
+    **dict.fromkeys(PROVENANCE_FIELDS),
 }
 
 
@@ -193,7 +195,7 @@ def digest_text(hasher: Any) -> str:
 def token_bytes(tokens: Sequence[int]) -> bytes | None:
     """Tokens as int64 little-endian bytes, or `None` for ids outside int64.
 
-    A list of valid ids (0 to 2**63 - 1) is packed as an array (`records.token_values.token_id_array`),
+    A list of valid ids (0 to 2**63 - 1) is packed as an array (`token_values.token_id_array`),
     in about half the time `struct` takes; anything else (negative ids, or ids beyond int64,
     in an object an older writer stored) by `struct`, to the same bytes or `None`.
     """
@@ -207,7 +209,7 @@ def token_bytes(tokens: Sequence[int]) -> bytes | None:
 
 
 def packed_bytes(packed: array) -> bytes | None:
-    """Ids packed as 64-bit integers (`records.token_values.token_id_array`) as `token_bytes` gives them:
+    """Ids packed as 64-bit integers (`token_values.token_id_array`) as `token_bytes` gives them:
     int64 little-endian bytes, or `None` when an id is outside int64 (an unsigned array)."""
     if _BIG_ENDIAN:
         packed = array(packed.typecode, packed)

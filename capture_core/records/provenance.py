@@ -1,0 +1,123 @@
+"""Which weights sampled a call: the weight-version provenance a captured call may carry.
+
+A call may record the trainer version whose weights were loaded when the request was
+admitted (`start_weight_version`) and when it finished (`end_weight_version`), one version
+per generated token when a generation spanned a weight update
+(`generation_weight_versions`), the engine's own label (`weight_version_label`) and the
+serving instance (`replica`). All are optional: a call without them has no provenance, and
+nothing here invents one. Per-token versions are stored and delivered as runs
+`[[version, count], ...]`, a handful of numbers for a generation of thousands of tokens.
+This module imports only `errors`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from capture_core.errors import InvalidRecordError
+
+VERSION_FIELDS = ("start_weight_version", "end_weight_version")
+PROVENANCE_FIELDS = (
+    *VERSION_FIELDS,
+    "generation_weight_versions",
+    "weight_version_label",
+    "replica",
+)
+"""The optional `TokenEntry` fields of provenance, in their order on the record."""
+RUNS_KEY = "generation_weight_versions"
+
+
+def version_runs(versions: Sequence[int]) -> list[list[int]]:
+    """Per-token versions as runs `[[version, count], ...]`, in order."""
+    return [[version, sum(1 for _ in run)] for version, run in itertools.groupby(versions)]
+
+
+def expand_runs(runs: Sequence[Sequence[int]]) -> list[int]:
+    """Runs `[[version, count], ...]` back to one version per token."""
+    expanded: list[int] = []
+    for version, count in runs:
+        expanded.extend(itertools.repeat(version, count))
+    return expanded
+
+
+def generated_versions(entry: Any) -> list[int] | None:
+    """The sampling version of each generated token, or `None` when the call has none.
+
+    `generation_weight_versions` when captured; else the start version for every token
+    (the oldest weights that may have sampled it: the safe bound for staleness); else the
+    end version (what a sink stamps when the request did not say); else `None`.
+    """
+    per_token = getattr(entry, "generation_weight_versions", None)
+    if per_token is not None:
+        return list(per_token)
+    known = getattr(entry, "start_weight_version", None)
+    if known is None:
+        known = getattr(entry, "end_weight_version", None)
+    if known is None:
+        return None
+    return [known] * len(entry.generation_token_ids)
+
+
+def call_provenance(entry: Any) -> dict[str, Any] | None:
+    """The call's provenance as records deliver it, or `None` when it carries none: the set
+    fields by name, per-token versions as runs."""
+    found: dict[str, Any] = {}
+    for name in PROVENANCE_FIELDS:
+        value = getattr(entry, name, None)
+        if value is not None:
+            found[name] = version_runs(value) if name == RUNS_KEY else value
+    return found or None
+
+
+def check_provenance(entry: Any) -> None:
+    """Refuse provenance that cannot be true, naming the call and the field: a version that
+    is not a non-negative integer, an end before the start, a per-token list whose length is
+    not the generation's, that decreases, or that leaves [start, end]."""
+    call = f"call {entry.model_call_id!r}"
+    for name in VERSION_FIELDS:
+        _check_version(call, name, getattr(entry, name, None))
+    start, end = entry.start_weight_version, entry.end_weight_version
+    if start is not None and end is not None and end < start:
+        raise InvalidRecordError(
+            f"{call}: end_weight_version {end} is before start_weight_version {start}; the "
+            "weights a request finished with cannot be older than those it was admitted with"
+        )
+    per_token = entry.generation_weight_versions
+    if per_token is not None:
+        _check_per_token(call, per_token, len(entry.generation_token_ids), start, end)
+
+
+def _check_version(call: str, name: str, value: Any) -> None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise InvalidRecordError(
+            f"{call}: {name} is {value!r}; a weight version is the trainer's version number, "
+            "an integer 0 or more (put an engine's own label in weight_version_label)"
+        )
+
+
+def _check_per_token(
+    call: str, versions: Any, generated: int, start: int | None, end: int | None
+) -> None:
+    field = f"{call}: generation_weight_versions"
+    if type(versions) is not list or not all(type(v) is int for v in versions):
+        raise InvalidRecordError(f"{field} must be a list of integers, one per generated token")
+    if len(versions) != generated:
+        raise InvalidRecordError(
+            f"{field} has {len(versions)} versions for {generated} generated tokens; give one "
+            "version per generated token"
+        )
+    if not versions:
+        return
+    low, high = versions[0], versions[-1]
+    if versions != sorted(versions):
+        raise InvalidRecordError(
+            f"{field} decreases; a generation's weights only move forward, so versions must "
+            "be non-decreasing"
+        )
+    if low < 0 or (start is not None and low < start) or (end is not None and high > end):
+        raise InvalidRecordError(
+            f"{field} spans {low}..{high}, outside the call's versions "
+            f"[{start if start is not None else 0}, {end if end is not None else 'open'}]"
+        )
