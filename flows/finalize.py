@@ -22,16 +22,12 @@ from capture_core.builder import BUILDERS
 from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.config import public_storage_options
 from capture_core.errors import CaptureStoreError, ClaimLostError
+from capture_core.run.batch_finalize import FinalizedBatch
 from capture_core.run.capture_source import SourceSpec, check_separate_locations
 from capture_core.run.crash_points import crash_point
-from capture_core.run.handoff import (
-    FinalizedBatch,
-    HandoffReceipt,
-    RetireOutcome,
-    RolloutOutcome,
-    receipt_key,
-)
 from capture_core.run.inbox import Claim
+from capture_core.run.receipt import HandoffReceipt, RolloutOutcome, receipt_key
+from capture_core.run.retirement import RetireOutcome
 from capture_core.run.rollout_io import BatchPlan
 from capture_core.run.row_cursor import validate_consumer_name
 from capture_core.run.run_layout import ROW_FORMATS, validate_run_id

@@ -15,7 +15,7 @@ import orjson
 from prefect import get_client
 from prefect.client.schemas.actions import BlockDocumentUpdate
 
-from capture_core.run.handoff import HandoffReceipt
+from capture_core.run.receipt import HandoffReceipt
 from capture_core.store import TokenCaptureStore
 from flows.finalize import finalize_run
 from tasks.receipts import ReceiptStorage, receipt_storage
