@@ -33,7 +33,7 @@ import orjson
 from bench import filesystem
 from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.delivery import finalize_rollout_token_capture
-from capture_core.run.handoff import finalize_concurrency
+from capture_core.run.concurrency import finalize_concurrency
 from capture_core.store import TokenCaptureStore
 from capture_core.store.capture_entries import encode_entry
 from capture_core.store.nemo_gym_store import NemoGymFileStore

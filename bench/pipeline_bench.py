@@ -31,7 +31,9 @@ import orjson
 
 from bench import filesystem
 from bench.ratios import Ratio, alternate_sides, median
-from capture_core.run.handoff import finalize_batch, handoff_batch, retire_receipt
+from capture_core.run.batch_finalize import finalize_batch
+from capture_core.run.part_upload import handoff_batch
+from capture_core.run.retirement import retire_receipt
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
 from capture_core.run.run_report import RunSummary
 from capture_core.storage import open_byte_store

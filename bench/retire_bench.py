@@ -33,12 +33,9 @@ from bench.finalize_bench import PRESETS
 from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.protocols import TokenCaptureSnapshot
-from capture_core.run.handoff import (
-    HandoffReceipt,
-    RolloutOutcome,
-    retire_receipt,
-    store_concurrency,
-)
+from capture_core.run.concurrency import store_concurrency
+from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
+from capture_core.run.retirement import retire_receipt
 from capture_core.storage import ByteStore, open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.store.nemo_gym_store import NemoGymFileStore

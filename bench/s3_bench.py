@@ -19,7 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bench.ratios import Ratio, median
 from bench.retire_bench import handed_off
-from capture_core.run.handoff import HandoffReceipt, finalize_batch, retire_receipt
+from capture_core.run.batch_finalize import finalize_batch
+from capture_core.run.receipt import HandoffReceipt
+from capture_core.run.retirement import retire_receipt
 from capture_core.run.rollout_io import BatchPlan, ParsedLine
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout

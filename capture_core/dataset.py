@@ -31,7 +31,7 @@ from capture_core.errors import (
     RowsNotWrittenError,
     UnreadableAcknowledgementError,
 )
-from capture_core.run.handoff import HandoffReceipt, verified_bytes, verified_decode
+from capture_core.run.receipt import HandoffReceipt
 from capture_core.run.row_cursor import (
     Acknowledgement,
     Cursor,
@@ -42,6 +42,7 @@ from capture_core.run.row_cursor import (
 )
 from capture_core.run.run_layout import RunLayout
 from capture_core.run.trainer_rows import read_rows
+from capture_core.run.verified_read import verified_bytes, verified_decode
 from capture_core.storage import open_byte_store
 
 __all__ = [

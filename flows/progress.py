@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from capture_core.run.handoff import receipt_key
+from capture_core.run.receipt import receipt_key
 from capture_core.run.rollout_io import BatchPlan
 from capture_core.run.run_pace import BatchProgress, RunPace
 

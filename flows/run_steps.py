@@ -18,15 +18,12 @@ from prefect.utilities.annotations import quote
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.errors import ClaimLostError
+from capture_core.run.batch_finalize import FinalizedBatch
 from capture_core.run.capture_source import SourceSpec
 from capture_core.run.crash_points import crash_point
-from capture_core.run.handoff import (
-    FinalizedBatch,
-    HandoffReceipt,
-    RetireOutcome,
-    RolloutOutcome,
-)
 from capture_core.run.inbox import Claim
+from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
+from capture_core.run.retirement import RetireOutcome
 from capture_core.run.rollout_io import BatchPlan
 from capture_core.run.run_progress import (
     Lookahead,

@@ -1,6 +1,7 @@
 """Tasks over one batch of rollouts: plan, finalize, upload (the handoff), retire.
 
-Each task is one retryable side effect; the logic lives in `capture_core.run.handoff`.
+Each task is one retryable side effect; the logic lives in `capture_core.run`
+(`batch_finalize`, `part_upload`, `retirement`).
 Transient storage failures are retried with backoff; bad input is not.
 The upload task's persisted result is the handoff receipt, keyed by the batch it certifies.
 """
@@ -15,23 +16,22 @@ from prefect.artifacts import create_table_artifact
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.errors import RetirementFailedError, TransientStoreError
-from capture_core.run import handoff
+from capture_core.run import batch_finalize
+from capture_core.run.batch_finalize import FinalizedBatch, input_error
 from capture_core.run.capture_source import SourceSpec
+from capture_core.run.concurrency import finalize_concurrency
 from capture_core.run.crash_points import crash_point
-from capture_core.run.handoff import (
-    FinalizedBatch,
+from capture_core.run.finalize import plain_rollout_id
+from capture_core.run.inbox import Claim
+from capture_core.run.part_upload import handoff_batch
+from capture_core.run.receipt import (
     HandoffReceipt,
-    RetireOutcome,
     RolloutOutcome,
-    handoff_batch,
-    input_error,
     kept_as_evidence,
-    plain_rollout_id,
     receipt_key,
-    retire_receipt,
     retirement_key,
 )
-from capture_core.run.inbox import Claim
+from capture_core.run.retirement import RetireOutcome, retire_receipt
 from capture_core.run.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
 from capture_core.run.run_progress import RETIREMENTS_FAILED
 from capture_core.run.run_report import masked_line, plural
@@ -132,9 +132,9 @@ def finalize_batch(
     """
     lines = read_batch(rollouts, batch, storage_options)
     store = source.open()
-    with store_requests(handoff.finalize_concurrency(store)):
+    with store_requests(finalize_concurrency(store)):
         finalized = run_async(
-            handoff.finalize_batch(
+            batch_finalize.finalize_batch(
                 run_id, batch, lines, store, builder, delivery=delivery, rows=rows
             )
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from capture_core.run.handoff import HandoffReceipt
+from capture_core.run.receipt import HandoffReceipt
 from capture_core.run.row_cursor import Cursor
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store

@@ -35,12 +35,8 @@ from pydantic import Field, PrivateAttr, ValidationError
 
 from capture_core.config import public_storage_options
 from capture_core.errors import InvalidInputError, TransientStoreError, UnreadableReceiptError
-from capture_core.run.handoff import (
-    RECEIPT_KEY,
-    FinalizedBatch,
-    HandoffReceipt,
-    retirement_key,
-)
+from capture_core.run.batch_finalize import FinalizedBatch
+from capture_core.run.receipt import RECEIPT_KEY, HandoffReceipt, retirement_key
 from capture_core.run.run_layout import (
     RECEIPTS,
     RunLayout,

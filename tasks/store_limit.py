@@ -14,7 +14,7 @@ import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from capture_core.run.handoff import store_concurrency
+from capture_core.run.concurrency import store_concurrency
 
 STORE_REQUESTS = "tokcap-store-requests"
 

@@ -6,6 +6,7 @@ import builder, store and storage; each may use the vocabulary (records, ids, pr
 errors). No layer imports the seed API (consumer, delivery, config, dataset, the package
 root) or the test kit. capture_core imports no Prefect, tasks or flows; tasks import no
 flows; nothing in the product imports tests or bench. No import circle anywhere.
+Inside the run layer, each module imports only the run modules `RUN_MAY_IMPORT` declares.
 """
 
 from __future__ import annotations
@@ -37,6 +38,52 @@ MAY_IMPORT = {
     "run": {"run", "builder", "store", "storage"} | VOCABULARY,
     **{name: VOCABULARY for name in VOCABULARY},
 }
+
+
+RUN = "capture_core.run"
+RUN_MAY_IMPORT: dict[str, set[str]] = {
+    # A run's vocabulary: its files, its input, its settings, its words. Nothing above.
+    "__init__": set(),
+    "crash_points": set(),
+    "concurrency": set(),
+    "finalize": set(),
+    "mask_reasons": set(),
+    "rollout_io": set(),
+    "run_pace": set(),
+    "run_layout": {"rollout_io"},
+    "trainer_rows": {"run_layout"},
+    "receipt": {"rollout_io", "run_layout"},
+    # The batch path: finalize, hand off, read back as certified, retire by receipt.
+    "batch_finalize": {
+        "concurrency",
+        "finalize",
+        "receipt",
+        "rollout_io",
+        "run_layout",
+        "trainer_rows",
+    },
+    "part_upload": {"batch_finalize", "crash_points", "receipt", "trainer_rows"},
+    "verified_read": {"receipt"},
+    "retire_verdict": {"finalize", "receipt"},
+    "retirement": {"concurrency", "crash_points", "receipt", "retire_verdict", "verified_read"},
+    # A run's accounts and readers: they read what the batch path wrote, never the reverse.
+    "run_outcome": {"mask_reasons"},
+    "run_report": {"mask_reasons", "run_layout", "run_outcome"},
+    "run_progress": {"mask_reasons", "receipt", "retirement", "run_layout", "run_report"},
+    "row_cursor": {"crash_points", "receipt", "run_layout"},
+    "run_status": {"receipt", "row_cursor", "run_layout", "run_report"},
+    "run_index": {"receipt", "run_layout", "run_outcome", "run_report"},
+    "inbox": {"rollout_io", "run_layout", "run_report"},
+    "capture_source": {"crash_points"},
+}
+"""Which run modules each module of `capture_core.run` may import (by last name).
+
+Why a table: the run layer is one package, so the layer rules cannot tell its modules apart.
+Its vocabulary (layout, input, settings, the receipt model) imports nothing above it; the
+batch path (finalize, upload, verified read, retirement) never imports a report or a reader,
+so a change to what a run prints cannot change what it hands off or retires; the accounts
+and readers sit on top. A new edge is a decision: make it here, with the code that needs it.
+"""
 
 
 def module_name(path: Path) -> str:
@@ -291,3 +338,72 @@ def test_cycle_finder_reports_the_circle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def run_layer_crossings(graph: dict[str, set[str]], may_import: dict[str, set[str]]) -> list[str]:
+    """What in `graph` breaks the run layer's table `may_import`, each in words.
+
+    A run module missing from the table, and every edge between run modules the table does
+    not declare, is reported with the edge and what to do about it.
+    """
+
+    def short(module: str) -> str:
+        return "__init__" if module == RUN else module.removeprefix(RUN + ".")
+
+    found = []
+    for module in sorted(m for m in graph if m == RUN or m.startswith(RUN + ".")):
+        name = short(module)
+        if name not in may_import:
+            found.append(
+                f"{module} has no row in RUN_MAY_IMPORT (tests/test_layering.py): add one "
+                "naming the run modules it may import"
+            )
+            continue
+        for target in sorted(graph[module]):
+            if (target == RUN or target.startswith(RUN + ".")) and short(target) not in may_import[
+                name
+            ]:
+                found.append(
+                    f"{module} imports {target}, an edge RUN_MAY_IMPORT does not declare: "
+                    "import what you need from a module the row allows (or move the shared "
+                    f"piece down to one), or, if this edge is right, add {short(target)!r} "
+                    f"to RUN_MAY_IMPORT[{name!r}] and say why there"
+                )
+    return found
+
+
+def test_run_modules_import_only_what_their_row_allows() -> None:
+    """Every import between run modules, function-level ones included, is declared."""
+    assert run_layer_crossings(import_graph(), RUN_MAY_IMPORT) == []
+
+
+def test_run_table_names_no_edge_or_module_that_is_gone() -> None:
+    """The table is the run layer's map: a declared edge no module uses any more is removed."""
+    graph = import_graph()
+    run = {m: graph[m] for m in graph if m == RUN or m.startswith(RUN + ".")}
+    present = {"__init__" if m == RUN else m.removeprefix(RUN + ".") for m in run}
+    assert set(RUN_MAY_IMPORT) - present == set()
+    used = {
+        ("__init__" if m == RUN else m.removeprefix(RUN + ".")): {
+            t.removeprefix(RUN + ".") for t in targets if t.startswith(RUN + ".")
+        }
+        for m, targets in run.items()
+    }
+    unused = {name: sorted(allowed - used[name]) for name, allowed in RUN_MAY_IMPORT.items()}
+    assert {name: gone for name, gone in unused.items() if gone} == {}
+
+
+def test_run_table_check_reports_a_forbidden_edge_and_an_unlisted_module() -> None:
+    graph = {
+        f"{RUN}.receipt": {f"{RUN}.retirement", f"{RUN}.run_layout", "capture_core.errors"},
+        f"{RUN}.retirement": {f"{RUN}.receipt"},
+        f"{RUN}.newcomer": set(),
+        "capture_core.store.base": {f"{RUN}.receipt"},
+    }
+    table = {"receipt": {"run_layout"}, "retirement": {"receipt"}}
+    found = run_layer_crossings(graph, table)
+    assert len(found) == 2, found
+    assert found[0].startswith(f"{RUN}.newcomer has no row in RUN_MAY_IMPORT")
+    assert found[1].startswith(f"{RUN}.receipt imports {RUN}.retirement, an edge")
+    assert "add 'retirement' to RUN_MAY_IMPORT['receipt']" in found[1]
+    assert run_layer_crossings(graph, {**table, "newcomer": set()}) == found[1:]

@@ -1,8 +1,11 @@
 """Run bookkeeping and handoff: a run's files, planning, finalize/upload/retire of a batch.
 
 `run_layout` names a run's files, `rollout_io` plans the input, `finalize` is the one
-finalize path, `handoff` uploads and retires a batch by receipt, `run_progress` and
-`run_report` tally and summarise, `inbox` claims files, `capture_source` opens and clears
-capture sources, `crash_points` names where crash tests kill the process.
+finalize path, `batch_finalize` finalizes a batch, `part_upload` hands its parts off under a
+`receipt`, `verified_read` reads a part back as its receipt certifies it, `retire_verdict`
+and `retirement` retire a batch by receipt, `concurrency` sets how many rollouts at once,
+`run_progress` and `run_report` tally and summarise, `inbox` claims files,
+`capture_source` opens and clears capture sources, `crash_points` names where crash tests
+kill the process.
 This layer may import `builder`, `store` and `storage`, never the seed API modules.
 """

@@ -31,7 +31,7 @@ from capture_core.errors import (
 )
 from capture_core.ids import validate_rollout_id
 from capture_core.run.crash_points import crash_point
-from capture_core.run.handoff import RECEIPT_KEY, HandoffReceipt, marked_retirable
+from capture_core.run.receipt import RECEIPT_KEY, HandoffReceipt, marked_retirable
 from capture_core.run.run_layout import RunLayout, ack_key, consumers_prefix, rows_key
 from capture_core.storage import ByteStore
 

@@ -19,8 +19,9 @@ import orjson
 from pydantic import BaseModel, Field, ValidationError
 
 from capture_core.errors import InvalidInputError, UnreadableManifestError
-from capture_core.run.handoff import RECEIPT_KEY, RETIREMENT_KEY
+from capture_core.run.receipt import RECEIPT_KEY, RETIREMENT_KEY
 from capture_core.run.run_layout import MANIFEST, SUMMARY, RunLayout, RunManifest, validate_run_id
+from capture_core.run.run_outcome import mask_rate
 from capture_core.run.run_report import RunSummary, plural, summarize
 from capture_core.storage import ByteStore
 
@@ -164,7 +165,7 @@ def row_from_summary(manifest: RunManifest, found: LedgerSummary) -> RunRow:
         rollouts=summary.rollouts,
         handed_off=summary.handed_off,
         masked=summary.masked,
-        mask_rate=summary.masked / summary.rollouts if summary.rollouts else 0.0,
+        mask_rate=mask_rate(summary),
         mask_reasons=top_reasons(summary.mask_reasons),
         retired=summary.retired,
         awaiting_consumer=summary.awaiting_consumer,

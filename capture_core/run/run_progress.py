@@ -17,14 +17,14 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, Field
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
-from capture_core.run.handoff import (
+from capture_core.run.mask_reasons import kind_counts, kinds_of
+from capture_core.run.receipt import (
     HandoffReceipt,
-    RetireOutcome,
     RolloutOutcome,
     kept_as_evidence,
     marked_retirable,
 )
-from capture_core.run.mask_reasons import kind_counts, kinds_of
+from capture_core.run.retirement import RetireOutcome
 from capture_core.run.run_layout import LedgerLine
 from capture_core.run.run_report import RunSummary, locate, reason_category, spans, summarize
 

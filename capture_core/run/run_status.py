@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from capture_core.errors import UnreadableReceiptError
-from capture_core.run.handoff import HandoffReceipt
+from capture_core.run.receipt import HandoffReceipt
 from capture_core.run.row_cursor import (
     ConsumerProgress,
     acknowledged_receipts,

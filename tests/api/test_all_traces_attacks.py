@@ -27,7 +27,8 @@ from capture_core.delivery import (
 from capture_core.errors import CaptureConflictError
 from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.run.capture_source import clear_captures
-from capture_core.run.handoff import HandoffReceipt, RolloutOutcome, retirable
+from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
+from capture_core.run.retire_verdict import retirable
 from capture_core.store import TokenCaptureStore
 from capture_core.store.capture_layout import call_key
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout

@@ -20,7 +20,9 @@ from capture_core.builder.terminal import BEFORE_FINALIZE_KEY
 from capture_core.builder.trace_envelope import ENVELOPE_KEY, check_envelope
 from capture_core.consumer import trajectories_from_source
 from capture_core.delivery import capture_build_can_retire, finalize_rollout_token_capture
-from capture_core.run.handoff import finalize_batch, handoff_batch, retire_receipt
+from capture_core.run.batch_finalize import finalize_batch
+from capture_core.run.part_upload import handoff_batch
+from capture_core.run.retirement import retire_receipt
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
 from capture_core.run.trainer_rows import read_rows
 from capture_core.storage import open_byte_store

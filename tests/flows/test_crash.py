@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from capture_core.run.crash_points import CRASH_ENV, CRASH_POINTS
-from capture_core.run.handoff import receipt_key
+from capture_core.run.receipt import receipt_key
 from capture_core.run.rollout_io import plan_rollout_file
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from capture_core.run.handoff import receipt_key
 from capture_core.run.inbox import run_id_for_file
+from capture_core.run.receipt import receipt_key
 from capture_core.run.rollout_io import plan_rollout_file
 from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store

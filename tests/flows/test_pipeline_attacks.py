@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from capture_core.errors import is_transient
-from capture_core.run.handoff import receipt_key
+from capture_core.run.receipt import receipt_key
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
 from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store

@@ -15,7 +15,7 @@ import orjson
 from prefect import get_client
 from prefect.client.schemas.actions import BlockDocumentUpdate
 
-from capture_core.run.handoff import HandoffReceipt
+from capture_core.run.receipt import HandoffReceipt
 from capture_core.store import TokenCaptureStore
 from tests.support.pipeline_helpers import make_batch, write_rollouts
 from tests.support.prefect_api_reads import eventually, task_runs_of

@@ -12,15 +12,14 @@ import pytest
 from bench.retire_bench import handed_off
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.protocols import TokenCaptureSnapshot
-from capture_core.run.handoff import (
+from capture_core.run.batch_finalize import finalize_batch
+from capture_core.run.concurrency import (
     LOCAL_FINALIZE_CONCURRENCY,
-    HandoffReceipt,
-    RolloutOutcome,
-    finalize_batch,
     finalize_concurrency,
-    retire_receipt,
     store_concurrency,
 )
+from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
+from capture_core.run.retirement import retire_receipt
 from capture_core.run.rollout_io import BatchPlan, ParsedLine, plan_rollout_file, read_batch
 from capture_core.store import TokenCaptureStore
 from tests.store.test_torn_puts import turns

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from capture_core.run.handoff import RolloutOutcome
+from capture_core.run.receipt import RolloutOutcome
 from capture_core.run.run_layout import read_ledger
 from capture_core.run.run_progress import MaskGate
 from capture_core.storage import open_byte_store

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from capture_core.run.handoff import KEPT_CHANGED
+from capture_core.run.retirement import KEPT_CHANGED
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
 from tests.support.reliability_figures import record_case

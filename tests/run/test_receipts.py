@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from capture_core.run.crash_points import CRASH_ENV
-from capture_core.run.handoff import receipt_key
+from capture_core.run.receipt import receipt_key
 from capture_core.run.rollout_io import plan_rollout_file
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import filesystem_for, open_byte_store

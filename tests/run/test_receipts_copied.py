@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from capture_core.errors import UnreadableReceiptError
-from capture_core.run.handoff import RECEIPT_KEY
+from capture_core.run.receipt import RECEIPT_KEY
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
 from tests.flows.test_pipeline_attacks import finalized

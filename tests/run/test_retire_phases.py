@@ -19,7 +19,8 @@ import pytest
 from capture_core.errors import CaptureFencedError, CaptureRetiredError
 from capture_core.protocols import DECIDED, DELETED, DropRequest
 from capture_core.run.crash_points import CRASH_ENV
-from capture_core.run.handoff import HandoffReceipt, retire_receipt
+from capture_core.run.receipt import HandoffReceipt
+from capture_core.run.retirement import retire_receipt
 from capture_core.storage import ByteStore, open_byte_store
 from capture_core.store import TokenCaptureStore, retirement
 from capture_core.store.nemo_gym_store import NemoGymFileStore

@@ -16,16 +16,12 @@ import pytest
 from prefect.results import ResultRecord
 
 from capture_core.delivery import rollout_carries_token_ids
-from capture_core.run.handoff import (
-    RECEIPT_KEY,
-    HandoffReceipt,
-    _line_spans,
-    finalize_batch,
-    handoff_batch,
-    plain_rollout_id,
-    retire_receipt,
-    skimmed_record,
-)
+from capture_core.run.batch_finalize import finalize_batch
+from capture_core.run.finalize import plain_rollout_id
+from capture_core.run.part_upload import handoff_batch
+from capture_core.run.receipt import RECEIPT_KEY, HandoffReceipt
+from capture_core.run.retire_verdict import _line_spans, skimmed_record
+from capture_core.run.retirement import retire_receipt
 from capture_core.run.rollout_io import BatchPlan, ParsedLine
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture_core.run.handoff import retirement_key
+from capture_core.run.receipt import retirement_key
 from capture_core.run.run_index import (
     COMPLETE,
     INCOMPLETE,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from capture_core.run.handoff import HandoffReceipt, RetireOutcome, RolloutOutcome
+from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
+from capture_core.run.retirement import RetireOutcome
 from capture_core.run.run_layout import LedgerLine
 from capture_core.run.run_progress import (
     Lookahead,

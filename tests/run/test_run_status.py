@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from capture_core.run.handoff import HandoffReceipt, RolloutOutcome
+from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
 from capture_core.run.run_layout import LedgerLine
 from capture_core.run.run_report import RunSummary, summarize
 from capture_core.run.run_status import HandoffProgress, count_acknowledged, run_state

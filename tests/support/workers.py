@@ -109,7 +109,8 @@ def retire_batch(arguments: str) -> None:
 
     import orjson
 
-    from capture_core.run.handoff import HandoffReceipt, retire_receipt
+    from capture_core.run.receipt import HandoffReceipt
+    from capture_core.run.retirement import retire_receipt
     from capture_core.storage import open_byte_store
 
     given = orjson.loads(arguments)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from capture_core.run.batch_finalize import finalize_batch
 from capture_core.run.finalize import finalize_rollout
-from capture_core.run.handoff import HandoffReceipt, finalize_batch
+from capture_core.run.receipt import HandoffReceipt
 from capture_core.run.rollout_io import BatchPlan, ParsedLine
 from capture_core.run.run_progress import ledger_lines
 from capture_core.run.run_report import (
