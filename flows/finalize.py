@@ -132,9 +132,17 @@ def finalize_run(
     source = SourceSpec(store=store, storage_options=options, source_kwargs=source_kwargs)
     check_locations(source, dest, options)
     plan = plan_rollouts(rollouts, batch_size, options)
-    settings = (store, builder, batch_size, max_mask_fraction, mask_fraction_min_samples)
-    consumer = {"rows": rows, "retire_after_consumer": retire_after_consumer}
-    claim_run_id(dest, run_id, plan, *settings, options, claim, delivery=delivery, **consumer)
+    settings = {
+        "store": store,
+        "builder": builder,
+        "batch_size": batch_size,
+        "max_mask_fraction": max_mask_fraction,
+        "mask_fraction_min_samples": mask_fraction_min_samples,
+        "rows": rows,
+        "retire_after_consumer": retire_after_consumer,
+        "delivery": delivery,
+    }
+    claim_run_id(dest, run_id, plan, settings, options, claim)
     steps = RunSteps(run_id, dest, source, options, rollouts, builder, claim)
     steps.delivery, steps.rows, steps.retire_after_consumer = delivery, rows, retire_after_consumer
     keys = [receipt_key(b) for b in plan.batches]

@@ -6,7 +6,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.run.capture_source import SourceSpec, check_destination, check_source
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import RolloutFilePlan
@@ -30,36 +29,27 @@ def claim_run_id(
     dest: str,
     run_id: str,
     plan: RolloutFilePlan,
-    store: str,
-    builder: str,
-    batch_size: int,
-    max_mask_fraction: float | None,
-    mask_fraction_min_samples: int,
+    settings: Mapping[str, Any],
     storage_options: Mapping[str, Any] | None = None,
     claim: Claim | None = None,
-    rows: str = "none",
-    retire_after_consumer: str | None = None,
-    delivery: str = MAIN_CHAIN,
 ) -> bool:
-    """Bind the run id to this input; refuse a run id already used for another input."""
+    """Bind the run id to this input and these settings (`RunManifest`'s: store, builder,
+    batch size, mask gate, rows, consumer, delivery); refuse a run id already used for
+    another input or other settings."""
     ensure_claim(dest, claim, storage_options)
-    manifest = RunManifest(
-        run_id=run_id,
-        rollouts=plan.url,
-        rollouts_sha256=plan.sha256,
-        rollouts_fingerprint=plan.fingerprint,
-        store=store,
-        builder=builder,
-        batch_size=batch_size,
-        batches=len(plan.batches),
-        max_mask_fraction=max_mask_fraction,
-        mask_fraction_min_samples=mask_fraction_min_samples,
-        rows=rows,
-        retire_after_consumer=retire_after_consumer,
-        delivery=delivery,
-        started_at=time.time(),
-    )
+    recorded = {**recorded_input(plan), **settings}
+    manifest = RunManifest(run_id=run_id, **recorded, started_at=time.time())
     return RunLayout(open_byte_store(dest, storage_options), run_id).claim(manifest)
+
+
+def recorded_input(plan: RolloutFilePlan) -> dict[str, Any]:
+    """What a manifest records of its input: where it is, its digests, its batches."""
+    return {
+        "rollouts": plan.url,
+        "rollouts_sha256": plan.sha256,
+        "rollouts_fingerprint": plan.fingerprint,
+        "batches": len(plan.batches),
+    }
 
 
 @tokcap_task("load-manifest", "load manifest of run {run_id}")

@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from capture_core.builder.terminal import WITNESSES
+
 DOCS = "docs/mask-reasons.md"
 """The page that lists every kind of mask reason, what it means and what to do."""
 
@@ -187,17 +189,18 @@ ABSTENTIONS = {
 }
 
 
-WITNESSES = {
-    "explicit": "the record's _ng_terminal_model_call_id",
-    "declared": "the record's terminal_response_id",
-    "response_id": "the scored response's id",
-    "content": "the scored response's text",
-}
+EVIDENCE = (
+    "the record's _ng_terminal_model_call_id",
+    "the record's terminal_response_id",
+    "the scored response's id",
+    "the scored response's text",
+)
+"""What each of the builder's terminal `WITNESSES` reads, in the same order."""
 
 
 def witness_words(method: str) -> str:
     """Which witness named the scored call (a terminal method), in plain words."""
-    return WITNESSES.get(method, method)
+    return dict(zip(WITNESSES, EVIDENCE, strict=True)).get(method, method)
 
 
 def abstention_words(code: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Annotated, Any
 
 import orjson
 from pydantic import BaseModel, Field, ValidationError
@@ -97,6 +98,10 @@ def _parse_summary(data: bytes | None) -> LedgerSummary | None:
         return None  # derived: the run's ledger is what counts
 
 
+Count = Annotated[int | None, Field(default=None)]
+"""A count a run row shows, `None` where the run has not recorded it."""
+
+
 class RunRow(BaseModel):
     """One run of a destination as `tokcap runs` and the runs artifact show it."""
 
@@ -106,18 +111,20 @@ class RunRow(BaseModel):
     updated_at: float | None = None
     """When its summary was written, else when the run id was first claimed."""
     delivery: str | None = None
-    rollouts: int | None = None
-    handed_off: int | None = None
-    masked: int | None = None
+    rollouts: Count
+    """The run's input rollouts; `None` until its ledger was written."""
+    handed_off: Count
+    masked: Count
     mask_rate: float | None = None
     mask_reasons: dict[str, int] = Field(default_factory=dict)
     """The most frequent mask reasons, most frequent first."""
-    retired: int | None = None
-    awaiting_consumer: int | None = None
+    retired: Count
+    awaiting_consumer: Count
+    """Handed-off rollouts whose retirement waits for the row consumer's acknowledgement."""
     rollouts_per_second: float | None = None
-    batches: int | None = None
-    batches_handed_off: int | None = None
-    batches_retired: int | None = None
+    batches: Count
+    batches_handed_off: Count
+    batches_retired: Count
     note: str = ""
 
     def cells(self) -> dict[str, str]:
@@ -156,12 +163,11 @@ def row_from_summary(manifest: RunManifest, found: LedgerSummary) -> RunRow:
     rate = None
     if found.seconds and found.finalized_now:
         rate = found.finalized_now / found.seconds
-    return RunRow(
-        run_id=manifest.run_id,
-        state=state,
+    return _row_of(
+        manifest,
+        state,
+        found.written_at,
         complete=summary.complete,
-        updated_at=found.written_at,
-        delivery=manifest.delivery,
         rollouts=summary.rollouts,
         handed_off=summary.handed_off,
         masked=summary.masked,
@@ -170,8 +176,19 @@ def row_from_summary(manifest: RunManifest, found: LedgerSummary) -> RunRow:
         retired=summary.retired,
         awaiting_consumer=summary.awaiting_consumer,
         rollouts_per_second=rate,
-        batches=manifest.batches,
         note=_incomplete_note(summary),
+    )
+
+
+def _row_of(manifest: RunManifest, state: str, updated_at: float | None, **shown: Any) -> RunRow:
+    """A row of the manifest's run (its id, delivery and batches) in `state`, with `shown`."""
+    return RunRow(
+        run_id=manifest.run_id,
+        state=state,
+        updated_at=updated_at,
+        delivery=manifest.delivery,
+        batches=manifest.batches,
+        **shown,
     )
 
 
@@ -199,12 +216,10 @@ def row_without_ledger(layout: RunLayout, manifest: RunManifest) -> RunRow:
     handed = sum(1 for name in names if RECEIPT_KEY.fullmatch(name))
     retired = {m.group(1) for m in map(RETIREMENT_KEY.fullmatch, names) if m}
     state = INTERRUPTED if handed else NOT_FINISHED
-    return RunRow(
-        run_id=manifest.run_id,
-        state=state,
-        updated_at=manifest.started_at,
-        delivery=manifest.delivery,
-        batches=manifest.batches,
+    return _row_of(
+        manifest,
+        state,
+        manifest.started_at,
         batches_handed_off=handed,
         batches_retired=len(retired),
         note=(
