@@ -115,6 +115,29 @@ def check_scheduling_server() -> None:
         )
 
 
+OLD_ENTRYPOINT = ("flows.", "tasks.")
+REDEPLOY = (
+    "redeploy: TOKCAP_INBOX=... TOKCAP_STORE=... TOKCAP_DEST=... prefect --no-prompt deploy --all "
+    '--prefect-file "$(tokcap deployments)"'
+)
+
+
+def outdated_deployments() -> list[str]:
+    """One line per deployment on the `PREFECT_API_URL` server whose entrypoint names the
+    top-level `flows` package of releases before `tokcap.flows` (its runs cannot import it)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        flows = {f.id: f.name for f in client.read_flows()}
+        found = client.read_deployments()
+    return [
+        f"deployment {flows.get(d.flow_id, '?')}/{d.name} runs the old entrypoint "
+        f"{d.entrypoint}, which this tokcap no longer has; {REDEPLOY}"
+        for d in found
+        if (d.entrypoint or "").startswith(OLD_ENTRYPOINT)
+    ]
+
+
 def serve_deployments(inbox: str, store: str, dest: str, cron: str | None = None) -> None:
     """Serve every deployment of `prefect.yaml`, triggers included, on a server that runs
     schedules; the scheduled inbox one runs on `cron`."""

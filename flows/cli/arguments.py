@@ -20,6 +20,7 @@ from capture_core.run.run_layout import ROW_FORMATS
 from tokcap.flows.cli.checks import (
     UsageError,
     absolute,
+    check_api_set,
     check_consumer,
     check_cron,
     check_dest,
@@ -179,7 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
     deployments = commands.add_parser(
         "deployments", help="print the path of the shipped prefect.yaml, for prefect deploy"
     )
-    deployments.add_argument("--show", action="store_true", help="print its contents instead")
+    shown = deployments.add_mutually_exclusive_group()
+    shown.add_argument("--show", action="store_true", help="print its contents instead")
+    shown.add_argument(
+        "--check",
+        action="store_true",
+        help="list the deployments on PREFECT_API_URL's server made with entrypoints of an "
+        "older tokcap (exit 1 when there are any)",
+    )
     return parser
 
 
@@ -245,6 +253,8 @@ def check_args(args: argparse.Namespace) -> None:
         check_cron(args.cron)
     if args.command == "demo":
         check_workdir(args)
+    if args.command == "deployments" and args.check:
+        check_api_set("--check reads the deployments of the server PREFECT_API_URL names")
     check_event_args(args)
     check_inputs_args(args)
     check_runs_args(args)

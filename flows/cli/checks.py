@@ -279,3 +279,11 @@ def run_summary(dest: str, run_id: str, options: dict[str, Any]) -> RunSummary |
         return known_run(dest, run_id, options, need_ledger=True)[1]
     except Exception:  # the caller is already reporting the run's own failure
         return None
+
+
+def check_api_set(why: str) -> None:
+    """Refuse a command that needs a Prefect server of its own when none is configured."""
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise UsageError(f"{why}; set it (export PREFECT_API_URL=http://HOST:4200/api)")

@@ -108,8 +108,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_deployments(args: argparse.Namespace) -> int:
-    from tokcap.flows.serve import prefect_file
+    from tokcap.flows.serve import outdated_deployments, prefect_file
 
+    if args.check:
+        outdated = outdated_deployments()
+        print("\n".join(outdated) or "no deployment uses an entrypoint this tokcap lacks")
+        return 1 if outdated else 0
     path = prefect_file()
     print(path.read_text() if args.show else path, end="" if args.show else "\n")
     return 0
