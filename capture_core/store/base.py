@@ -99,6 +99,12 @@ class CaptureStore(ABC):
     """Where the trainer publishes its current weight version, stamped on puts that carry
     none (`version_source`); `None`: nothing is stamped."""
 
+    @property
+    def weight_version_location(self) -> str | None:
+        """Where `weight_version_source` reads, or `None`: part of a store's identity."""
+        source = self.weight_version_source
+        return None if source is None else source.location
+
     def storable(self, entry: Any) -> StorableEntry:
         """The entry a put stores, checked as it is now (`checked_entries.storable_entry`),
         stamped with the source's current version when it carries none

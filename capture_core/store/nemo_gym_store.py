@@ -107,18 +107,14 @@ class NemoGymFileStore(CaptureStore):
         return f"NemoGymFileStore({self.root!r})"
 
     def __reduce__(self) -> tuple[type[NemoGymFileStore], tuple[str, str | None]]:
-        return (NemoGymFileStore, (self.root, self._source_location()))
+        return (NemoGymFileStore, (self.root, self.weight_version_location))
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, NemoGymFileStore)
             and self.root == other.root
-            and self._source_location() == other._source_location()
+            and self.weight_version_location == other.weight_version_location
         )
-
-    def _source_location(self) -> str | None:
-        source = self.weight_version_source
-        return None if source is None else source.location
 
     def __hash__(self) -> int:
         return hash(("nemo-gym", self.root))

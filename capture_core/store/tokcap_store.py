@@ -79,14 +79,13 @@ class TokenCaptureStore(TokcapWrites, TokcapRemoval):
     def __reduce__(
         self,
     ) -> tuple[type[TokenCaptureStore], tuple[str, dict[str, Any], int, str | None]]:
-        source = self.weight_version_source
         return (
             TokenCaptureStore,
             (
                 self.root,
                 self.storage_options,
                 self._parents.max_bytes,
-                None if source is None else source.location,
+                self.weight_version_location,
             ),
         )
 
@@ -95,7 +94,7 @@ class TokenCaptureStore(TokcapWrites, TokcapRemoval):
             isinstance(other, TokenCaptureStore)
             and self.root == other.root
             and self.storage_options == other.storage_options
-            and _source_of(self) == _source_of(other)
+            and self.weight_version_location == other.weight_version_location
         )
 
     def __hash__(self) -> int:
@@ -150,9 +149,3 @@ class TokenCaptureStore(TokcapWrites, TokcapRemoval):
     def close_now(self) -> None:
         """Synchronous `close`. Safe to repeat."""
         self._bytes.close()
-
-
-def _source_of(store: Any) -> str | None:
-    """The location of a store's weight version source, or `None`."""
-    source = store.weight_version_source
-    return None if source is None else source.location
