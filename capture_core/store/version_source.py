@@ -26,6 +26,8 @@ URL_REFRESH_SECONDS = 1.0
 """A URL source is fetched at most once per this many seconds per store object."""
 _MAX_BYTES = 64
 """A version file holds one integer: anything longer is not one (and is not read whole)."""
+_MAX_VERSION = 2**63 - 1
+"""The largest version a store can write (JSON integers are 64-bit for its encoder)."""
 
 
 class WeightVersionSource:
@@ -95,7 +97,7 @@ class WeightVersionSource:
 
     def _parse(self, data: bytes) -> int:
         text = data.strip()
-        if len(data) > _MAX_BYTES or not text.isdigit():
+        if len(data) > _MAX_BYTES or not text.isdigit() or int(text) > _MAX_VERSION:
             shown = data[:_MAX_BYTES].decode("utf-8", "replace")
             raise InvalidRecordError(
                 f"the weight version source {self.location} holds {shown!r}, not a weight "

@@ -93,6 +93,7 @@ BAD_SOURCES = [
     ("not an integer", "7.5", "holds '7.5', not a weight version"),
     ("two numbers", "7 8", "holds '7 8', not a weight version"),
     ("too long", "1" * 200, "not a weight version"),
+    ("beyond 64 bits", str(2**63), f"holds '{2**63}', not a weight version"),
     ("missing", None, "cannot be read (FileNotFoundError"),
 ]
 
