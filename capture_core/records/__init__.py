@@ -28,7 +28,14 @@ from pydantic import (
 )
 
 from capture_core.errors import InvalidRecordError, WrongTypeError
-from capture_core.records.provenance import PROVENANCE_FIELDS, check_provenance
+from capture_core.records.provenance import (
+    LABEL_FIELD,
+    PROVENANCE_FIELDS,
+    SERVED_METADATA,
+    canonical_provenance,
+    check_provenance,
+    served_label,
+)
 from capture_core.records.served import (
     carries_tokens,
     extract_token_fields,
@@ -63,7 +70,8 @@ class TokenEntry(BaseModel):
     fails the record.
     The weight-version provenance fields (`start_weight_version`, `end_weight_version`,
     `generation_weight_versions`, `weight_version_label`, `replica`: `records.provenance`)
-    are tokcap's, after NeMo Gym's, and appear in a dump only when set.
+    are tokcap's, after NeMo Gym's, and appear in a dump only when set. Other systems'
+    names for them are accepted on input and mapped to these (`canonical_provenance`).
     Fields are in NeMo Gym's order. `model_dump()` returns every NeMo Gym field, defaults
     included, as NeMo Gym's does. What a store writes is `wire_dump()`: `schema_version`,
     every field that was set (given, read, or assigned) and the extras, never an optional
@@ -93,9 +101,10 @@ class TokenEntry(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _refuse_newer_schema(cls, data: Any) -> Any:
+    def _newer_schema_refused_aliases_mapped(cls, data: Any) -> Any:
         if isinstance(data, Mapping):
             check_schema_version(data.get("schema_version"))
+            return canonical_provenance(data)
         return data
 
     @field_validator("prompt_token_ids", "generation_token_ids")
@@ -273,7 +282,9 @@ def token_entry_from_response(
     """Build the capture record of one served call, or `None` when it carries no tokens.
 
     The response's `id` is recorded as `response_id` (it is what the harness keeps); a
-    response without one leaves the field unset, so it is not written.
+    response without one leaves the field unset, so it is not written. The engine's label
+    in the response's `metadata.weight_version` (SGLang) is recorded as
+    `weight_version_label`: a label, never taken for a trainer version.
     """
     fields = extract_token_fields(response)
     if fields is None:
@@ -282,6 +293,9 @@ def token_entry_from_response(
     served_id = response.get("id")
     if isinstance(served_id, str) and served_id:
         fields["response_id"] = served_id
+    label = served_label(response.get(SERVED_METADATA))
+    if label is not None:
+        fields[LABEL_FIELD] = label
     return TokenEntry(
         rollout_id=rollout_id,
         model_call_id=model_call_id,

@@ -7,13 +7,15 @@ per generated token when a generation spanned a weight update
 serving instance (`replica`). All are optional: a call without them has no provenance, and
 nothing here invents one. Per-token versions are stored and delivered as runs
 `[[version, count], ...]`, a handful of numbers for a generation of thousands of tokens.
+Other systems' names for the same facts are accepted on input (`canonical_provenance`) and
+written under these names only (docs/async.md).
 This module imports only `errors`.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from capture_core.errors import InvalidRecordError
@@ -27,6 +29,23 @@ PROVENANCE_FIELDS = (
 )
 """The optional `TokenEntry` fields of provenance, in their order on the record."""
 RUNS_KEY = "generation_weight_versions"
+LABEL_FIELD = "weight_version_label"
+
+INPUT_ALIASES: dict[str, str] = {
+    "ng_generation_weight_version": "start_weight_version",
+    "generation_weight_version": "start_weight_version",
+    "ng_generation_weight_version_end": "end_weight_version",
+    "generation_weight_version_end": "end_weight_version",
+    "ng_generation_replica_id": "replica",
+    "generation_replica_id": "replica",
+    "output_versions": RUNS_KEY,
+}
+"""Input names other systems give provenance fields (NeMo Gym #3419 and NeMo RL #4146 with
+and without their `ng_` prefix, AReaL's per-token `output_versions`) -> tokcap's name."""
+SERVED_METADATA = "metadata"
+"""A served response's (and an entry extra's) metadata dict; its `weight_version` is the
+engine's label (SGLang), never a trainer version."""
+_INPUT_KEYS = frozenset({*INPUT_ALIASES, SERVED_METADATA})
 
 
 def version_runs(versions: Sequence[int]) -> list[list[int]]:
@@ -40,6 +59,62 @@ def expand_runs(runs: Sequence[Sequence[int]]) -> list[int]:
     for version, count in runs:
         expanded.extend(itertools.repeat(version, count))
     return expanded
+
+
+def canonical_provenance(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Input fields with other systems' provenance names mapped to tokcap's.
+
+    Returns `data` itself when it holds none of them (one set test: a put's hot path),
+    else a copy without the alias keys and with the canonical fields set. An alias whose
+    value is `None` says nothing. A `metadata` dict's string `weight_version` becomes
+    `weight_version_label`; the `metadata` field itself is kept as it was. An alias that
+    disagrees with the canonical field (or with another alias of it) is refused by name.
+    """
+    if not input_names_to_map(data):
+        return data
+    found = data.keys() & _INPUT_KEYS
+    fields = dict(data)
+    given = {name: name for name in PROVENANCE_FIELDS if fields.get(name) is not None}
+    for key in sorted(found):
+        if key == SERVED_METADATA:
+            _set_once(fields, given, LABEL_FIELD, served_label(fields[key]), "metadata")
+        else:
+            _set_once(fields, given, INPUT_ALIASES[key], fields.pop(key), key)
+    return fields
+
+
+def input_names_to_map(data: Mapping[str, Any]) -> bool:
+    """Whether `data` holds a name `canonical_provenance` maps (one set intersection)."""
+    return not data.keys().isdisjoint(_INPUT_KEYS)
+
+
+def served_label(metadata: Any) -> str | None:
+    """The engine's weight-version label in a served `metadata` dict (SGLang's
+    `metadata.weight_version`), or `None`: a label that is not a string is not one."""
+    if isinstance(metadata, Mapping):
+        label = metadata.get("weight_version")
+        if isinstance(label, str):
+            return label
+    return None
+
+
+def _set_once(
+    fields: dict[str, Any], given: dict[str, str], name: str, value: Any, source: str
+) -> None:
+    if value is None:
+        return
+    if name not in given:
+        fields[name], given[name] = value, source
+        return
+    if fields[name] != value or type(fields[name]) is not type(value):
+        where = "metadata.weight_version" if source == SERVED_METADATA else source
+        first = "metadata.weight_version" if given[name] == SERVED_METADATA else given[name]
+        call = fields.get("model_call_id")
+        raise InvalidRecordError(
+            f"{f'call {call!r}: ' if isinstance(call, str) else ''}{where} is {value!r} but "
+            f"{first} is {fields[name]!r}; both name {name} (docs/async.md), so give one of "
+            "them or make them agree"
+        )
 
 
 def generated_versions(entry: Any) -> list[int] | None:

@@ -5,8 +5,8 @@ Subclasses write the blocking operations; the async forms are written once here 
 them on the process's I/O pool (`storage.io_pool`), so no caller asks which class it holds.
 `drop_each` is the batch drop of any `TokenSource`, one rollout at a time; `drop_in_phases`
 the two-phase one of a store that can take its decisions before its deletions.
-This module imports only `errors`, `records`, `protocols`, `storage.io_pool` and
-`checked_entries`.
+This module imports only `errors`, `records`, `protocols`, `storage.io_pool`,
+`checked_entries` and `version_source`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from capture_core.protocols import (
 from capture_core.records import TokenEntry
 from capture_core.storage.io_pool import map_blocking, run_blocking
 from capture_core.store.checked_entries import StorableEntry, storable_entry
+from capture_core.store.version_source import WeightVersionSource
 
 
 class CaptureStore(ABC):
@@ -94,8 +95,20 @@ class CaptureStore(ABC):
     def close_now(self) -> None:
         """Release the backend. Safe to repeat."""
 
+    weight_version_source: WeightVersionSource | None = None
+    """Where the trainer publishes its current weight version, stamped on puts that carry
+    none (`version_source`); `None`: nothing is stamped."""
+
+    @property
+    def weight_version_location(self) -> str | None:
+        """Where `weight_version_source` reads, or `None`: part of a store's identity."""
+        source = self.weight_version_source
+        return None if source is None else source.location
+
     def storable(self, entry: Any) -> StorableEntry:
-        """The entry a put stores, checked as it is now (`checked_entries.storable_entry`).
+        """The entry a put stores, checked as it is now (`checked_entries.storable_entry`),
+        stamped with the source's current version when it carries none
+        (`weight_version_source`; a source that cannot say refuses the put).
 
         A refused entry is never stored. When its rollout and call can be read and the
         rollout is still open to writes, the call is first reported lost
@@ -105,9 +118,12 @@ class CaptureStore(ABC):
         Raises `InvalidRecordError` naming the rollout, the call and the field.
         """
         try:
-            return storable_entry(entry)
+            checked = storable_entry(entry)
+            if self.weight_version_source is not None:
+                checked = checked._replace(entry=self.weight_version_source.stamp(checked.entry))
         except InvalidRecordError as exc:
             raise self.refused(entry, exc) from exc
+        return checked
 
     def refused(self, entry: Any, exc: InvalidRecordError) -> InvalidRecordError:
         """The error to raise for an entry a put cannot store, its call reported lost first

@@ -22,6 +22,7 @@ from capture_core.records import (
     coerce_token_entry,
     describe_validation_error,
 )
+from capture_core.records.provenance import RUNS_KEY, input_names_to_map
 from capture_core.records.token_values import TOKEN_ID_FIELDS, token_id_array
 
 # The Python type validation gives each field (`response_id` also non-empty). A field of any
@@ -38,6 +39,11 @@ _EXACT_TYPES: dict[str, tuple[type, ...]] = {
     "token_item_index": (int, type(None)),
     "response_id": (str,),
     "created_at": (float,),
+    "start_weight_version": (int,),
+    "end_weight_version": (int,),
+    RUNS_KEY: (list,),  # its items: `check_entry_consistency` (`check_provenance`)
+    "weight_version_label": (str,),
+    "replica": (str,),
 }
 _REQUIRED_FIELDS = tuple(
     name for name, info in TokenEntry.model_fields.items() if info.is_required()
@@ -52,8 +58,8 @@ def construct_sealed_entry(fields: dict[str, Any]) -> TokenEntry | None:
     token lists already passed validation; the scalar types and the cross-field rules
     (`check_entry_consistency`) are checked again. Never for bytes no seal covers.
     """
-    if any(name not in fields for name in _REQUIRED_FIELDS):
-        return None
+    if any(name not in fields for name in _REQUIRED_FIELDS) or input_names_to_map(fields):
+        return None  # validation maps other systems' provenance names
     for name, value in fields.items():
         kinds = _EXACT_TYPES.get(name)
         if kinds is None:
@@ -88,8 +94,9 @@ def storable_entry(entry: Any) -> StorableEntry:
 
     A `TokenEntry` of ours was validated when built, but its lists may have changed since (a
     writer appending a -100 pad and a log prob), so every token rule is checked again: ids,
-    one finite float32 log prob per generated id (`check_token_ids`,
-    `check_entry_consistency`). The generated ids and log probs are copied first and the
+    one finite float32 log prob per generated id, the weight-version rules
+    (`check_token_ids`, `check_entry_consistency`). The generated ids, log probs and
+    per-token versions are copied first and the
     copies are checked and stored; the prompt is read once, into `prompt_ids`. So what is
     stored is what was checked, even if the caller changes its entry meanwhile.
     Anything else is validated in full by `coerce_token_entry`, into lists of its own.
@@ -102,7 +109,7 @@ def storable_entry(entry: Any) -> StorableEntry:
             raise InvalidRecordError(describe_validation_error(exc)) from exc
     copies = {
         name: value.copy()
-        for name in ("generation_token_ids", "generation_log_probs")
+        for name in ("generation_token_ids", "generation_log_probs", RUNS_KEY)
         if type(value := getattr(entry, name)) is list
     }
     record = entry.model_copy(update=copies)

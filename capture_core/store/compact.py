@@ -1,7 +1,8 @@
 """Linear-size stored entries: a call's prompt as a delta against the call it extends.
 
 Stored schema 3 keeps every non-default `TokenEntry` field but the prompt, under short names
-(extras under "e"), plus a prompt block: the parent call's key, the shared length, the new
+(extras under "e"; per-token weight versions as runs `[[version, count], ...]`, which
+readers expand), plus a prompt block: the parent call's key, the shared length, the new
 tokens and a digest of the whole prompt (the first 128 bits of sha256 over its int64 bytes).
 Every object also ends with a seal: the same digest over all of its other bytes, so the
 delta, the generation, the log probs, routed experts and content items are all verified.
@@ -28,7 +29,12 @@ import orjson
 
 from capture_core.errors import InvalidRecordError
 from capture_core.records import TOKEN_ENTRY_RECORD_SCHEMA_VERSION, TokenEntry, entry_fields
-from capture_core.records.provenance import PROVENANCE_FIELDS
+from capture_core.records.provenance import (
+    PROVENANCE_FIELDS,
+    RUNS_KEY,
+    expand_runs,
+    version_runs,
+)
 from capture_core.records.token_values import token_id_array
 from capture_core.store.stored_json import encode_json
 
@@ -82,9 +88,15 @@ _SHORT = {
     "output_items": "o",
     "token_item_index": "k",
     "created_at": "t",
+    "start_weight_version": "ws",
+    "end_weight_version": "we",
+    RUNS_KEY: "wv",
+    "weight_version_label": "wl",
+    "replica": "rp",
 }
 _LONG = {short: name for name, short in _SHORT.items()}
 _EXTRAS, _PROMPT = "e", "p"
+_RUNS = _SHORT[RUNS_KEY]
 
 
 def _pack(fields: dict[str, Any]) -> dict[str, Any]:
@@ -95,14 +107,38 @@ def _pack(fields: dict[str, Any]) -> dict[str, Any]:
             packed[_SHORT[key]] = value
         else:
             extras[key] = value
+    if _RUNS in packed:
+        packed[_RUNS] = version_runs(packed[_RUNS])
     if extras:
         packed[_EXTRAS] = extras
     return packed
 
 
+def _expand_stored_runs(runs: Any, generation: Any) -> list[Any]:
+    """Stored runs `[[version, count], ...]` as one version per generated token. Runs of any
+    other shape, or counting other than the generation's tokens, are refused by name before
+    anything is expanded (a count cannot make a reader allocate more than the generation)."""
+    if (
+        type(runs) is not list
+        or not all(
+            type(run) is list and len(run) == 2 and type(run[1]) is int and run[1] > 0
+            for run in runs
+        )
+        or sum(run[1] for run in runs) != len(generation if type(generation) is list else ())
+    ):
+        raise InvalidRecordError(
+            f"stored {RUNS_KEY} are not [version, count] runs with positive counts adding up "
+            "to the generated tokens"
+        )
+    return expand_runs(runs)
+
+
 def unpack(stored: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Logical fields and the prompt block (`parent`, `shared`, `tail`, `sha256`)."""
+    """Logical fields and the prompt block (`parent`, `shared`, `tail`, `sha256`); per-token
+    weight versions expanded from their runs."""
     fields = {_LONG[key]: value for key, value in stored.items() if key in _LONG}
+    if RUNS_KEY in fields:
+        fields[RUNS_KEY] = _expand_stored_runs(fields[RUNS_KEY], fields.get("generation_token_ids"))
     extras = stored.get(_EXTRAS)
     if isinstance(extras, dict):
         fields.update(extras)

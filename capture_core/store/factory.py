@@ -21,9 +21,11 @@ def open_capture_store(
     location: str | os.PathLike[str],
     storage_options: Mapping[str, Any] | None = None,
     parent_index_bytes: int = DEFAULT_MAX_BYTES,
+    weight_version_source: str | os.PathLike[str] | None = None,
 ) -> CaptureStore:
-    """The capture store at `location`: NeMo Gym's directory in place, else tokcap's layout."""
-    found = nemo_gym_store_for(location)
+    """The capture store at `location`: NeMo Gym's directory in place, else tokcap's layout;
+    either stamps puts from `weight_version_source` when given (`version_source`)."""
+    found = nemo_gym_store_for(location, weight_version_source)
     if found is not None:
         return found
-    return TokenCaptureStore(location, storage_options, parent_index_bytes)
+    return TokenCaptureStore(location, storage_options, parent_index_bytes, weight_version_source)

@@ -6,7 +6,7 @@ Every operation holds `flock` on `<id>.tokens.lock`, so a live NeMo Gym writer s
 It never creates objects of tokcap's own layout in such a directory.
 `nemo_gym_store_for` recognises the layout; a directory holding both layouts is refused.
 `flock` is node-local: this interoperates only on the host that owns the directory.
-It imports `storage` only for `fsync_dir`; it opens no byte store.
+It imports `storage` only for `fsync_dir` (and `version_source`); it opens no byte store.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from capture_core.store import nemo_gym_layout as layout
 from capture_core.store.base import CaptureStore
 from capture_core.store.capture_layout import ATTEMPT
 from capture_core.store.nemo_gym_layout import nemo_gym_root, read_jsonl_entries, reconcile_tail
+from capture_core.store.version_source import WeightVersionSource
 
 logger = logging.getLogger(__name__)
 
@@ -86,23 +87,34 @@ class NemoGymFileStore(CaptureStore):
 
     Writes (`put`, `begin_call`, `mark_incomplete`) produce NeMo Gym's own files, so NeMo
     Gym reads them too. Failures raise tokcap's capture errors with the same meaning as
-    `TokenCaptureStore`. Async methods run the blocking file work on a thread.
+    `TokenCaptureStore`. `weight_version_source` stamps puts as there
+    (`version_source`). Async methods run the blocking file work on a thread.
     """
 
     shared_across_hosts = False
     keeps_loss_reasons = False
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        weight_version_source: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.root = os.path.abspath(os.fspath(root))
+        if weight_version_source is not None:
+            self.weight_version_source = WeightVersionSource(weight_version_source)
 
     def __repr__(self) -> str:
         return f"NemoGymFileStore({self.root!r})"
 
-    def __reduce__(self) -> tuple[type[NemoGymFileStore], tuple[str]]:
-        return (NemoGymFileStore, (self.root,))
+    def __reduce__(self) -> tuple[type[NemoGymFileStore], tuple[str, str | None]]:
+        return (NemoGymFileStore, (self.root, self.weight_version_location))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, NemoGymFileStore) and self.root == other.root
+        return (
+            isinstance(other, NemoGymFileStore)
+            and self.root == other.root
+            and self.weight_version_location == other.weight_version_location
+        )
 
     def __hash__(self) -> int:
         return hash(("nemo-gym", self.root))
@@ -392,10 +404,13 @@ class NemoGymFileStore(CaptureStore):
         """Nothing to release: every operation opens and closes its own files."""
 
 
-def nemo_gym_store_for(location: str | os.PathLike[str]) -> NemoGymFileStore | None:
+def nemo_gym_store_for(
+    location: str | os.PathLike[str],
+    weight_version_source: str | os.PathLike[str] | None = None,
+) -> NemoGymFileStore | None:
     """A `NemoGymFileStore` when `location` is a local directory in NeMo Gym's layout, else `None`.
 
     Raises `MixedLayoutError` for a directory holding both layouts (see `nemo_gym_root`).
     """
     root = nemo_gym_root(location)
-    return None if root is None else NemoGymFileStore(root)
+    return None if root is None else NemoGymFileStore(root, weight_version_source)

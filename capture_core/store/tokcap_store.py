@@ -25,6 +25,7 @@ from capture_core.store import capture_layout as layout
 from capture_core.store.nemo_gym_store import nemo_gym_store_for
 from capture_core.store.tokcap_removal import TokcapRemoval
 from capture_core.store.tokcap_writes import TokcapWrites
+from capture_core.store.version_source import WeightVersionSource, source_options
 
 
 class TokenCaptureStore(TokcapWrites, TokcapRemoval):
@@ -32,8 +33,11 @@ class TokenCaptureStore(TokcapWrites, TokcapRemoval):
 
     `storage_options` go to the fsspec filesystem (endpoint, credentials); they are never
     logged or shown in `repr`. `parent_index_bytes` bounds the memory a writer spends finding
-    delta parents (docs/store.md, Delta parents). Async methods run blocking I/O on the
-    process's shared I/O thread pool (`capture_core.storage.io_pool`).
+    delta parents (docs/store.md, Delta parents). `weight_version_source` (a local path or
+    a URL, read with `storage_options` when it is a URL of the root's scheme) is where the
+    trainer publishes its current weight version: a put whose entry carries no version
+    records it as `end_weight_version` (`version_source`, docs/async.md). Async methods run
+    blocking I/O on the process's shared I/O thread pool (`capture_core.storage.io_pool`).
     """
 
     shared_across_hosts = True
@@ -48,7 +52,8 @@ class TokenCaptureStore(TokcapWrites, TokcapRemoval):
         """
         root = args[0] if args else kwargs.get("root")
         if cls is TokenCaptureStore and root is not None:
-            found = nemo_gym_store_for(root)
+            source = args[3] if len(args) > 3 else kwargs.get("weight_version_source")
+            found = nemo_gym_store_for(root, weight_version_source=source)
             if found is not None:
                 return found
         return super().__new__(cls)
@@ -58,23 +63,38 @@ class TokenCaptureStore(TokcapWrites, TokcapRemoval):
         root: str | os.PathLike[str],
         storage_options: Mapping[str, Any] | None = None,
         parent_index_bytes: int = parent_index.DEFAULT_MAX_BYTES,
+        weight_version_source: str | os.PathLike[str] | None = None,
     ) -> None:
         self.root = os.fspath(root)
         self.storage_options = dict(storage_options or {})
         self._bytes = open_byte_store(self.root, self.storage_options)
         self._parents = parent_index.ParentIndex(parent_index_bytes)
+        if weight_version_source is not None:
+            options = source_options(weight_version_source, self.root, self.storage_options)
+            self.weight_version_source = WeightVersionSource(weight_version_source, options)
 
     def __repr__(self) -> str:
         return f"TokenCaptureStore({self.root!r})"
 
-    def __reduce__(self) -> tuple[type[TokenCaptureStore], tuple[str, dict[str, Any], int]]:
-        return (TokenCaptureStore, (self.root, self.storage_options, self._parents.max_bytes))
+    def __reduce__(
+        self,
+    ) -> tuple[type[TokenCaptureStore], tuple[str, dict[str, Any], int, str | None]]:
+        return (
+            TokenCaptureStore,
+            (
+                self.root,
+                self.storage_options,
+                self._parents.max_bytes,
+                self.weight_version_location,
+            ),
+        )
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, TokenCaptureStore)
             and self.root == other.root
             and self.storage_options == other.storage_options
+            and self.weight_version_location == other.weight_version_location
         )
 
     def __hash__(self) -> int:

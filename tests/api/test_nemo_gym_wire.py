@@ -5,7 +5,8 @@ with `response_id`); `OlderGymEntry` the same before `response_id` existed. Ever
 shape round-trips unchanged on the wire (`wire_dump`, what stores write) in Python and in
 JSON, and through every store: NeMo Gym reads back an entry equal to the one it wrote.
 `model_dump()` is NeMo Gym's: every field, defaults included, as its current `TokenEntry`
-dumps the same record.
+dumps the same record. An entry carrying weight-version provenance under tokcap's names (extras
+to NeMo Gym) round-trips too; one carrying NeMo Gym #3419's names is written under tokcap's.
 """
 
 from __future__ import annotations
@@ -79,6 +80,20 @@ SHAPES: list[tuple[str, type[BaseModel], dict[str, Any]]] = [
     ),
     ("no carrier index", GymEntry, {**REQUIRED, "output_items": [ITEM], "created_at": 3.0}),
     ("older record", OlderGymEntry, {**REQUIRED, "output_items": [ITEM], "token_item_index": 0}),
+    (
+        "weight-version provenance",
+        GymEntry,
+        {
+            **REQUIRED,
+            "output_items": [ITEM],
+            "token_item_index": 0,
+            "start_weight_version": 7,
+            "end_weight_version": 8,
+            "generation_weight_versions": [7, 8],
+            "weight_version_label": "step-8",
+            "replica": "replica-2",
+        },
+    ),
 ]
 SHAPE_IDS = [name for name, _, _ in SHAPES]
 
@@ -168,3 +183,33 @@ def test_an_empty_response_id_reads_and_writes_back_as_null() -> None:
     """The one value not kept (docs/nemo-gym.md): a meaningless served id is no evidence."""
     written = _written(GymEntry, {**REQUIRED, "response_id": ""})
     assert TokenEntry.model_validate(written).model_dump()["response_id"] is None
+
+
+@pytest.mark.parametrize("where", ["tokcap", "nemo_gym"])
+def test_nemo_gym_3419_names_are_written_under_tokcaps_names(tmp_path, where: str) -> None:
+    """What NeMo Gym's #3419 branch writes reads as provenance; stores write tokcap's names."""
+    written = _written(
+        GymEntry,
+        {
+            **REQUIRED,
+            "ng_generation_replica_id": "replica-2",
+            "ng_generation_weight_version": 7,
+            "ng_generation_weight_version_end": 8,
+            "ng_kv_cache_num_cached_tokens": 2,
+        },
+    )
+    store = NemoGymFileStore(tmp_path) if where == "nemo_gym" else TokenCaptureStore(tmp_path)
+    store.put_now(TokenEntry.model_validate(written))
+    (read,) = store.freeze_now("3-4").entries
+    renamed = {key: value for key, value in written.items() if not key.startswith("ng_generation_")}
+    expected = {
+        **renamed,
+        "replica": "replica-2",
+        "start_weight_version": 7,
+        "end_weight_version": 8,
+    }
+    assert GymEntry.model_validate(read.wire_dump()) == GymEntry.model_validate(expected)
+    assert set(read.wire_dump()) <= set(expected), "no alias key is kept"
+    if where == "nemo_gym":
+        line = (tmp_path / "3-4.tokens.jsonl").read_bytes()
+        assert line == orjson.dumps(expected, option=orjson.OPT_SORT_KEYS) + b"\n"
