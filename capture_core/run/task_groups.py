@@ -129,7 +129,7 @@ class TaskGroups:
         if record is None:
             return
         task = index_value(record.get(TASK_INDEX_KEY))
-        if task is None:  # the first pass refused it; the file changed since
+        if task is None or task not in self.spans:  # not what the first pass read
             raise InvalidInputError(f"rollout file {self.url} changed while it was planned")
         seen = self.seen[task] = self.seen.get(task, 0) + 1
         self.batch[task] = self.batch.get(task, 0) + 1

@@ -14,6 +14,7 @@ import pytest
 from capture_core.errors import InvalidInputError
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
 from capture_core.run.run_layout import RunManifest
+from capture_core.run.task_groups import TaskGroups
 from capture_core.testing.synthetic import rollout_record
 from tests.conftest import make_bucket
 from tests.support.pipeline_helpers import write_rollouts
@@ -168,3 +169,10 @@ def test_a_default_manifest_is_unchanged_and_a_grouped_one_records_its_setting()
     grouped = RunManifest(**fields, group_by="task", max_group_size=64).encoded()
     assert b'"group_by":"task"' in grouped and b'"max_group_size":64' in grouped
     assert RunManifest.model_validate_json(grouped).group_by == "task"
+
+
+def test_a_task_the_first_pass_did_not_count_means_the_file_changed() -> None:
+    first = [(1, b"{}\n", rollout_record(0, 0))]
+    groups = TaskGroups.count("/in.jsonl", iter(first), cap=4)
+    with pytest.raises(InvalidInputError, match="changed while it was planned"):
+        groups.add(rollout_record(1, 0))
