@@ -124,3 +124,21 @@ def rollout_id_from_capture_prefix(path: str) -> str | None:
     """Return the rollout id in a correlation path, or `None` when the path is not one."""
     match = _CAPTURE_PREFIX_PATTERN.fullmatch(path)
     return None if match is None else match.group(1)
+
+
+TASK_INDEX_KEY = "_ng_task_index"
+
+
+def index_value(value: Any) -> int | None:
+    """A task, rollout or attempt index as an integer (integer-valued strings too), else None.
+
+    A bool is not an index, nor is a float: the trainer rows' `task_index` column reads
+    indices the same way, so a group's task index is the one its rows carry.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None

@@ -31,6 +31,11 @@ from capture_core.run.run_progress import (
     retire_counts,
 )
 from capture_core.run.run_report import RunSummary, plural, tokcap_command
+from capture_core.run.task_groups import (
+    DEFAULT_MAX_GROUP_SIZE,
+    check_max_group_size,
+    group_by_setting,
+)
 from tokcap.flows.alerts import alert_on_masks
 from tokcap.flows.progress import RunProgress
 from tokcap.flows.run_steps import RunSteps
@@ -110,6 +115,8 @@ def finalize_run(
     retire_after_consumer: str | None = None,
     delivery: str = MAIN_CHAIN,
     mask_alert_fraction: float | None = 0.1,
+    group_by: str | None = None,
+    max_group_size: int = DEFAULT_MAX_GROUP_SIZE,
 ) -> RunSummary:
     """Finalize every rollout of `rollouts` into the run's records at `dest`, then retire.
 
@@ -124,14 +131,18 @@ def finalize_run(
     receipt; `retire_after_consumer` then hands off but retires only the batches that row
     consumer acknowledged (a later run, `retire_uploaded` or the inbox retires the rest).
     A run that masked more than `mask_alert_fraction` of its rollouts emits an alert event
-    (`tokcap.flows.alerts`).
+    (`tokcap.flows.alerts`). `group_by="task"` keeps each task's rollouts in one batch, a
+    batch growing past `batch_size` to hold them; a task with more than `max_group_size`
+    rollouts, or spread too far through the file, is refused before anything runs.
     """
     options = public_storage_options(storage_options)
     check_arguments(run_id, builder, delivery, rows, retire_after_consumer)
+    group_by = group_by_setting(group_by)
+    check_max_group_size(max_group_size)
     check_separate_locations({"store": store, "dest": dest})
     source = SourceSpec(store=store, storage_options=options, source_kwargs=source_kwargs)
     check_locations(source, dest, options)
-    plan = plan_rollouts(rollouts, batch_size, options)
+    plan = plan_rollouts(rollouts, batch_size, options, group_by, max_group_size)
     settings = {
         "store": store,
         "builder": builder,
@@ -141,6 +152,8 @@ def finalize_run(
         "rows": rows,
         "retire_after_consumer": retire_after_consumer,
         "delivery": delivery,
+        "group_by": group_by,
+        "max_group_size": max_group_size,
     }
     claim_run_id(dest, run_id, plan, settings, options, claim)
     steps = RunSteps(run_id, dest, source, options, rollouts, builder, claim)

@@ -45,6 +45,7 @@ from capture_core.run.inbox import (
     run_id_for_file,
     take_claim,
 )
+from capture_core.run.task_groups import DEFAULT_MAX_GROUP_SIZE
 from capture_core.storage import filesystem_for, open_byte_store, url_scheme
 from tokcap.flows.finalize import finalize_run
 from tokcap.tasks.common import tokcap_task
@@ -185,6 +186,10 @@ class FileSettings(BaseModel):
     retire_after_consumer: str | None = Field(
         None, description="The row consumer whose acknowledgement retirement waits for."
     )
+    group_by: str | None = Field(None, description="task: no batch splits a task's rollouts.")
+    max_group_size: int = Field(
+        DEFAULT_MAX_GROUP_SIZE, description="Most rollouts of one task with group_by."
+    )
 
     def checked(self) -> FileSettings:
         """These settings with public storage options only, once inbox, store and destination
@@ -287,6 +292,8 @@ def take_file(item: InboxFile, settings: FileSettings, report: InboxReport) -> N
             "delivery": settings.delivery,
             "rows": settings.rows,
             "retire_after_consumer": settings.retire_after_consumer,
+            "group_by": settings.group_by,
+            "max_group_size": settings.max_group_size,
         }
         _finalize_claimed(item, decision.claim, settings.store, settings.dest, run_settings, report)
 

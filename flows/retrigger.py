@@ -207,6 +207,8 @@ def manifest_rerun(
         "delivery": manifest.delivery,
         "rows": manifest.rows,
         "retire_after_consumer": manifest.retire_after_consumer,
+        "group_by": manifest.group_by,
+        "max_group_size": manifest.max_group_size,
     }
     call = partial(finalize_run, store=store, dest=dest, run_id=run_id, **settings)
     return Rerun(manifest.rollouts, dest, options, call)

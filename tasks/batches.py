@@ -35,6 +35,7 @@ from capture_core.run.retirement import RetireOutcome, retire_receipt
 from capture_core.run.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
 from capture_core.run.run_progress import RETIREMENTS_FAILED
 from capture_core.run.run_report import masked_line, plural
+from capture_core.run.task_groups import DEFAULT_MAX_GROUP_SIZE
 from capture_core.storage import open_byte_store
 from tokcap.tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async, tokcap_task
 from tokcap.tasks.receipts import (
@@ -62,15 +63,21 @@ def persisted_task(name: str, run_name: Callable[..., str], key: Callable[..., s
 
 @tokcap_task("plan-rollouts", "plan batches of {batch_size} from {rollouts}")
 def plan_rollouts(
-    rollouts: str, batch_size: int, storage_options: Mapping[str, Any] | None = None
+    rollouts: str,
+    batch_size: int,
+    storage_options: Mapping[str, Any] | None = None,
+    group_by: str | None = None,
+    max_group_size: int = DEFAULT_MAX_GROUP_SIZE,
 ) -> RolloutFilePlan:
-    """Stream the rollout file once into batch byte ranges."""
-    plan = plan_rollout_file(rollouts, batch_size, storage_options)
+    """Stream the rollout file into batch byte ranges (`plan_rollout_file`: twice with
+    `group_by="task"`, whose refusals fail this task before anything runs)."""
+    plan = plan_rollout_file(rollouts, batch_size, storage_options, group_by, max_group_size)
     get_run_logger().info(
-        "planned %s of %s into %s",
+        "planned %s of %s into %s%s",
         plural(plan.rollouts, "rollout"),
         rollouts,
         plural(len(plan.batches), "batch", "batches"),
+        " holding whole task groups" if group_by else "",
     )
     return plan
 

@@ -17,6 +17,7 @@ from capture_core.run.run_layout import RunLayout
 from capture_core.run.run_outcome import outcome_line, verdict
 from capture_core.run.run_progress import RunTally
 from capture_core.run.run_report import RunSummary, markdown_report, summary_table, terminal_words
+from capture_core.run.version_tally import version_lines
 from capture_core.storage import ByteStore, open_byte_store
 from tokcap.tasks.common import ensure_claim, tokcap_task
 
@@ -57,6 +58,8 @@ def write_run_report(
     logger.info("%s", outcome_line(summary))
     if summary.terminal_methods:
         logger.info("run %s: %s", run_id, terminal_words(summary))
+    for line in version_lines(summary.weight_versions):
+        logger.info("run %s: %s", run_id, line)
     return summary
 
 

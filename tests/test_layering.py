@@ -48,9 +48,10 @@ RUN_MAY_IMPORT: dict[str, set[str]] = {
     "concurrency": set(),
     "finalize": set(),
     "mask_reasons": set(),
-    "rollout_io": set(),
+    "task_groups": set(),
+    "rollout_io": {"task_groups"},
     "run_pace": set(),
-    "run_layout": {"rollout_io"},
+    "run_layout": {"rollout_io", "task_groups"},  # the manifest's group cap default
     "trainer_rows": {"run_layout"},
     "receipt": {"rollout_io", "run_layout"},
     # The batch path: finalize, hand off, read back as certified, retire by receipt.
@@ -61,6 +62,7 @@ RUN_MAY_IMPORT: dict[str, set[str]] = {
         "rollout_io",
         "run_layout",
         "trainer_rows",
+        "version_tally",
     },
     "part_upload": {"batch_finalize", "crash_points", "receipt", "trainer_rows"},
     "verified_read": {"receipt"},
@@ -68,7 +70,8 @@ RUN_MAY_IMPORT: dict[str, set[str]] = {
     "retirement": {"concurrency", "crash_points", "receipt", "retire_verdict", "verified_read"},
     # A run's accounts and readers: they read what the batch path wrote, never the reverse.
     "run_outcome": {"mask_reasons"},
-    "run_report": {"mask_reasons", "run_layout", "run_outcome"},
+    "version_tally": {"run_layout"},
+    "run_report": {"mask_reasons", "run_layout", "run_outcome", "version_tally"},
     "run_progress": {"mask_reasons", "receipt", "retirement", "run_layout", "run_report"},
     "row_cursor": {"crash_points", "receipt", "run_layout"},
     "run_status": {"receipt", "row_cursor", "run_layout", "run_report"},

@@ -27,6 +27,7 @@ from capture_core.run.concurrency import finalize_concurrency
 from capture_core.run.finalize import BuildOptions, finalize_record, plain_rollout_id
 from capture_core.run.receipt import RolloutOutcome, receipt_key
 from capture_core.run.rollout_io import BatchPlan, ParsedLine
+from capture_core.run.version_tally import version_figures
 from capture_core.storage.io_pool import io_pool
 
 
@@ -93,6 +94,7 @@ def _outcome(line: int, result: dict, built: BuildResult | None) -> RolloutOutco
         terminal_method=(terminal.method or UNATTRIBUTED) if terminal else None,
         terminal_abstentions=terminal.abstentions if terminal else [],
         **_trace_counts(built),
+        **version_figures(result, masked),
     )
 
 

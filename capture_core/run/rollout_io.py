@@ -20,7 +20,13 @@ import orjson
 from pydantic import BaseModel, Field
 
 from capture_core.errors import InvalidInputError, LocationMissingError, StoreUnavailableError
-from capture_core.ids import maybe_rollout_id_from_run_body
+from capture_core.ids import TASK_INDEX_KEY, index_value, maybe_rollout_id_from_run_body
+from capture_core.run.task_groups import (
+    DEFAULT_MAX_GROUP_SIZE,
+    TaskGroups,
+    check_max_group_size,
+    group_by_setting,
+)
 from capture_core.storage import filesystem_for, is_connection_error, unreachable_message
 
 READ_CHUNK = 1 << 20
@@ -29,7 +35,8 @@ READ_CHUNK = 1 << 20
 class BatchPlan(BaseModel):
     """One batch of a rollout file: its byte range, first and last line numbers (of its
     non-blank lines; `last_line` 0 in plans made before it was recorded), line count and
-    content digest."""
+    content digest. `group_sizes` (planned with `group_by="task"`, else empty) maps each task
+    index of the batch to its rollouts in the whole input, all of which the batch holds."""
 
     index: int
     start: int
@@ -39,6 +46,12 @@ class BatchPlan(BaseModel):
     last_line: int = 0
     sha256: str
     refused: dict[int, str] = Field(default_factory=dict)
+    group_sizes: dict[int, int] = Field(default_factory=dict)
+
+    def group_size(self, record: Mapping[str, Any]) -> int | None:
+        """The group size of a record's task (`None` when the run does not group by task)."""
+        task = index_value(record.get(TASK_INDEX_KEY))
+        return None if task is None else self.group_sizes.get(task)
 
 
 class RolloutFilePlan(BaseModel):
@@ -85,8 +98,7 @@ class _DuplicateFinder:
         self.first: dict[str, int] = {}
         self.repeated: dict[str, list[int]] = {}
 
-    def add(self, line_no: int, line: bytes) -> None:
-        record = _parse_line(self.url, line_no, line).record
+    def add(self, line_no: int, record: dict[str, Any] | None) -> None:
         try:
             rollout_id = None if record is None else maybe_rollout_id_from_run_body(record)
         except ValueError:
@@ -158,17 +170,27 @@ def open_rollout_file(
 
 
 def plan_rollout_file(
-    url: str, batch_size: int, storage_options: Mapping[str, Any] | None = None
+    url: str,
+    batch_size: int,
+    storage_options: Mapping[str, Any] | None = None,
+    group_by: str | None = None,
+    max_group_size: int = DEFAULT_MAX_GROUP_SIZE,
 ) -> RolloutFilePlan:
     """Stream the file once and split its non-blank lines into batches of `batch_size`.
 
     Every line that repeats another line's rollout id is marked refused in its batch, the
     first copy included: no copy of a repeated id may be finalized.
+    With `group_by="task"` the file is read twice: the first pass counts each task's
+    rollouts (`task_groups.TaskGroups`), and a batch grows past `batch_size` until it holds
+    every rollout of its tasks; what cannot be grouped within `max_group_size` is refused.
     """
     if batch_size < 1:
         raise InvalidInputError(f"batch_size must be at least 1, got {batch_size}")
+    grouped = group_by_setting(group_by) is not None
+    cap = check_max_group_size(max_group_size) if grouped else max_group_size
     fs, path = open_rollout_file(url, storage_options)
     fingerprint = file_fingerprint(url, storage_options)  # before reading: see its doc
+    groups = TaskGroups.count(url, _records(url, fs, path), cap) if grouped else None
     whole = hashlib.sha256()
     batches: list[BatchPlan] = []
     current: dict[str, Any] | None = None
@@ -189,17 +211,28 @@ def plan_rollout_file(
                     "lines": 0,
                     "sha": hashlib.sha256(),
                 }
-            finder.add(line_no, line)
+            record = _parse_line(url, line_no, line).record
+            finder.add(line_no, record)
             current["lines"] += 1
             current["last_line"] = line_no
             current["sha"].update(pending_blank + line)
             pending_blank = b""
             current["end"] = size
-            if current["lines"] == batch_size:
+            if groups is None and current["lines"] == batch_size:
                 batches.append(_close(len(batches), current))
                 current, pending_blank = None, b""
+            elif groups is not None:
+                groups.add(record)
+                if groups.may_close(current["lines"], batch_size, current["first_line"]):
+                    batches.append(_close(len(batches), current, groups.close()))
+                    current, pending_blank = None, b""
     if current is not None:
-        batches.append(_close(len(batches), current))
+        batches.append(_close(len(batches), current, groups.close() if groups else None))
+    if groups is not None and groups.sha256 != whole.hexdigest():
+        raise InvalidInputError(
+            f"rollout file {url} changed while it was planned; input files must not change "
+            "during a run"
+        )
     duplicates = finder.refuse(batches)
     return RolloutFilePlan(
         url=url,
@@ -209,6 +242,14 @@ def plan_rollout_file(
         duplicates=duplicates,
         fingerprint=fingerprint,
     )
+
+
+def _records(url: str, fs: Any, path: str) -> Iterator[tuple[int, bytes, dict[str, Any] | None]]:
+    """Every line with its number and record (`None` for a blank or unparsable line)."""
+    with fs.open(path, "rb", block_size=READ_CHUNK) as stream:
+        for line_no, line in enumerate(split_lines(_stream_chunks(stream)), start=1):
+            record = _parse_line(url, line_no, line).record if line.strip() else None
+            yield line_no, line, record
 
 
 def file_fingerprint(url: str, storage_options: Mapping[str, Any] | None = None) -> str | None:
@@ -238,7 +279,9 @@ def file_sha256(url: str, storage_options: Mapping[str, Any] | None = None) -> s
     return whole.hexdigest()
 
 
-def _close(index: int, current: dict[str, Any]) -> BatchPlan:
+def _close(
+    index: int, current: dict[str, Any], group_sizes: dict[int, int] | None = None
+) -> BatchPlan:
     return BatchPlan(
         index=index,
         start=current["start"],
@@ -247,6 +290,7 @@ def _close(index: int, current: dict[str, Any]) -> BatchPlan:
         lines=current["lines"],
         last_line=current["last_line"],
         sha256=current["sha"].hexdigest(),
+        group_sizes=group_sizes or {},
     )
 
 

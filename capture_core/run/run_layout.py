@@ -26,6 +26,7 @@ from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.errors import InvalidInputError, RunIdInUseError, UnreadableManifestError
 from capture_core.ids import validate_rollout_id
 from capture_core.run.rollout_io import split_lines
+from capture_core.run.task_groups import DEFAULT_MAX_GROUP_SIZE
 from capture_core.storage import ByteStore
 
 MANIFEST = "run.json"
@@ -100,7 +101,12 @@ class RunManifest(BaseModel):
     retire_after_consumer: str | None = None
     delivery: str = MAIN_CHAIN
     """Written only when it is not the default, so a default run's manifest is unchanged;
-    so are `rows` and `retire_after_consumer`."""
+    so are `rows`, `retire_after_consumer`, `group_by` and `max_group_size`."""
+    group_by: str | None = None
+    """`task`: no batch splits a task's rollouts (`task_groups`); it shapes the batches."""
+    max_group_size: int = DEFAULT_MAX_GROUP_SIZE
+    """The group cap the run was planned with: a retrigger plans with it again. It refuses
+    input but never shapes a batch, so a re-run with another cap is not refused."""
     started_at: float | None = None
 
     def encoded(self) -> bytes:
@@ -109,6 +115,8 @@ class RunManifest(BaseModel):
             "delivery": MAIN_CHAIN,
             "rows": "none",
             "retire_after_consumer": None,
+            "group_by": None,
+            "max_group_size": DEFAULT_MAX_GROUP_SIZE,
             "started_at": None,
         }
         for name, default in defaults.items():
@@ -135,6 +143,11 @@ class RolloutFigures(BaseModel):
     """`all_traces` builds: the rollout's training rows, owned calls and tokens trained."""
     owned_calls: int | None = None
     tokens_trained: int | None = None
+    weight_versions: list[int] | None = None
+    """Records carrying `token_provenance` (`version_tally`): [min, max] sampling version of
+    their generated tokens (null: none known), tokens per version and of unknown version."""
+    weight_version_tokens: dict[str, int] | None = None
+    unknown_version_tokens: int | None = None
 
     def figures(self) -> dict[str, Any]:
         """These fields alone, by name, to build another model that carries them."""
@@ -175,17 +188,21 @@ class LedgerLine(RolloutFigures):
 
 
 TRACE_COUNTS = ("traces", "owned_calls", "tokens_trained")
+VERSION_FIGURES = ("weight_versions", "weight_version_tokens", "unknown_version_tokens")
 FLAGS_WHEN_SET = ("earlier", "retired_earlier", "gated", "not_started")
 
 
 def _unset(line: LedgerLine) -> set[str]:
     absent = {n for n in TRACE_COUNTS if getattr(line, n) is None}
+    if line.weight_version_tokens is None:  # no provenance key: `weight_versions` null says more
+        absent |= set(VERSION_FIGURES)
     return absent | {n for n in FLAGS_WHEN_SET if not getattr(line, n)}
 
 
 def encode_ledger(lines: list[LedgerLine]) -> bytes:
-    """One JSON line per rollout; trace counts only where a build counted them, the
-    `earlier`, `retired_earlier`, `gated` and `not_started` flags only where set."""
+    """One JSON line per rollout; trace counts only where a build counted them, version
+    figures only where the record carried provenance, the `earlier`, `retired_earlier`,
+    `gated` and `not_started` flags only where set."""
     return b"".join(orjson.dumps(line.model_dump(exclude=_unset(line))) + b"\n" for line in lines)
 
 
@@ -360,7 +377,7 @@ def _encode(body: dict[str, Any]) -> bytes:
     return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
 
 
-RUN_SETTINGS = ("batch_size", "builder", "delivery", "rows", "retire_after_consumer")
+RUN_SETTINGS = ("batch_size", "builder", "delivery", "rows", "retire_after_consumer", "group_by")
 
 
 def _changed_settings(existing: RunManifest | None, new: Mapping[str, Any]) -> list[str]:

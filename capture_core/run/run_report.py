@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from capture_core.builder.terminal import UNATTRIBUTED
 from capture_core.builder.trace_envelope import MAIN_CHAIN
+from capture_core.run import version_tally as versions
 from capture_core.run.mask_reasons import abstention_words, kinds_of, reason_kind
 from capture_core.run.run_layout import LEDGER, RECORDS, LedgerLine, run_location
 from capture_core.run.run_outcome import (
@@ -67,6 +68,8 @@ class RunSummary(BaseModel):
     tokens_trained: int = 0
     mask_alert_threshold: float | None = None
     """The run's mask alert threshold (`None`: none, or not known where the summary was read)."""
+    weight_versions: versions.VersionTally | None = None
+    """The delivered weight versions (`version_tally`); `None` when no record carried them."""
 
     @property
     def ok(self) -> bool:
@@ -196,6 +199,7 @@ def summarize(run_id: str, ledger: list[LedgerLine]) -> RunSummary:
         traces=sum(line.traces or 0 for line in ledger if line.handed_off),
         owned_calls=sum(line.owned_calls or 0 for line in ledger if line.handed_off),
         tokens_trained=sum(line.tokens_trained or 0 for line in ledger if line.handed_off),
+        weight_versions=versions.tally_versions(ledger),
     )
 
 
@@ -263,6 +267,7 @@ def summary_table(summary: RunSummary) -> list[dict[str, object]]:
             {"metric": f"terminal abstention: {k}", "value": v}
             for k, v in summary.terminal_abstentions.items()
         ),
+        *versions.version_table(summary.weight_versions),
     ]
 
 
@@ -308,6 +313,7 @@ def markdown_report(
     lines += _reason_table("Handed off, retirement failed (captures kept)", unretired)
     lines += ["", "## Terminal attribution", "", *_terminal_lines(summary)]
     lines += _traces(summary, ledger) if summary.delivery != MAIN_CHAIN else _delivered(delivered)
+    lines += versions.version_section(summary.weight_versions)
     lines += ["", "## Slowest batches", "", "| batch | seconds |", "|---|---|"]
     for index, seconds in sorted(batch_seconds.items(), key=lambda kv: -kv[1])[:5]:
         lines.append(f"| {index} | {seconds:.2f} |")

@@ -17,6 +17,7 @@ import orjson
 from capture_core.builder import BUILDERS
 from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.run.run_layout import ROW_FORMATS
+from capture_core.run.task_groups import DEFAULT_MAX_GROUP_SIZE, GROUP_BY, group_by_setting
 from tokcap.flows.cli.checks import (
     UsageError,
     absolute,
@@ -115,6 +116,21 @@ def _add_finalize(commands: Any) -> None:
         metavar="NAME",
         help="hand off but retire nothing now: `tokcap retire` and the inbox retire each batch "
         "once row consumer NAME acknowledged it (needs --rows parquet)",
+    )
+    finalize.add_argument(
+        "--group-by",
+        choices=GROUP_BY,
+        default=GROUP_BY[0],
+        help="task: no part splits the rollouts of one task index (a GRPO group); a batch "
+        "grows past --batch-size to finish its groups (default none)",
+    )
+    finalize.add_argument(
+        "--max-group-size",
+        type=positive_int,
+        default=DEFAULT_MAX_GROUP_SIZE,
+        metavar="N",
+        help="with --group-by task: refuse a task of more than N rollouts, or a batch that "
+        f"cannot close within N rollouts past --batch-size (default {DEFAULT_MAX_GROUP_SIZE})",
     )
     finalize.add_argument(
         "--task-runner",
@@ -241,6 +257,7 @@ def check_args(args: argparse.Namespace) -> None:
         args.inbox = absolute(args.inbox)
     check_separate(args)
     if args.command == "finalize":
+        args.group_by = group_by_setting(args.group_by)  # the run setting: none is None
         check_consumer(args)
         try:
             parse_task_runner(args.task_runner)

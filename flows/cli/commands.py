@@ -33,6 +33,8 @@ FINALIZE_SETTINGS = (
     "mask_fraction_min_samples",
     "rows",
     "retire_after_consumer",
+    "group_by",
+    "max_group_size",
 )  # `finalize_run`'s parameters, each from the option of the same name
 
 

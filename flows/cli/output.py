@@ -11,6 +11,7 @@ from typing import Any
 from capture_core.run.capture_source import is_class_spec
 from capture_core.run.run_outcome import mask_rate_line, outcome_line, reason_lines
 from capture_core.run.run_report import plural, stopped_counts, tokcap_command, trace_counts
+from capture_core.run.version_tally import version_lines
 from tokcap.flows.cli.checks import status_of_run
 from tokcap.flows.runners import script
 
@@ -39,7 +40,7 @@ def print_retriggered(report: Any) -> None:
 
 def print_summary(summary: Any, source: str | None = None) -> None:
     """The outcome line first (then `source`, what the run read), the counts, then the mask
-    rate and each reason in words."""
+    rate and each reason in words, then the weight versions delivered (when recorded)."""
     print(outcome_line(summary))
     if source:
         print(f"from {source}")
@@ -69,6 +70,8 @@ def print_summary(summary: Any, source: str | None = None) -> None:
         print("masked because:")
         for line in reason_lines(summary):
             print(f"  {line}")
+    for line in version_lines(summary.weight_versions):
+        print(line)
     if summary.records_prefix:
         ledger = summary.ledger or "not written (the next run of this run id writes it)"
         print(f"records: {summary.records_prefix}\nledger:  {ledger}")

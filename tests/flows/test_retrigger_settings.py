@@ -96,6 +96,8 @@ def test_a_retrigger_of_an_inbox_run_that_failed_before_its_manifest_keeps_its_s
         rows="parquet",
         delivery="all_traces",
         retire_after_consumer="trainer",
+        group_by="task",
+        max_group_size=2,
     )
     with capture_store["unreachable"]():
         failed = finalize_inbox_file(url, run_id, settings, return_state=True)
@@ -118,6 +120,7 @@ def test_a_retrigger_of_an_inbox_run_that_failed_before_its_manifest_keeps_its_s
         "all_traces",
         "trainer",
     ), "the retrigger finalized with the failed run's own settings"
+    assert (manifest.group_by, manifest.max_group_size) == ("task", 2)
     delivered = dest_records(dest, run_id)
     assert len(delivered) == 2 and all("training_traces" in r for r in delivered)
     assert open_byte_store(dest).list_prefix(f"{run_id}/rows"), "trainer rows beside the part"

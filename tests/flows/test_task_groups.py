@@ -1,0 +1,149 @@
+"""`finalize_run(group_by="task")` on a real Prefect test server, local disk and S3 (moto):
+no part splits a task's rollouts, refusals come before anything runs, a retrigger keeps it."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from capture_core.errors import InvalidInputError, RunIdInUseError
+from capture_core.run.receipt import receipt_key
+from capture_core.run.rollout_io import plan_rollout_file, split_lines
+from capture_core.run.run_layout import RunLayout, read_ledger
+from capture_core.storage import open_byte_store
+from capture_core.store import TokenCaptureStore
+from capture_core.testing.synthetic import rollout_record
+from tests.support.pipeline_helpers import (
+    FAILING_FREEZE_SOURCE,
+    batch_entries,
+    finalize_locations,
+    write_rollouts,
+)
+from tests.support.reliability_figures import record_case
+from tokcap.flows.finalize import finalize_run
+from tokcap.flows.retrigger import retrigger_failed
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+
+def captured_groups(store: TokenCaptureStore, sizes: dict[int, int], seed: int) -> list[dict]:
+    """Capture every rollout of each task; records of each two neighbouring tasks shuffled
+    together (interleaved, yet each group closes within its pair)."""
+    rng = random.Random(seed)
+    records = []
+    tasks = sorted(sizes)
+    for pair in (tasks[i : i + 2] for i in range(0, len(tasks), 2)):
+        block = [rollout_record(task, i) for task in pair for i in range(sizes[task])]
+        rng.shuffle(block)
+        records += block
+    for record in records:
+        for entry in batch_entries(f"{record['_ng_task_index']}-{record['_ng_rollout_index']}"):
+            store.put_now(entry)
+    return records
+
+
+def tasks_per_part(dest: str, run_id: str, options: dict | None, folder: str) -> list[list[int]]:
+    """The task index of each record (or row) of each part of the run, part by part."""
+    byte_store = open_byte_store(dest, options)
+    parts = []
+    for key in sorted(byte_store.list_prefix(f"{run_id}/{folder}")):
+        data = byte_store.get(key) or b""
+        if folder == "rows":
+            import pyarrow as pa
+
+            parts.append(pq.read_table(pa.BufferReader(data)).column("task_index").to_pylist())
+        else:
+            parts.append(
+                [orjson.loads(x)["_ng_task_index"] for x in split_lines([data]) if x.strip()]
+            )
+    return parts
+
+
+def split_tasks(parts: list[list[int]]) -> set[int]:
+    """The tasks found in more than one part."""
+    seen: dict[int, set[int]] = {}
+    for n, tasks in enumerate(parts):
+        for task in tasks:
+            seen.setdefault(task, set()).add(n)
+    return {task for task, where in seen.items() if len(where) > 1}
+
+
+@pytest.mark.integrity
+def test_no_part_splits_a_task_group_of_any_size(locations) -> None:
+    options = locations["options"]
+    store = TokenCaptureStore(locations["store"], options)
+    sizes = {0: 3, 1: 1, 2: 5, 3: 2, 4: 4, 5: 1}
+    records = captured_groups(store, sizes, seed=50)
+    write_rollouts(locations["rollouts"], records, options)
+    summary = finalize_locations(
+        locations, "grouped", batch_size=2, group_by="task", rows="parquet"
+    )
+    assert summary.ok and summary.handed_off == len(records) == 16 and summary.masked == 0
+    for folder in ("records", "rows"):
+        parts = tasks_per_part(locations["dest"], "grouped", options, folder)
+        assert len(parts) > 2 and split_tasks(parts) == set(), (folder, parts)
+        assert sorted(t for part in parts for t in part) == sorted(
+            r["_ng_task_index"] for r in records
+        )
+    manifest = RunLayout(open_byte_store(locations["dest"], options), "grouped").read_manifest()
+    assert manifest is not None and manifest.group_by == "task"
+
+    default = finalize_locations(locations, "plain", batch_size=2)
+    assert default.ok
+    plain = tasks_per_part(locations["dest"], "plain", options, "records")
+    assert split_tasks(plain), "without group_by the same input splits groups across parts"
+    assert all(len(part) == 2 for part in plain[:-1])
+    record_case("a GRPO group is never split across parts")
+
+
+@pytest.mark.integrity
+def test_a_group_that_cannot_close_is_refused_before_anything_runs(locations) -> None:
+    options = locations["options"]
+    store = TokenCaptureStore(locations["store"], options)
+    records = captured_groups(store, {3: 1, 10: 2, 11: 2}, seed=1)
+    records = [rollout_record(3, 1), *records]  # task 3 now starts the file and ends far away
+    write_rollouts(locations["rollouts"], records, options)
+    with pytest.raises(InvalidInputError) as refused:
+        finalize_locations(locations, "spread", batch_size=1, group_by="task", max_group_size=2)
+    assert "task 3's 2 rollouts are spread over lines 1-" in str(refused.value)
+    assert "Sort the file by task index" in str(refused.value)
+    dest = open_byte_store(locations["dest"], options)
+    assert dest.list_prefix("spread") == [], "no manifest, part or receipt was written"
+    assert store.byte_store.list_prefix("10-0"), "no capture was touched"
+    assert not any(key.endswith("FROZEN") for key in store.byte_store.list_prefix("10-0"))
+    record_case("a task group that cannot close within the cap is refused before finalizing")
+
+
+def test_a_retrigger_keeps_group_by_and_its_cap(tmp_path: Path) -> None:
+    root, dest = str(tmp_path / "store"), str(tmp_path / "dest")
+    store = TokenCaptureStore(root)
+    sizes = {7: 3, 8: 2, 9: 3}  # task 8's freezes fail in the first run
+    records = captured_groups(store, sizes, seed=8)
+    rollouts = write_rollouts(str(tmp_path / "in.jsonl"), records)
+    settings = {"batch_size": 2, "group_by": "task", "max_group_size": 3}
+    failing = {"store": FAILING_FREEZE_SOURCE, "source_kwargs": {"root": root}}
+    state = finalize_run(
+        rollouts, dest=dest, run_id="regroup", **failing, **settings, return_state=True
+    )
+    assert state.is_failed()
+    manifest = RunLayout(open_byte_store(dest), "regroup").read_manifest()
+    assert manifest is not None and (manifest.group_by, manifest.max_group_size) == ("task", 3)
+
+    report = retrigger_failed(dest, "regroup", root)
+    assert not report.still_failing
+    planned = plan_rollout_file(rollouts, 2, group_by="task", max_group_size=3)
+    assert [b.group_sizes for b in planned.batches] == [{7: 3, 8: 2}, {9: 3}]
+    stored = {
+        key.rsplit("/", 1)[-1] for key in open_byte_store(dest).list_prefix("regroup/receipts")
+    }
+    assert {receipt_key(b) for b in planned.batches} <= stored, "the grouped batches' receipts"
+    parts = tasks_per_part(dest, "regroup", None, "records")
+    assert len(parts) == 2 and split_tasks(parts) == set()
+    ledger = read_ledger(open_byte_store(dest), "regroup")
+    assert ledger is not None and all(line.handed_off for line in ledger)
+    with pytest.raises(RunIdInUseError, match="group by task is now None"):
+        finalize_run(rollouts, root, dest, "regroup", batch_size=2)
