@@ -191,8 +191,8 @@ def staleness_mask(
     """`table` with `trainable_mask` (list<int8>) added: per position, `loss_mask` and
     `weight_version >= current_weight_version - max_weight_lag`.
 
-    An unknown version (-1, `NO_WEIGHT_VERSION`) is masked: a token of unknown age is not
-    known to be fresh. Nothing else changes. Vectorized over the flattened lists, one record
+    An unknown version (-1, `NO_WEIGHT_VERSION`) is always masked: a token of unknown age is
+    not known to be fresh. Nothing else changes. Vectorized over the flattened lists, one record
     batch at a time. A table without `weight_version` (rows written before tokcap recorded
     versions) is refused by name: its tokens' age cannot be known.
     """
@@ -204,7 +204,9 @@ def staleness_mask(
             "unknown (rows written before tokcap recorded them); read it without "
             "current_weight_version and max_weight_lag"
         )
-    oldest = current_weight_version - max_weight_lag
+    # Versions are 0 or more, so the floor at 0 changes nothing for a known one and keeps
+    # an unknown one (-1) masked even when the lag reaches back before version 0.
+    oldest = max(current_weight_version - max_weight_lag, 0)
     chunks = [_trainable(batch, oldest, part) for batch in table.to_batches()]
     column = pa.chunked_array(chunks, _MASK_TYPE)
     field = pa.field(TRAINABLE_MASK, _MASK_TYPE, nullable=False)
