@@ -212,9 +212,10 @@ class BuildResult:
     snapshot: SnapshotIdentity | None = None
     training_traces: dict[str, Any] | None = None
     incomplete_reasons: tuple[str, ...] = ()
-    token_provenance: dict[str, Any] | None = None
+    token_provenance: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
     """The record key `token_provenance` of an unmasked delivery (`builder.token_provenance`);
-    a masked build has none."""
+    a masked build has none. Not in the seed dict, so not compared: a build read back from
+    its dict equals the build."""
 
     @classmethod
     def trajectory(

@@ -103,7 +103,7 @@ def test_refinalizing_a_finalized_record_gives_the_same_record_and_key(store, de
     edited = copy.deepcopy(first)
     edited[TOKEN_PROVENANCE_KEY]["calls"] = {}
     again, _ = finalized(edited, store, delivery)
-    assert again == first, "an incoming key never survives: finalize derives its own"
+    assert again == first, "finalize replaces an incoming key with its own"
     record_case("re-finalizing a record with token_provenance gives the same key")
 
 
@@ -111,10 +111,12 @@ def test_a_masked_rollout_carries_no_key(store) -> None:
     captured(store, 0, RolloutShape(turns=3, auxiliary_call=True))  # two roots
     record, _ = finalized(rollout_record(7, 0), store, "main_chain")
     assert record[MASK_SAMPLE_KEY] is True and TOKEN_PROVENANCE_KEY not in record
+    made_up = {"schema_version": 1, "calls": {"made-up": {"start_weight_version": 99}}}
     arrived_masked = {**rollout_record(7, 0), MASK_SAMPLE_KEY: True}
     for delivery in DELIVERIES:
-        record, _ = finalized(arrived_masked, store, delivery)
-        assert TOKEN_PROVENANCE_KEY not in record
+        for incoming in (rollout_record(7, 0), arrived_masked):
+            record, _ = finalized({**incoming, TOKEN_PROVENANCE_KEY: made_up}, store, delivery)
+            assert record[MASK_SAMPLE_KEY] is True and TOKEN_PROVENANCE_KEY not in record
 
 
 def test_an_envelope_with_provenance_beside_it_passes_the_check_before_handoff(store) -> None:
