@@ -89,15 +89,21 @@ def _versions(entries: Iterable[TokenEntry]) -> dict[str, Any]:
     }
 
 
-def call_versions(call: Mapping[str, Any] | None, generated: int) -> list[int] | None:
-    """The per-token versions a key's `calls` entry gives a call of `generated` tokens, by
+def call_runs(call: Mapping[str, Any] | None, generated: int) -> list[list[int]] | None:
+    """The versions a key's `calls` entry gives a call of `generated` tokens, as runs, by
     the rule of `records.provenance.generated_versions`; `None` when it gives none."""
     if not call:
         return None
     runs = call.get(RUNS_KEY)
     if runs is not None:
-        return expand_runs(runs)
+        return [list(run) for run in runs]
     known = call.get("start_weight_version")
     if known is None:
         known = call.get("end_weight_version")
-    return None if known is None else [known] * generated
+    return None if known is None else [[known, generated]]
+
+
+def call_versions(call: Mapping[str, Any] | None, generated: int) -> list[int] | None:
+    """`call_runs` as one version per token."""
+    runs = call_runs(call, generated)
+    return None if runs is None else expand_runs(runs)

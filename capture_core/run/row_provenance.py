@@ -18,15 +18,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from capture_core.builder.token_provenance import TOKEN_PROVENANCE_KEY, call_versions
+from capture_core.builder.token_provenance import TOKEN_PROVENANCE_KEY, call_runs
 from capture_core.errors import InvalidRecordError
-from capture_core.records.provenance import expand_runs
 
 NO_WEIGHT_VERSION = -1
+INT32_MAX = 2**31 - 1
 """The `weight_version` of a prompt position, or of a generated one whose version is unknown."""
 
-Span = tuple[int, int, "list[int] | None", "str | None"]
-"""A generated span of a row: start, end, its versions (None: unknown) and its replica."""
+Span = tuple[int, int, "list[list[int]] | None", "str | None"]
+"""A generated span of a row: start, end, its versions as runs (None: unknown), its replica."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def chain_spans(
         start = len(item.get("prompt_token_ids") or [])
         generated = len(item["generation_token_ids"])
         replica = call.get("replica") if call else None
-        spans.append((start, start + generated, call_versions(call, generated), replica))
+        spans.append((start, start + generated, _checked_runs(call_runs(call, generated)), replica))
     return spans
 
 
@@ -104,29 +104,56 @@ def trace_spans(
     calls = key.get("calls") or {}
     spans: list[Span] = []
     for n, span in enumerate(sampled):
-        versions = expand_runs(runs["spans"][n]) if runs is not None else []
+        versions = _checked_runs(runs["spans"][n]) if runs is not None else None
         call = calls.get(span["model_call_id"])
         replica = call.get("replica") if call else None
-        spans.append((span["start"], span["end"], versions or None, replica))
+        spans.append((span["start"], span["end"], versions, replica))
     return spans
 
 
+def _checked_runs(runs: Any) -> list[list[int]] | None:
+    """Runs `[[version, count], ...]` (`None` for none or `[]`), checked: pairs of integers
+    0 or more, versions within int32. Anything else was edited after finalize, and no
+    version is guessed."""
+    if not runs:
+        return None
+    ok = isinstance(runs, list) and all(
+        isinstance(run, list | tuple)
+        and len(run) == 2
+        and all(type(n) is int and n >= 0 for n in run)
+        and run[0] <= INT32_MAX
+        for run in runs
+    )
+    if not ok:
+        raise InvalidRecordError(
+            f"token_provenance holds the runs {runs!r}, not [[version, count], ...] of "
+            "integers 0 or more; the record was edited after finalize, so no row is written"
+        )
+    return runs
+
+
 def row_versions(rollout_id: str, trace_id: str, length: int, spans: Sequence[Span]) -> RowVersions:
-    """A row of `length` positions: each span's versions at its place, -1 elsewhere."""
+    """A row of `length` positions: each span's versions at its place, -1 elsewhere.
+
+    A span holds a few runs, so each is one slice fill (C speed), never a loop per token.
+    """
     versions = np.full(length, NO_WEIGHT_VERSION, dtype=np.int32)
     replicas: dict[str, None] = {}
-    for start, end, known, replica in spans:
+    for start, end, runs, replica in spans:
         if replica is not None:
             replicas[str(replica)] = None
-        if known is None:
+        if runs is None:
             continue
-        if len(known) != end - start or end > length:
+        counted = sum(count for _, count in runs)
+        if counted != end - start or end > length:
             raise InvalidRecordError(
-                f"rollout {rollout_id}: row {trace_id} has {len(known)} versions for the "
+                f"rollout {rollout_id}: row {trace_id} has {counted} versions for the "
                 f"span {start}..{end} of a {length}-token row; token_provenance does not "
                 "describe the delivered tokens, so no row is written"
             )
-        versions[start:end] = known
+        for version, count in runs:
+            versions[start : start + count] = version
+            start += count
     return RowVersions(versions, tuple(replicas))
 
 

@@ -175,6 +175,10 @@ def test_an_edited_key_that_does_not_describe_the_tokens_writes_no_row(tmp_path)
     trace["spans"][0] = [[5, random.Random(0).randrange(1000, 2000)]]
     with pytest.raises(InvalidRecordError, match="does not describe the delivered tokens"):
         trainer_rows.record_rows(traced, 1)
+    for edited in ([["5", 3]], [[-1, 3]], [[5]], [[2**31, 1]], "5"):
+        trace["spans"][0] = edited
+        with pytest.raises(InvalidRecordError, match="the record was edited after finalize"):
+            trainer_rows.record_rows(traced, 1)
 
 
 def test_staleness_mask_is_vectorized_over_a_large_part() -> None:
