@@ -63,7 +63,9 @@ async def finalize_rollout_token_capture(
     (`prefix_merging` or `per_request`), also for a record that already carries token ids
     (docs/traces.md); a masked record never carries one. An envelope on the input never
     survives. What it replaces is kept under `_before_finalize`, so finalizing a finalized
-    record again gives what finalizing the original gives (docs/contract.md).
+    record again gives what finalizing the original gives (docs/contract.md). An unmasked
+    delivery also carries `token_provenance`: which weights sampled each delivered token,
+    beside the envelope, never inside it (docs/async.md).
     """
     built = await finalize_rollout(result, source, BuildOptions(builder, delivery))
     return None if built is None else built.to_dict()

@@ -52,7 +52,9 @@ RUN_MAY_IMPORT: dict[str, set[str]] = {
     "rollout_io": {"task_groups"},
     "run_pace": set(),
     "run_layout": {"rollout_io", "task_groups"},  # the manifest's group cap default
-    "trainer_rows": {"run_layout"},
+    # Rows place each position's weight version from the record's token_provenance.
+    "row_provenance": set(),
+    "trainer_rows": {"row_provenance", "run_layout"},
     "receipt": {"rollout_io", "run_layout"},
     # The batch path: finalize, hand off, read back as certified, retire by receipt.
     "batch_finalize": {

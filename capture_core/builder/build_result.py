@@ -9,6 +9,7 @@ from the dict exactly when its attribute is `None` (or `False`, for the flags).
 `from_dict` reads such a dict back, so the dict-taking seed functions share this logic.
 With `all_traces` delivery a build carries the checked `training_traces` envelope instead
 of a rebuilt response, and its metrics count traces, owned calls and tokens trained.
+An unmasked delivery also carries its `token_provenance` (the record key; not in the dict).
 This module imports only `chain`, `terminal`, `trace_envelope` and `traces`.
 """
 
@@ -211,6 +212,10 @@ class BuildResult:
     snapshot: SnapshotIdentity | None = None
     training_traces: dict[str, Any] | None = None
     incomplete_reasons: tuple[str, ...] = ()
+    token_provenance: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
+    """The record key `token_provenance` of an unmasked delivery (`builder.token_provenance`);
+    a masked build has none. Not in the seed dict, so not compared: a build read back from
+    its dict equals the build."""
 
     @classmethod
     def trajectory(
@@ -222,12 +227,19 @@ class BuildResult:
         built: BuildOutput,
         n_calls: int,
         terminal: TerminalMetric,
+        provenance: dict[str, Any] | None = None,
     ) -> BuildResult:
         """A projected main chain; `masked` when the strict policy keeps it from training."""
         metrics = BuildMetrics(n_calls, ChainCounts.of(n_calls, built), terminal)
         retries = tuple(built.notes.unresolved_retries)
         return cls(
-            response, masked, rollout_id, builder, unresolved_retries=retries, metrics=metrics
+            response,
+            masked,
+            rollout_id,
+            builder,
+            unresolved_retries=retries,
+            metrics=metrics,
+            token_provenance=None if masked else provenance,
         )
 
     @classmethod
@@ -245,8 +257,9 @@ class BuildResult:
         return cls(None, True, rollout_id, builder, error=error, metrics=metrics)
 
     @classmethod
-    def traced(cls, built: TraceBuild) -> BuildResult:
-        """An `all_traces` build: its checked envelope, or masked with the reason it has none."""
+    def traced(cls, built: TraceBuild, provenance: dict[str, Any] | None = None) -> BuildResult:
+        """An `all_traces` build: its checked envelope (and the envelope's `provenance`), or
+        masked with the reason it has none."""
         metrics = BuildMetrics(
             built.n_calls,
             terminal=TerminalMetric.of(built.attribution),
@@ -263,6 +276,7 @@ class BuildResult:
             built.builder,
             metrics=metrics,
             training_traces=built.envelope,
+            token_provenance=provenance,
         )
 
     @classmethod
@@ -290,6 +304,7 @@ class BuildResult:
             snapshot=snapshot,
             training_traces=None,
             incomplete_reasons=reasons,
+            token_provenance=None,
         )
 
     def of_masked_record(self) -> BuildResult:
@@ -298,7 +313,9 @@ class BuildResult:
         if self.mask_sample:
             return self
         error = self.error or ARRIVED_MASKED
-        return dataclasses.replace(self, mask_sample=True, training_traces=None, error=error)
+        return dataclasses.replace(
+            self, mask_sample=True, training_traces=None, error=error, token_provenance=None
+        )
 
     @property
     def can_retire(self) -> bool:

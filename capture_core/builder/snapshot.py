@@ -26,6 +26,7 @@ from capture_core.builder.terminal import (
     TerminalMetric,
 )
 from capture_core.builder.terminal_witnesses import attribute_terminal, check_strict_chain
+from capture_core.builder.token_provenance import chain_provenance, traces_provenance
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.builder.traces import build_training_traces
 from capture_core.errors import error_text
@@ -115,8 +116,9 @@ def _build_and_project(
     assert_prefix_contiguity(response)
     masked = _mask(progress.attribution, built)
     metrics = progress.terminal_metrics()
+    provenance = chain_provenance([link.entry for link in built.main_chain.links])
     return BuildResult.trajectory(
-        rollout_id, builder, response, masked, built, len(records), metrics
+        rollout_id, builder, response, masked, built, len(records), metrics, provenance
     )
 
 
@@ -209,7 +211,10 @@ def _assemble_traces(
         built = build_training_traces(
             rollout_id, entries, builder, terminal, one_attempt=one_attempt
         )
-        return BuildResult.traced(built)
+        if built.envelope is None:
+            return BuildResult.traced(built)
+        calls = [coerce_token_entry(entry) for entry in entries]
+        return BuildResult.traced(built, traces_provenance(built.envelope, calls))
     except Exception as exc:
         logger.debug("rollout %s: traces build failed: %s", rollout_id, exc, exc_info=True)
         error = f"{type(exc).__name__}: {exc}"

@@ -198,4 +198,5 @@ def _rows_part(
 
     check_row_format(rows)
     key = run_layout.rows_key(run_id, batch.index, batch.sha256)
-    return key, io_pool().submit(encode_rows, emitted_rows(emitted))
+    sizes = batch.group_sizes or None  # planned with group_by="task"
+    return key, io_pool().submit(encode_rows, emitted_rows(emitted, sizes))

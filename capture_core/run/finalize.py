@@ -7,7 +7,8 @@ they pass a captured call's validation; malformed ones are rebuilt from the capt
 Failed or masked builds keep their capture as evidence.
 The record's terminal fields and scored `response` attribute the call that earned the reward.
 Fields it replaces are kept as the harness wrote them, so finalizing a finalized record again
-gives what finalizing the original gives; an incoming `training_traces` never survives.
+gives what finalizing the original gives; an incoming `training_traces` never survives, and
+a record finalize writes carries its own `token_provenance` (on an unmasked delivery) or none.
 `delivery.finalize_rollout_token_capture` (NeMo Gym's name) returns this build as a dict.
 """
 
@@ -26,6 +27,7 @@ from capture_core.builder.build_result import (
 )
 from capture_core.builder.snapshot import build_from_snapshot, warn_masked
 from capture_core.builder.terminal import BEFORE_FINALIZE_KEY, TerminalInputs
+from capture_core.builder.token_provenance import TOKEN_PROVENANCE_KEY
 from capture_core.builder.trace_envelope import DELIVERIES, ENVELOPE_KEY, MAIN_CHAIN
 from capture_core.errors import InvalidRecordError, error_text
 from capture_core.ids import maybe_rollout_id_from_run_body
@@ -53,6 +55,7 @@ def mask_unusable(result: dict, error: str) -> BuildResult:
     An unmasked rollout would appear healthy until it reaches the trainer.
     """
     built = BuildResult.unusable(error)
+    result.pop(TOKEN_PROVENANCE_KEY, None)
     kept: dict[str, Any] = {}
     _mask(result, kept)
     _replace(result, kept, TOKEN_CAPTURE_KEY, built.record_metrics())
@@ -86,11 +89,13 @@ def _keep(result: dict, kept: dict[str, Any]) -> None:
 def recover_harness_record(result: dict) -> str | None:
     """Return `result` to what the harness wrote; why its scored transcript is lost, or `None`.
 
-    No envelope survives: finalize builds its own or none. An earlier finalize's metrics go,
-    and the fields it replaced come back from `_before_finalize` (`null`: the harness wrote
-    none), so finalizing a finalized record gives what finalizing the original gives. A record
-    whose output an earlier finalize rebuilt without keeping the harness's (NeMo Gym's, say:
-    its metrics count `chains`) has lost its scored transcript: no build may read it there.
+    No envelope survives: finalize builds its own or none. An earlier finalize's metrics
+    go, and the fields it replaced come back from `_before_finalize` (`null`: the harness
+    wrote none), so finalizing a finalized record gives what finalizing the original gives.
+    `token_provenance` stays until a build replaces it (`_apply`, `mask_unusable`): a record
+    left unchanged keeps the key of its token ids. A record whose output an earlier finalize
+    rebuilt without keeping the harness's (NeMo Gym's, say: its metrics count `chains`) has
+    lost its scored transcript: no build may read it there.
     A `_before_finalize` that finalize could not have written raises `InvalidRecordError`:
     the record was edited, so the finalizer masks it and keeps its capture.
     """
@@ -320,7 +325,7 @@ async def _redundant_capture(
 
 def _apply(result: dict, built: BuildResult, strip_choices: bool = False) -> BuildResult:
     """Write a build into the record and return it as written: the envelope (all_traces) or
-    `response.output`, the metrics and the mask.
+    `response.output`, the metrics and the mask; an unmasked delivery's `token_provenance`.
 
     Each field replaced is kept as it was under `_before_finalize`. A record that arrived
     masked stays masked, so its build is masked too and carries no envelope.
@@ -330,6 +335,10 @@ def _apply(result: dict, built: BuildResult, strip_choices: bool = False) -> Bui
     kept: dict[str, Any] = {}
     if built.training_traces is not None:
         result[ENVELOPE_KEY] = built.training_traces
+    if built.token_provenance is not None:
+        result[TOKEN_PROVENANCE_KEY] = built.token_provenance
+    else:
+        result.pop(TOKEN_PROVENANCE_KEY, None)
     if built.rebuilt_response is not None:
         response = _with_rebuilt_output(
             result.get("response"), built.rebuilt_response, strip_choices

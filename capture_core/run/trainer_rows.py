@@ -7,6 +7,8 @@ token-bearing items that do not extend one another (a record that arrived with i
 token ids, not prefix-contiguous) give one row per contiguous run, never a join invented
 across a rewritten history. Masked rollouts, records without a rollout id and records
 without token ids have no rows: rows are derived from what was delivered, nothing else.
+Each row carries the weight version of every position (`row_provenance`: -1 at prompts and
+where unknown), its version bounds and replicas, and its task's `group_size` when given.
 
 The part is zstd-compressed Parquet in row groups of at most `ROW_GROUP_TOKENS` tokens,
 so a reader streams it a group at a time. Token ids are int32 unless an id of the part
@@ -29,8 +31,17 @@ import pyarrow.parquet as pq
 
 from capture_core.builder.build_result import MASK_SAMPLE_KEY
 from capture_core.errors import InvalidInputError, InvalidRecordError
-from capture_core.ids import maybe_rollout_id_from_run_body
+from capture_core.ids import index_value, maybe_rollout_id_from_run_body
 from capture_core.records.served import response_items
+from capture_core.run.row_provenance import (
+    RowVersions,
+    chain_calls,
+    chain_spans,
+    provenance_key,
+    row_versions,
+    trace_spans,
+    version_columns,
+)
 from capture_core.run.run_layout import ROW_FORMATS
 
 MAIN_CHAIN = "main_chain"
@@ -44,7 +55,9 @@ WRITE_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     # Token ids and log probs are near-random numbers: dictionaries do not pay, while split
     # byte streams let zstd squeeze their high bytes. Strings repeat, so they keep one.
-    "use_dictionary": ["rollout_id", "trace_id", "delivery"],
+    # Weight versions are a few values in long runs: dictionary indices are run-length
+    # encoded, so a version per call costs a few bytes per row.
+    "use_dictionary": ["rollout_id", "trace_id", "delivery", "weight_version.list.element"],
     "use_byte_stream_split": ["token_ids.list.element", "generation_logprobs.list.element"],
     "write_statistics": ["rollout_id", "task_index", "rollout_index", "line"],
     "data_page_version": "2.0",
@@ -66,6 +79,10 @@ class TrainerRow:
     attempt_index: int | None
     line: int
     delivery: str
+    versions: RowVersions | None = None
+    """Per-position weight versions and replicas; `None`: unknown everywhere."""
+    group_size: int | None = None
+    """The task's rollouts in the run, when the run knows it (grouped finalize)."""
 
 
 def check_row_format(rows: str) -> str:
@@ -77,7 +94,9 @@ def check_row_format(rows: str) -> str:
     return rows
 
 
-def record_rows(record: Mapping[str, Any], line: int, projected: bool = False) -> list[TrainerRow]:
+def record_rows(
+    record: Mapping[str, Any], line: int, projected: bool = False, group_size: int | None = None
+) -> list[TrainerRow]:
     """The rows of one delivered record (none when it is masked or carries no tokens).
 
     `projected`: the record's output is the builder's projection of one chain, whose prefix
@@ -92,15 +111,15 @@ def record_rows(record: Mapping[str, Any], line: int, projected: bool = False) -
         return []
     if rollout_id is None:
         return []
-    envelope = record.get(TRACES_KEY)
+    envelope, key = record.get(TRACES_KEY), provenance_key(record)
     with np.errstate(over="ignore"):  # a value float32 cannot hold is refused below
         if isinstance(envelope, Mapping):
-            shaped = _trace_rows(rollout_id, envelope)
+            shaped = _trace_rows(rollout_id, envelope, key)
             delivery = ALL_TRACES
         else:
-            shaped = _chain_rows(rollout_id, record.get("response"), projected)
+            shaped = _chain_rows(rollout_id, record.get("response"), projected, key)
             delivery = MAIN_CHAIN
-    for trace_id, _, logprobs, mask in shaped:
+    for trace_id, _, logprobs, mask, _ in shaped:
         _refuse_non_finite(rollout_id, trace_id, logprobs, mask)
     reward = record.get("reward")
     return [
@@ -111,20 +130,24 @@ def record_rows(record: Mapping[str, Any], line: int, projected: bool = False) -
             generation_logprobs=logprobs,
             loss_mask=mask,
             reward=float(reward) if isinstance(reward, int | float) else None,
-            task_index=_index(record.get("_ng_task_index")),
-            rollout_index=_index(record.get("_ng_rollout_index")),
-            attempt_index=_index(record.get("_ng_attempt_index")),
+            task_index=index_value(record.get("_ng_task_index")),
+            rollout_index=index_value(record.get("_ng_rollout_index")),
+            attempt_index=index_value(record.get("_ng_attempt_index")),
             line=line,
             delivery=delivery,
+            versions=versions,
+            group_size=group_size,
         )
-        for trace_id, tokens, logprobs, mask in shaped
+        for trace_id, tokens, logprobs, mask, versions in shaped
     ]
 
 
-Shaped = tuple[str, np.ndarray, np.ndarray, np.ndarray]
+Shaped = tuple[str, np.ndarray, np.ndarray, np.ndarray, RowVersions]
 
 
-def _trace_rows(rollout_id: str, envelope: Mapping[str, Any]) -> list[Shaped]:
+def _trace_rows(
+    rollout_id: str, envelope: Mapping[str, Any], key: Mapping[str, Any] | None
+) -> list[Shaped]:
     """The envelope's traces as rows, unchanged (it was validated before it was handed off)."""
     rows = []
     for trace in envelope.get("traces") or []:
@@ -137,11 +160,16 @@ def _trace_rows(rollout_id: str, envelope: Mapping[str, Any]) -> list[Shaped]:
                 f"ids, {len(logprobs)} log probs and {len(mask)} mask positions; a trace's "
                 "arrays must be equally long, so it is not written as a row"
             )
-        rows.append((str(trace["trace_id"]), tokens, logprobs, mask))
+        trace_id = str(trace["trace_id"])
+        spans = trace_spans(rollout_id, key, trace)
+        versions = row_versions(rollout_id, trace_id, len(tokens), spans)
+        rows.append((trace_id, tokens, logprobs, mask, versions))
     return rows
 
 
-def _chain_rows(rollout_id: str, response: Any, projected: bool) -> list[Shaped]:
+def _chain_rows(
+    rollout_id: str, response: Any, projected: bool, key: Mapping[str, Any] | None
+) -> list[Shaped]:
     """The record's token-bearing items as cumulative rows: a row's tokens are its last
     item's prompt and generation, each item's generation is a masked span at its place."""
     if not isinstance(response, Mapping):
@@ -151,6 +179,7 @@ def _chain_rows(rollout_id: str, response: Any, projected: bool) -> list[Shaped]
         for item in response_items(response)
         if isinstance(item, Mapping) and item.get("generation_token_ids")
     ]
+    calls = dict(zip(map(id, items), chain_calls(rollout_id, key, items), strict=True))
     groups = [items] if projected else _extending_runs(items)
     rows = []
     for n, group in enumerate(g for g in groups if g):
@@ -164,7 +193,9 @@ def _chain_rows(rollout_id: str, response: Any, projected: bool) -> list[Shaped]
             mask[start:end] = 1
             logprobs[start:end] = item.get("generation_log_probs") or []
         trace_id = f"{rollout_id}:main" if n == 0 else f"{rollout_id}:main-{n}"
-        rows.append((trace_id, tokens, logprobs, mask))
+        spans = chain_spans(group, [calls[id(item)] for item in group])
+        versions = row_versions(rollout_id, trace_id, len(tokens), spans)
+        rows.append((trace_id, tokens, logprobs, mask, versions))
     return rows
 
 
@@ -215,17 +246,6 @@ def _extending_runs(items: list[Mapping[str, Any]]) -> list[list[Mapping[str, An
     return runs
 
 
-def _index(value: Any) -> int | None:
-    """A task, rollout or attempt index as an integer (integer-valued strings too), or None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return None
-
-
 def row_schema(token_type: pa.DataType) -> pa.Schema:
     """The columns of a rows part, in order."""
     return pa.schema(
@@ -241,6 +261,11 @@ def row_schema(token_type: pa.DataType) -> pa.Schema:
             ("attempt_index", pa.int64()),
             ("line", pa.int64()),
             ("delivery", pa.string()),
+            _required_list("weight_version", pa.int32()),
+            ("min_weight_version", pa.int32()),
+            ("max_weight_version", pa.int32()),
+            _required_list("replicas", pa.string()),
+            ("group_size", pa.int32()),
         ]
     )
 
@@ -277,6 +302,10 @@ def rows_table(rows: Sequence[TrainerRow]) -> pa.Table:
         "attempt_index": pa.array([r.attempt_index for r in rows], pa.int64()),
         "line": pa.array([r.line for r in rows], pa.int64()),
         "delivery": pa.array([r.delivery for r in rows], pa.string()),
+        **version_columns(
+            [r.versions or RowVersions.unknown(len(r.token_ids)) for r in rows], offsets
+        ),
+        "group_size": pa.array([r.group_size for r in rows], pa.int32()),
     }
     return pa.table(columns, schema=row_schema(token_type))
 
@@ -304,14 +333,28 @@ def _row_groups(rows: Sequence[TrainerRow]) -> Iterable[tuple[int, int]]:
         yield start, len(rows)
 
 
-def emitted_rows(records: Iterable[tuple[int, Mapping[str, Any], bool]]) -> list[TrainerRow]:
-    """The rows of a batch's emitted records, as `(input line, record, projected)`."""
-    return [row for line, rec, projected in records for row in record_rows(rec, line, projected)]
+def emitted_rows(
+    records: Iterable[tuple[int, Mapping[str, Any], bool]],
+    group_sizes: Mapping[int, int] | None = None,
+) -> list[TrainerRow]:
+    """The rows of a batch's emitted records, as `(input line, record, projected)`;
+    `group_sizes` maps a task index to its rollouts in the run (absent: `group_size` null)."""
+    sizes = group_sizes or {}
+    return [
+        row
+        for line, rec, projected in records
+        for row in record_rows(
+            rec, line, projected, sizes.get(index_value(rec.get("_ng_task_index")))
+        )
+    ]
 
 
-def batch_rows(records: Iterable[tuple[int, Mapping[str, Any], bool]]) -> bytes:
+def batch_rows(
+    records: Iterable[tuple[int, Mapping[str, Any], bool]],
+    group_sizes: Mapping[int, int] | None = None,
+) -> bytes:
     """The rows part of a batch's emitted records, as `(input line, record, projected)`."""
-    return encode_rows(emitted_rows(records))
+    return encode_rows(emitted_rows(records, group_sizes))
 
 
 def count_rows(data: bytes) -> int:

@@ -63,6 +63,18 @@ def tasks_per_part(dest: str, run_id: str, options: dict | None, folder: str) ->
     return parts
 
 
+def rows_column(dest: str, run_id: str, options: dict | None, names: list[str]) -> list[tuple]:
+    """The named columns of every row of the run's rows parts, row by row."""
+    import pyarrow as pa
+
+    byte_store = open_byte_store(dest, options)
+    found = []
+    for key in sorted(byte_store.list_prefix(f"{run_id}/rows")):
+        table = pq.read_table(pa.BufferReader(byte_store.get(key) or b""), columns=names)
+        found += list(zip(*(table.column(n).to_pylist() for n in names), strict=True))
+    return found
+
+
 def split_tasks(parts: list[list[int]]) -> set[int]:
     """The tasks found in more than one part."""
     seen: dict[int, set[int]] = {}
@@ -91,6 +103,8 @@ def test_no_part_splits_a_task_group_of_any_size(locations) -> None:
         )
     manifest = RunLayout(open_byte_store(locations["dest"], options), "grouped").read_manifest()
     assert manifest is not None and manifest.group_by == "task"
+    carried = rows_column(locations["dest"], "grouped", options, ["task_index", "group_size"])
+    assert carried and all(size == sizes[task] for task, size in carried), carried
 
     default = finalize_locations(locations, "plain", batch_size=2)
     assert default.ok

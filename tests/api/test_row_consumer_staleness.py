@@ -1,0 +1,101 @@
+"""Staleness masking by the row consumer, on real runs: local disk and S3 (a moto server).
+
+Calls carrying weight versions (one generation across a weight update, one call and one
+rollout without any) are put through the store, finalized by the real flow with trainer
+rows, and read back by `RowConsumer(..., current_weight_version=V, max_weight_lag=K)`:
+every position's version is the captured one, `trainable_mask` is the rule, `stale_tokens`
+counts what it masked, and the cursor, acks and retirement behave exactly as without it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from capture_core.dataset import RowConsumer
+from capture_core.store import TokenCaptureStore
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
+from tests.support.pipeline_helpers import dest_records, write_rollouts
+from tests.support.reliability_figures import record_case
+from tests.support.weight_versions import expected_row_versions, rule, versioned_rollout
+from tokcap.flows.finalize import finalize_run, retire_uploaded
+
+pytestmark = [pytest.mark.usefixtures("prefect_api"), pytest.mark.integrity]
+
+ROLLOUTS = 6
+UNVERSIONED = 5
+CURRENT, LAG = 6, 2
+
+
+def capture(locations: dict) -> dict[str, list]:
+    """Rollouts 7-0..7-5 of growing length and version; 7-5 carries no provenance."""
+    store = TokenCaptureStore(locations["store"], locations["options"])
+    entries = {}
+    for i in range(ROLLOUTS):
+        rollout_id = f"7-{i}"
+        shape = RolloutShape(turns=2 + i, prompt_tokens=16, generated_tokens=6 + 3 * i)
+        if i == UNVERSIONED:
+            calls = synthetic_rollout(rollout_id, shape)
+        else:
+            calls = versioned_rollout(rollout_id, base=i, shape=shape, seed=i)
+        for entry in calls:
+            store.put_now(entry)
+        entries[rollout_id] = calls
+    return entries
+
+
+def remaining(locations: dict) -> list[str]:
+    store = TokenCaptureStore(locations["store"], locations["options"])
+    return [f"7-{i}" for i in range(ROLLOUTS) if store.read_entries(f"7-{i}")]
+
+
+@pytest.mark.parametrize("delivery", ["main_chain", "all_traces"])
+def test_the_consumer_masks_stale_tokens_with_the_captured_versions(locations, delivery) -> None:
+    options = locations["options"]
+    entries = capture(locations)
+    records = [rollout_record(7, i, reward=1.0) for i in range(ROLLOUTS)]
+    write_rollouts(locations["rollouts"], records, options)
+    run_id = f"stale-{delivery.replace('_', '-')}"
+    finalize_run(
+        locations["rollouts"],
+        locations["store"],
+        locations["dest"],
+        run_id,
+        batch_size=2,
+        storage_options=options,
+        rows="parquet",
+        delivery=delivery,
+        retire_after_consumer="trainer",
+    )
+    delivered = {
+        f"7-{r['_ng_rollout_index']}": r for r in dest_records(locations["dest"], run_id, options)
+    }
+    assert all("token_provenance" in r for r in delivered.values())
+    reader = RowConsumer(
+        locations["dest"],
+        run_id,
+        "trainer",
+        options,
+        current_weight_version=CURRENT,
+        max_weight_lag=LAG,
+    )
+    plain = RowConsumer(locations["dest"], run_id, "plain", options)
+    plain_parts = {part.key: part.table for part in plain}
+    wrong, stale_seen, stale_reported = 0, 0, 0
+    for part in reader:
+        assert part.table.drop_columns(["trainable_mask"]).equals(plain_parts[part.key])
+        for row in part.table.to_pylist():
+            record = delivered[row["rollout_id"]]
+            versions = expected_row_versions(record, row, entries[row["rollout_id"]])
+            expected = rule(row["loss_mask"], versions, CURRENT, LAG)
+            wrong += row["weight_version"] != versions or row["trainable_mask"] != expected
+            stale_seen += sum(row["loss_mask"]) - sum(expected)
+            if row["rollout_id"] == f"7-{UNVERSIONED}":
+                assert not any(row["trainable_mask"]) and row["max_weight_version"] is None
+        stale_reported += part.stale_tokens
+        reader.ack(part.key)
+    assert wrong == 0 and stale_seen == stale_reported > 0
+    assert list(reader) == [] and reader.pending() == [], "acked parts are consumed"
+    assert plain.pending(), "another name's cursor is its own"
+    retire_uploaded(locations["dest"], run_id, locations["store"], options)
+    assert remaining(locations) == [], "every delivered capture retires after its ack"
+    record_case(f"the consumer masks stale tokens by their captured versions ({delivery})")
