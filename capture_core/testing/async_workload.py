@@ -1,14 +1,14 @@
 """A seeded asynchronous RL workload: episodes of very different lengths sampled while the
 trainer updates the weights, each call carrying the versions that sampled it.
 
-Episodes start at staggered times and run their calls one after another on a simulated
-clock; the trainer publishes version `v` at time `v * update_every` (in generated tokens of
-simulated time). A call is admitted at one version and may finish at a later one: with
-`per_token` its tokens carry the version current when each was sampled (a generation that
-spans an update, as interruptible generation makes), else the weights change only between
-calls (`start == end`). Long episodes are the stalest, as in real asynchronous training.
-Everything is deterministic for a seed. This module imports only `capture_core.records` and
-`capture_core.testing.synthetic`.
+Episodes run their calls one after another on a simulated clock and all finish shortly
+before the trainer reads them; the trainer publishes version `v` at time `v * update_every`
+(in generated tokens of simulated time). A call is admitted at one version and may finish
+at a later one: with `per_token` its tokens carry the version current when each was sampled
+(a generation that spans an update, as interruptible generation makes), else the weights
+change only between calls (`start == end`). Long episodes are the stalest, as in real
+asynchronous training. Everything is deterministic for a seed. This module imports only
+`capture_core.records` and `capture_core.testing.synthetic`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ class AsyncWorkload:
     """Simulated time (generated tokens, all episodes together) between weight updates."""
     per_token: bool = True
     """Whether a generation may span an update (per-token versions) or only calls may."""
+    finish_version: int = 8
+    """The trainer's version when it reads the batch: every episode finished just before."""
 
 
 @dataclass
@@ -48,9 +50,15 @@ class AsyncEpisode:
 
 
 def async_episodes(workload: AsyncWorkload, seed: int = 0) -> list[AsyncEpisode]:
-    """The workload's episodes, each call stamped with the versions that sampled it."""
+    """The workload's episodes, each call stamped with the versions that sampled it.
+
+    Every episode finishes within one update interval before the trainer reads the batch
+    (at version `workload.finish_version`), so a long episode started long before: its
+    first tokens are the stalest of the batch, as in a trainer that consumes what finished.
+    """
     rng = random.Random(f"async:{seed}")
     episodes = []
+    finish_by = workload.finish_version * workload.update_every
     for index in range(workload.episodes):
         turns = rng.randint(*workload.turns)
         shape = RolloutShape(
@@ -61,11 +69,13 @@ def async_episodes(workload: AsyncWorkload, seed: int = 0) -> list[AsyncEpisode]
         )
         rollout_id = f"{index}-0"
         plain = synthetic_rollout(rollout_id, shape, seed=seed)
-        clock = rng.uniform(0, workload.update_every * 4)
+        gaps = [rng.uniform(0, workload.tool_tokens) for _ in plain]
+        took = sum(len(e.generation_token_ids) for e in plain) + sum(gaps)
+        clock = max(0.0, finish_by - rng.uniform(0, workload.update_every) - took)
         stamped = []
-        for entry in plain:
+        for entry, gap in zip(plain, gaps, strict=True):
             versions = _sampled_at(clock, len(entry.generation_token_ids), workload)
-            clock += len(entry.generation_token_ids) + rng.uniform(0, workload.tool_tokens)
+            clock += len(entry.generation_token_ids) + gap
             stamped.append(with_versions(entry, versions, workload.per_token))
         record = rollout_record(index, 0, reward=float(index % 2))
         episodes.append(AsyncEpisode(rollout_id, turns, stamped, record))
