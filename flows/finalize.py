@@ -142,7 +142,8 @@ def finalize_run(
     check_separate_locations({"store": store, "dest": dest})
     source = SourceSpec(store=store, storage_options=options, source_kwargs=source_kwargs)
     check_locations(source, dest, options)
-    plan = plan_rollouts(rollouts, batch_size, options, group_by, max_group_size)
+    grouping = {"group_by": group_by, "max_group_size": max_group_size}
+    plan = plan_rollouts(rollouts, batch_size, options, grouping)
     settings = {
         "store": store,
         "builder": builder,

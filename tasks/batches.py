@@ -35,7 +35,6 @@ from capture_core.run.retirement import RetireOutcome, retire_receipt
 from capture_core.run.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
 from capture_core.run.run_progress import RETIREMENTS_FAILED
 from capture_core.run.run_report import masked_line, plural
-from capture_core.run.task_groups import DEFAULT_MAX_GROUP_SIZE
 from capture_core.storage import open_byte_store
 from tokcap.tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async, tokcap_task
 from tokcap.tasks.receipts import (
@@ -66,18 +65,18 @@ def plan_rollouts(
     rollouts: str,
     batch_size: int,
     storage_options: Mapping[str, Any] | None = None,
-    group_by: str | None = None,
-    max_group_size: int = DEFAULT_MAX_GROUP_SIZE,
+    grouping: Mapping[str, Any] | None = None,
 ) -> RolloutFilePlan:
-    """Stream the rollout file into batch byte ranges (`plan_rollout_file`: twice with
-    `group_by="task"`, whose refusals fail this task before anything runs)."""
-    plan = plan_rollout_file(rollouts, batch_size, storage_options, group_by, max_group_size)
+    """Stream the rollout file into batch byte ranges (`plan_rollout_file`; `grouping` holds
+    its `group_by` and `max_group_size`: with `group_by="task"` it reads the file twice, and
+    its refusals fail this task before anything runs)."""
+    plan = plan_rollout_file(rollouts, batch_size, storage_options, **(grouping or {}))
     get_run_logger().info(
         "planned %s of %s into %s%s",
         plural(plan.rollouts, "rollout"),
         rollouts,
         plural(len(plan.batches), "batch", "batches"),
-        " holding whole task groups" if group_by else "",
+        " holding whole task groups" if (grouping or {}).get("group_by") else "",
     )
     return plan
 
