@@ -79,7 +79,8 @@ def test_the_file_fingerprint_is_only_a_shortcut_past_the_digest(tmp_path) -> No
     write_rollouts(url, [{"_ng_rollout_id": "7-0"}])
     dest_url = str(tmp_path / "dest")
     plan = plan_rollout_file(url, 2)
-    claim_run_id.fn(dest_url, "r", plan, "s", "prefix_merging", 2, None, 50)
+    settings = {"store": "s", "builder": "prefix_merging", "batch_size": 2}
+    claim_run_id.fn(dest_url, "r", plan, settings)
     dest = open_byte_store(dest_url)
     assert replaced_file(dest, "r", url) is None
     same = orjson.dumps({"_ng_rollout_id": "7-0"}) + b"\n"
