@@ -29,6 +29,8 @@ PROVENANCE_FIELDS = (
 )
 """The optional `TokenEntry` fields of provenance, in their order on the record."""
 RUNS_KEY = "generation_weight_versions"
+MAX_WEIGHT_VERSION = 2**31 - 1
+"""The largest weight version: trainer rows hold versions as int32."""
 LABEL_FIELD = "weight_version_label"
 
 INPUT_ALIASES: dict[str, str] = {
@@ -165,10 +167,11 @@ def check_provenance(entry: Any) -> None:
 
 
 def _check_version(call: str, name: str, value: Any) -> None:
-    if value is not None and (type(value) is not int or value < 0):
+    if value is not None and (type(value) is not int or not 0 <= value <= MAX_WEIGHT_VERSION):
         raise InvalidRecordError(
             f"{call}: {name} is {value!r}; a weight version is the trainer's version number, "
-            "an integer 0 or more (put an engine's own label in weight_version_label)"
+            f"an integer from 0 to {MAX_WEIGHT_VERSION} (trainer rows hold it as int32; put an "
+            "engine's own label in weight_version_label)"
         )
 
 
@@ -190,6 +193,11 @@ def _check_per_token(
         raise InvalidRecordError(
             f"{field} decreases; a generation's weights only move forward, so versions must "
             "be non-decreasing"
+        )
+    if high > MAX_WEIGHT_VERSION:
+        raise InvalidRecordError(
+            f"{field} holds {high}, beyond the largest weight version {MAX_WEIGHT_VERSION} "
+            "(trainer rows hold versions as int32)"
         )
     if low < 0 or (start is not None and low < start) or (end is not None and high > end):
         raise InvalidRecordError(

@@ -120,7 +120,9 @@ class CaptureStore(ABC):
         try:
             checked = storable_entry(entry)
             if self.weight_version_source is not None:
-                checked = checked._replace(entry=self.weight_version_source.stamp(checked.entry))
+                stamped = self.weight_version_source.stamp(checked.entry)
+                if stamped is not checked.entry:
+                    checked = checked._replace(entry=stamped, stamped=True)
         except InvalidRecordError as exc:
             raise self.refused(entry, exc) from exc
         return checked

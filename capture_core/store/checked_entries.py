@@ -87,6 +87,9 @@ class StorableEntry(NamedTuple):
     """The prompt ids the check read, packed (`token_id_array`), when the entry was ours:
     its stored digest is taken from them, so a prompt changed after the check fails its
     digest when read (the rollout masks) instead of being stored unchecked."""
+    stamped: bool = False
+    """Whether the store stamped `end_weight_version` from its version source: a retry of the
+    same put may be stamped with a later version and is still the same call."""
 
 
 def storable_entry(entry: Any) -> StorableEntry:

@@ -37,6 +37,7 @@ from capture_core.records.provenance import (
 )
 from capture_core.records.token_values import token_id_array
 from capture_core.store.stored_json import encode_json
+from capture_core.store.version_source import STAMPED_FIELD
 
 # Stored schema changelog:
 #   1: a whole `TokenEntry` per object (no digest).
@@ -415,3 +416,21 @@ def stored_identity(data: bytes) -> tuple[bytes, str | None] | None:
     raw = token_bytes(prompt) if isinstance(prompt, list) else None
     digest = digest_text(sha256_of(raw)) if raw is not None else None
     return encode_json(_normalized(stored)), digest
+
+
+def same_call(existing: bytes, identity: tuple[bytes, str | None], stamped: bool) -> bool:
+    """Whether stored bytes hold the call of `identity`: the same fields and prompt, or, for a
+    put the store stamped, the same but for the stamped end version (a retry stamped later
+    is the same call: the first stamp stands)."""
+    found = stored_identity(existing)
+    if found == identity:
+        return True
+    if not stamped or found is None:
+        return False
+    return _unstamped(found) == _unstamped(identity)
+
+
+def _unstamped(identity: tuple[bytes, str | None]) -> tuple[bytes, str | None]:
+    fields = orjson.loads(identity[0])
+    fields.pop(STAMPED_FIELD, None)
+    return encode_json(fields), identity[1]

@@ -41,7 +41,7 @@ from capture_core.store import nemo_gym_layout as layout
 from capture_core.store.base import CaptureStore
 from capture_core.store.capture_layout import ATTEMPT
 from capture_core.store.nemo_gym_layout import nemo_gym_root, read_jsonl_entries, reconcile_tail
-from capture_core.store.version_source import WeightVersionSource
+from capture_core.store.version_source import STAMPED_FIELD, WeightVersionSource
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class NemoGymFileStore(CaptureStore):
         `CaptureConflictError` and marks the rollout incomplete. After freeze or retirement
         every put raises, as NeMo Gym's writer does.
         """
-        record, prompt_ids = self.storable(entry)
+        record, prompt_ids, stamped = self.storable(entry)
         if prompt_ids is not None:  # the prompt as checked, in plain integers
             record = record.model_copy(update={"prompt_token_ids": prompt_ids.tolist()})
         rollout_id = validate_rollout_id(record.rollout_id)
@@ -232,6 +232,8 @@ class NemoGymFileStore(CaptureStore):
             self._refuse(rollout_id, state, frozen_too=True, what=what)
             changed = self._reconcile(rollout_id, state)
             known = state["entry_digests"].get(record.model_call_id)
+            if known is not None and stamped and known != digest:
+                digest = self._stamped_repeat(rollout_id, record, known) or digest
             if known == digest:
                 if changed:
                     self._write_state(rollout_id, state, durable=False)
@@ -250,6 +252,21 @@ class NemoGymFileStore(CaptureStore):
             state["entry_digests"][record.model_call_id] = digest
             state["version"] = int(state.get("version", 0)) + 1
             self._write_state(rollout_id, state, durable=False)
+
+    def _stamped_repeat(self, rollout_id: str, record: TokenEntry, known: str) -> str | None:
+        """The stored line's digest when it holds `record` but for the end version the store
+        stamped (a retry stamped later is the same call: the first stamp stands), else None."""
+        path = self.path_for(rollout_id, layout.JSONL)
+        ours = record.wire_dump()
+        ours.pop(STAMPED_FIELD, None)
+        for line in layout.read_lines(path):
+            raw = line.encode()
+            if layout.line_digest(raw) != known:
+                continue
+            stored = orjson.loads(raw)
+            stored.pop(STAMPED_FIELD, None)
+            return known if stored == orjson.loads(orjson.dumps(ours)) else None
+        return None
 
     def _writes_closed(self, rollout_id: str) -> bool:
         """Whether the rollout's state says frozen or retired (read under the shared lock)."""

@@ -48,7 +48,7 @@ class TokcapWrites(CaptureStore):
         rollout was being frozen raises too: the entry is stored, and a snapshot listed
         before it landed can no longer be retired, because the entry changed its version.
         """
-        record, prompt_ids = self.storable(entry)
+        record, prompt_ids, stamped = self.storable(entry)
         rollout_id = validate_rollout_id(record.rollout_id)
         name = call_key(record.model_call_id)
         key = layout.entry_key(rollout_id, name)
@@ -58,7 +58,7 @@ class TokcapWrites(CaptureStore):
             raise self.refused(record, InvalidRecordError(f"cannot be encoded: {exc}")) from exc
         if self._fence(rollout_id):
             existing = self._settled(key)
-            if existing is not None and compact.stored_identity(existing) == encoded.identity:
+            if existing is not None and compact.same_call(existing, encoded.identity, stamped):
                 return
             raise CaptureFencedError(
                 f"rollout {rollout_id} is already frozen or retired; call "
@@ -67,7 +67,7 @@ class TokcapWrites(CaptureStore):
         existing = self._create_entry(rollout_id, record.model_call_id, name, encoded)
         if existing is None:
             return
-        if compact.stored_identity(existing) == encoded.identity:
+        if compact.same_call(existing, encoded.identity, stamped):
             self._parents.remember(rollout_id, name, encoded.known)
             return
         self._refuse_conflict(rollout_id, record.model_call_id, existing)

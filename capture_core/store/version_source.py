@@ -19,15 +19,15 @@ from typing import Any
 
 from capture_core.errors import InvalidRecordError
 from capture_core.records import TokenEntry
-from capture_core.records.provenance import RUNS_KEY, VERSION_FIELDS
+from capture_core.records.provenance import MAX_WEIGHT_VERSION, RUNS_KEY, VERSION_FIELDS
 from capture_core.storage import filesystem_for, local_path, url_scheme
 
+STAMPED_FIELD = "end_weight_version"
+"""The field a stamp sets: the weights loaded when the call was stored."""
 URL_REFRESH_SECONDS = 1.0
 """A URL source is fetched at most once per this many seconds per store object."""
 _MAX_BYTES = 64
 """A version file holds one integer: anything longer is not one (and is not read whole)."""
-_MAX_VERSION = 2**63 - 1
-"""The largest version a store can write (JSON integers are 64-bit for its encoder)."""
 
 
 class WeightVersionSource:
@@ -66,7 +66,7 @@ class WeightVersionSource:
             raise InvalidRecordError(
                 f"call {entry.model_call_id!r}: end_weight_version cannot be stamped: {exc}"
             ) from exc
-        return entry.model_copy(update={"end_weight_version": version})
+        return entry.model_copy(update={STAMPED_FIELD: version})
 
     def _read_file(self, path: str) -> int:
         try:
@@ -97,12 +97,13 @@ class WeightVersionSource:
 
     def _parse(self, data: bytes) -> int:
         text = data.strip()
-        if len(data) > _MAX_BYTES or not text.isdigit() or int(text) > _MAX_VERSION:
+        if len(data) > _MAX_BYTES or not text.isdigit() or int(text) > MAX_WEIGHT_VERSION:
             shown = data[:_MAX_BYTES].decode("utf-8", "replace")
             raise InvalidRecordError(
                 f"the weight version source {self.location} holds {shown!r}, not a weight "
-                "version; the trainer must write its current version there as one integer, 0 "
-                "or more (replace the file atomically: write a temporary file, then rename it)"
+                "version; the trainer must write its current version there as one integer from "
+                f"0 to {MAX_WEIGHT_VERSION} (replace the file atomically: write a temporary "
+                "file, then rename it)"
             )
         return int(text)
 

@@ -185,6 +185,12 @@ def test_a_sealed_read_of_aliased_or_mistyped_provenance_falls_back_to_validatio
 BAD_PROVENANCE = [
     ("negative start", {"start_weight_version": -1}, "start_weight_version is -1"),
     ("negative end", {"end_weight_version": -2}, "end_weight_version is -2"),
+    ("start beyond int32", {"start_weight_version": 2**31}, f"start_weight_version is {2**31}"),
+    (
+        "per-token beyond int32",
+        {"generation_weight_versions": [2**31 - 1, 2**31 - 1, 2**31]},
+        f"holds {2**31}, beyond the largest weight version",
+    ),
     ("bool version", {"start_weight_version": True}, "start_weight_version: Input should be"),
     ("float version", {"end_weight_version": 1.5}, "end_weight_version: Input should be"),
     ("string version", {"end_weight_version": "7"}, "end_weight_version: Input should be"),

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from capture_core.config import TokenIdCaptureConfig
-from capture_core.errors import InvalidRecordError
+from capture_core.errors import CaptureConflictError, InvalidRecordError
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore, version_source
 from capture_core.store.nemo_gym_store import NemoGymFileStore
@@ -94,6 +94,7 @@ BAD_SOURCES = [
     ("two numbers", "7 8", "holds '7 8', not a weight version"),
     ("too long", "1" * 200, "not a weight version"),
     ("beyond 64 bits", str(2**63), f"holds '{2**63}', not a weight version"),
+    ("beyond int32", str(2**31), f"holds '{2**31}', not a weight version"),
     ("missing", None, "cannot be read (FileNotFoundError"),
 ]
 
@@ -194,3 +195,27 @@ def test_stores_with_a_source_pickle_and_compare_with_it(tmp_path) -> None:
     assert store != TokenCaptureStore(tmp_path / "store")
     gym = NemoGymFileStore(tmp_path / "gym", weight_version_source=source)
     assert pickle.loads(pickle.dumps(gym)) == gym != NemoGymFileStore(tmp_path / "gym")
+
+
+@pytest.mark.parametrize("kind", ["tokcap", "nemo_gym"])
+def test_a_retried_put_stamped_after_an_update_is_the_same_call(kind: str, root, tmp_path) -> None:
+    """A writer retries a put whose first try landed; the version moved meanwhile. The retry
+    is a no-op (the first stamp stands), not a conflict that masks the rollout; a different
+    payload under the same call id still conflicts."""
+    if kind == "nemo_gym" and "://" in root[0]:
+        pytest.skip("NeMo Gym's file store is a local directory")
+    source = tmp_path / "weight_version"
+    publish(source, "5")
+    if kind == "tokcap":
+        store: Any = TokenCaptureStore(root[0], root[1], weight_version_source=source)
+    else:
+        (tmp_path / "gym").mkdir()
+        store = NemoGymFileStore(tmp_path / "gym", weight_version_source=source)
+    store.put_now(call("c0"))
+    publish(source, "6")
+    store.put_now(call("c0"))
+    with pytest.raises(CaptureConflictError):
+        store.put_now(call("c0").model_copy(update={"generation_log_probs": [-0.5, -0.5]}))
+    snapshot = store.freeze_now("r1")
+    assert [e.end_weight_version for e in snapshot.entries] == [5]
+    assert snapshot.incomplete, "the different payload still marks the rollout"
