@@ -88,7 +88,9 @@ class RowConsumer:
     `use_threads=False` it is verified first, then decoded on the iterating thread (a trainer
     already using every core, e.g. one data-loading process per core). With
     `current_weight_version` and `max_weight_lag` (both or neither) each table gains
-    `trainable_mask` and the part reports `stale_tokens` (`staleness_mask`).
+    `trainable_mask` and the part reports `stale_tokens` (`staleness_mask`). The trainer's
+    version moves while it trains: set `current_weight_version` after each weight update,
+    and every part yielded after that is masked against the new version.
     """
 
     def __init__(
@@ -106,6 +108,20 @@ class RowConsumer:
         self.name = validate_consumer_name(name)
         self.cursor = Cursor(self.layout, self.name, token=uuid.uuid4().hex)
         self.use_threads = use_threads
+
+    @property
+    def current_weight_version(self) -> int | None:
+        """The trainer's version the next part is masked against (`None`: no masking)."""
+        return None if self.staleness is None else self.staleness[0]
+
+    @current_weight_version.setter
+    def current_weight_version(self, version: int) -> None:
+        if self.staleness is None:
+            raise InvalidInputError(
+                "this consumer does not mask for staleness; build it with "
+                "current_weight_version and max_weight_lag to set the trainer's version"
+            )
+        self.staleness = _staleness_setting(version, self.staleness[1])
 
     def __iter__(self) -> Iterator[RowPart]:
         """Every rows part not yet acknowledged by this name, verified, in batch order."""

@@ -92,8 +92,9 @@ def recover_harness_record(result: dict) -> str | None:
     No envelope survives: finalize builds its own or none. An earlier finalize's metrics
     go, and the fields it replaced come back from `_before_finalize` (`null`: the harness
     wrote none), so finalizing a finalized record gives what finalizing the original gives.
-    `token_provenance` stays until a build replaces it (`_apply`, `mask_unusable`): a record
-    left unchanged keeps the key of its token ids. A record whose output an earlier finalize
+    `token_provenance` stays until a build replaces it (`_apply`, `mask_unusable`); a record
+    that arrived with its own token ids loses it (no capture vouches for its versions: its
+    rows say unknown). A record whose output an earlier finalize
     rebuilt without keeping the harness's (NeMo Gym's, say: its metrics count `chains`) has
     lost its scored transcript: no build may read it there.
     A `_before_finalize` that finalize could not have written raises `InvalidRecordError`:
@@ -243,6 +244,7 @@ async def _finalize(
     if rollout_carries_token_ids(result):
         malformed = malformed_token_arrays(result)
         if malformed is None:
+            result.pop(TOKEN_PROVENANCE_KEY, None)  # versions no capture can vouch for
             return await _redundant_capture(result, rollout_id, source)
         logger.warning("rollout %s: rebuilding it from its capture: %s", rollout_id, malformed)
     if rollout_id is None:

@@ -44,7 +44,7 @@ def version_figures(record: Mapping[str, Any], masked: bool) -> dict[str, Any]:
         "weight_version_tokens": {
             str(v): n
             for v, n in (tokens.items() if isinstance(tokens, Mapping) else ())
-            if _count(n)
+            if _count(n) and str(v).isascii() and str(v).isdigit()
         },
         "unknown_version_tokens": unknown if _count(unknown) else 0,
     }

@@ -3,8 +3,9 @@
 Calls carrying weight versions (one generation across a weight update, one call and one
 rollout without any) are put through the store, finalized by the real flow with trainer
 rows, and read back by `RowConsumer(..., current_weight_version=V, max_weight_lag=K)`:
-every position's version is the captured one, `trainable_mask` is the rule, `stale_tokens`
-counts what it masked, and the cursor, acks and retirement behave exactly as without it.
+every position's version is the captured one, `trainable_mask` is the rule for the trainer's
+version when the part is yielded (it moves after each part), `stale_tokens` counts what it
+masked, and the cursor, acks and retirement behave exactly as without it.
 """
 
 from __future__ import annotations
@@ -80,19 +81,21 @@ def test_the_consumer_masks_stale_tokens_with_the_captured_versions(locations, d
     )
     plain = RowConsumer(locations["dest"], run_id, "plain", options)
     plain_parts = {part.key: part.table for part in plain}
-    wrong, stale_seen, stale_reported = 0, 0, 0
+    wrong, stale_seen, stale_reported, current = 0, 0, 0, CURRENT
     for part in reader:
         assert part.table.drop_columns(["trainable_mask"]).equals(plain_parts[part.key])
         for row in part.table.to_pylist():
             record = delivered[row["rollout_id"]]
             versions = expected_row_versions(record, row, entries[row["rollout_id"]])
-            expected = rule(row["loss_mask"], versions, CURRENT, LAG)
+            expected = rule(row["loss_mask"], versions, current, LAG)
             wrong += row["weight_version"] != versions or row["trainable_mask"] != expected
             stale_seen += sum(row["loss_mask"]) - sum(expected)
             if row["rollout_id"] == f"7-{UNVERSIONED}":
                 assert not any(row["trainable_mask"]) and row["max_weight_version"] is None
         stale_reported += part.stale_tokens
         reader.ack(part.key)
+        current += 1  # the trainer updated its weights: the next part is judged by the new V
+        reader.current_weight_version = current
     assert wrong == 0 and stale_seen == stale_reported > 0
     assert list(reader) == [] and reader.pending() == [], "acked parts are consumed"
     assert plain.pending(), "another name's cursor is its own"
