@@ -129,6 +129,10 @@ def rollout_id_from_capture_prefix(path: str) -> str | None:
 TASK_INDEX_KEY = "_ng_task_index"
 
 
+_INDEX = re.compile(r"\s*-?[0-9]{1,18}\s*")
+"""An index written as text: ASCII digits, one optional minus, within int64."""
+
+
 def index_value(value: Any) -> int | None:
     """A task, rollout or attempt index as an integer (integer-valued strings too), else None.
 
@@ -139,6 +143,6 @@ def index_value(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and _INDEX.fullmatch(value):
         return int(value)
     return None

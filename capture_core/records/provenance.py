@@ -80,7 +80,7 @@ def canonical_provenance(data: Mapping[str, Any]) -> Mapping[str, Any]:
     for key in sorted(found):
         if key == SERVED_METADATA:
             _set_once(fields, given, LABEL_FIELD, served_label(fields[key]), "metadata")
-        else:
+        elif fields[key] is not None:  # a null alias says nothing and is kept as it was
             _set_once(fields, given, INPUT_ALIASES[key], fields.pop(key), key)
     return fields
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from capture_core.errors import InvalidRecordError
+from capture_core.errors import InvalidInputError, InvalidRecordError
 from capture_core.records import TokenEntry
 from capture_core.records.provenance import MAX_WEIGHT_VERSION, RUNS_KEY, VERSION_FIELDS
 from capture_core.storage import filesystem_for, local_path, url_scheme
@@ -39,6 +39,11 @@ class WeightVersionSource:
     ) -> None:
         self.location = os.fspath(location)
         self._path = local_path(self.location)
+        if self._path is not None and not os.path.isabs(self._path):
+            raise InvalidInputError(
+                f"weight_version_source {self.location!r} is a relative path, which each "
+                "writer process would read from its own working folder; give an absolute path"
+            )
         self._options = dict(storage_options or {})
         self._lock = threading.Lock()
         self._seen: Any = None  # the stat key, or the monotonic time, of the cached read

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from capture_core.builder.build_result import TOKEN_CAPTURE_KEY
+from capture_core.builder.token_provenance import TOKEN_PROVENANCE_KEY
 from capture_core.delivery import (
     capture_build_can_retire,
     finalize_rollout_token_capture,
@@ -26,6 +27,7 @@ from capture_core.delivery import (
 from capture_core.records import check_response_token_arrays
 from capture_core.records.served import response_items
 from capture_core.records.token_values import TOKEN_FIELDS
+from capture_core.run.trainer_rows import record_rows, rows_table
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.support.reliability_figures import record_case
@@ -174,3 +176,23 @@ def test_a_captured_call_with_a_negative_id_is_refused() -> None:
         token_call("c", [1, -2], [3])
     with pytest.raises(ValueError, match="negative"):
         token_call("c", [1], [-3])
+
+
+@pytest.mark.integrity
+def test_versions_beside_token_ids_a_record_brought_are_not_trusted(
+    store: TokenCaptureStore,
+) -> None:
+    """No capture vouches for a `token_provenance` beside ids the record brought itself: it is
+    removed, so the rows say -1 (unknown) rather than a version nobody captured."""
+    for entry in synthetic_rollout("3-4", RolloutShape(turns=2)):
+        store.put_now(entry)
+    arrays = {"generation_token_ids": [4, 5], "generation_log_probs": [-0.1, -0.2]}
+    record = _carrying_record(arrays, chat=False)
+    made_up = {"chain": ["zz"], "calls": {"zz": {"start_weight_version": 999}}}
+    record[TOKEN_PROVENANCE_KEY] = made_up
+    built = asyncio.run(finalize_rollout_token_capture(record, store))
+    assert built is not None and built["_redundant_capture"] is True
+    assert TOKEN_PROVENANCE_KEY not in record
+    (row,) = rows_table(record_rows(record, 1)).to_pylist()
+    assert set(row["weight_version"]) == {-1} and row["max_weight_version"] is None
+    record_case("versions a record brought beside its own token ids are not trusted")

@@ -6,6 +6,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from capture_core.ids import (
+    index_value,
     maybe_rollout_id_from_run_body,
     rollout_capture_prefix,
     rollout_id_from_capture_prefix,
@@ -151,3 +152,14 @@ def test_correlation_prefix_round_trip() -> None:
     assert rollout_id_from_capture_prefix("/other/3-4/training-token-capture") is None
     with pytest.raises(ValueError):
         rollout_capture_prefix("a/b")
+
+
+@pytest.mark.parametrize(
+    ("text", "index"),
+    [("3", 3), (" 4 ", 4), ("-2", -2), ("--3", None), ("²", None), ("٣", None), ("1" * 19, None)],
+)
+def test_an_index_written_as_text_is_ascii_digits_within_int64(
+    text: str, index: int | None
+) -> None:
+    """A task index the trainer rows and the group planner read alike, never a crash."""
+    assert index_value(text) == index

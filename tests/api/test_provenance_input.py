@@ -117,9 +117,13 @@ def test_an_alias_agreeing_with_its_field_is_accepted_once() -> None:
     assert [k for k in entry.wire_dump() if "weight_version" in k] == ["start_weight_version"]
 
 
-def test_an_alias_holding_none_says_nothing() -> None:
-    entry = TokenEntry.model_validate(fields(ng_generation_weight_version=None))
+def test_an_alias_holding_none_says_nothing_and_is_written_back_as_it_came() -> None:
+    """A NeMo Gym writer that emits its fields as null wrote an entry without provenance:
+    read and written back, it is the entry it wrote."""
+    nulls = {name: None for name in ("ng_generation_weight_version", "ng_generation_replica_id")}
+    entry = TokenEntry.model_validate(fields(**nulls))
     assert entry.start_weight_version is None and "start_weight_version" not in entry.wire_dump()
+    assert entry.wire_dump() == {"schema_version": 1, **fields(**nulls)}
 
 
 def test_an_alias_is_checked_like_the_field_it_names() -> None:

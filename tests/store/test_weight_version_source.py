@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from capture_core.config import TokenIdCaptureConfig
-from capture_core.errors import CaptureConflictError, InvalidRecordError
+from capture_core.errors import CaptureConflictError, InvalidInputError, InvalidRecordError
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore, version_source
 from capture_core.store.nemo_gym_store import NemoGymFileStore
@@ -219,3 +219,8 @@ def test_a_retried_put_stamped_after_an_update_is_the_same_call(kind: str, root,
     snapshot = store.freeze_now("r1")
     assert [e.end_weight_version for e in snapshot.entries] == [5]
     assert snapshot.incomplete, "the different payload still marks the rollout"
+
+
+def test_a_relative_source_path_is_refused_by_name(tmp_path) -> None:
+    with pytest.raises(InvalidInputError, match="'weight_version' is a relative path"):
+        TokenCaptureStore(tmp_path / "store", weight_version_source="weight_version")
