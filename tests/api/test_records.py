@@ -182,13 +182,13 @@ def test_an_entry_changed_after_it_was_built_is_not_storable(what: str, change, 
 
 def test_what_a_put_stores_is_a_checked_copy_the_caller_cannot_change() -> None:
     built = TokenEntry(**entry(future_field=1))
-    stored, prompt_ids = storable_entry(built)
+    stored, prompt_ids, _ = storable_entry(built)
     assert stored == built and stored.model_fields_set == built.model_fields_set
     assert prompt_ids is not None and prompt_ids.tolist() == [1, 2], "the prompt as checked"
     built.generation_token_ids.append(-100)
     built.generation_log_probs.append(-0.5)
     assert (stored.generation_token_ids, stored.generation_log_probs) == ([3], [-0.1])
-    mapped, none = storable_entry(entry())
+    mapped, none, _ = storable_entry(entry())
     assert mapped == TokenEntry(**entry()) and none is None, "validated into lists of its own"
     with pytest.raises(InvalidRecordError, match="generation_token_ids"):
         storable_entry(entry(generation_token_ids=[-100]))
