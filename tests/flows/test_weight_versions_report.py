@@ -1,8 +1,9 @@
 """Weight versions reach the ledger, summary and status of a real run, local disk and S3.
 
-The records arrive carrying their own token ids and a `token_provenance` key built by hand
-as the design of issue 50 fixes it: finalize leaves such a record unchanged (a redundant
-capture), so what the ledger shows comes from the delivered record, as for rebuilt ones.
+The calls are captured with their versions (one generation across a weight update, one
+call without any), finalized by the real flow, and the ledger, summary and status must show
+exactly the captured versions. A record that arrives carrying token ids of its own gets no
+versions (no capture vouches for them) and its ledger line is as before.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from typing import Any
 
 import pytest
 
+from capture_core.records import TokenEntry
 from capture_core.run.run_layout import RunLayout, read_ledger
 from capture_core.run.run_status import run_status
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
-from capture_core.testing.synthetic import rollout_record
+from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.support.pipeline_helpers import batch_entries, finalize_locations, write_rollouts
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -48,12 +50,30 @@ def carrying(task: int, index: int, versions: list[int] | None) -> dict[str, Any
     return record
 
 
+def captured(store: TokenCaptureStore, task: int, index: int, versions: list[int] | None) -> dict:
+    """One call of `task`/`index` captured with `versions` (one per generated token) or,
+    with `None`, three tokens of weights nobody recorded; its finished record."""
+    count = 3 if versions is None else len(versions)
+    shape = RolloutShape(turns=1, generated_tokens=count)
+    (entry,) = synthetic_rollout(f"{task}-{index}", shape)
+    if versions is not None:
+        provenance: dict[str, Any] = {"start_weight_version": versions[0]}
+        provenance["end_weight_version"] = versions[-1]
+        if len(set(versions)) > 1:
+            provenance["generation_weight_versions"] = versions
+        entry = TokenEntry.model_validate({**entry.wire_dump(), **provenance})
+    store.put_now(entry)
+    return rollout_record(task, index)
+
+
 def test_the_ledger_summary_and_status_show_the_versions_delivered(locations) -> None:
     options = locations["options"]
     store = TokenCaptureStore(locations["store"], options)
-    for entry in batch_entries("0-99"):  # a capture store holding none of these rollouts
-        store.put_now(entry)
-    records = [carrying(1, 0, [4, 4, 5]), carrying(1, 1, [6, 6]), carrying(2, 0, None)]
+    records = [
+        captured(store, 1, 0, [4, 4, 5]),
+        captured(store, 1, 1, [6, 6]),
+        captured(store, 2, 0, None),
+    ]
     write_rollouts(locations["rollouts"], records, options)
     summary = finalize_locations(locations, "versions", batch_size=2)
     assert summary.ok and summary.handed_off == 3 and summary.masked == 0
