@@ -15,10 +15,10 @@ import pytest
 from capture_core.dataset import RowConsumer
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
-from tests.support.pipeline_helpers import dest_records, write_rollouts
+from tests.support.pipeline_helpers import dest_records, finalize_locations, write_rollouts
 from tests.support.reliability_figures import record_case
 from tests.support.weight_versions import expected_row_versions, rule, versioned_rollout
-from tokcap.flows.finalize import finalize_run, retire_uploaded
+from tokcap.flows.finalize import retire_uploaded
 
 pytestmark = [pytest.mark.usefixtures("prefect_api"), pytest.mark.integrity]
 
@@ -56,17 +56,8 @@ def test_the_consumer_masks_stale_tokens_with_the_captured_versions(locations, d
     records = [rollout_record(7, i, reward=1.0) for i in range(ROLLOUTS)]
     write_rollouts(locations["rollouts"], records, options)
     run_id = f"stale-{delivery.replace('_', '-')}"
-    finalize_run(
-        locations["rollouts"],
-        locations["store"],
-        locations["dest"],
-        run_id,
-        batch_size=2,
-        storage_options=options,
-        rows="parquet",
-        delivery=delivery,
-        retire_after_consumer="trainer",
-    )
+    settings = {"rows": "parquet", "delivery": delivery, "retire_after_consumer": "trainer"}
+    finalize_locations(locations, run_id, batch_size=2, **settings)
     delivered = {
         f"7-{r['_ng_rollout_index']}": r for r in dest_records(locations["dest"], run_id, options)
     }
