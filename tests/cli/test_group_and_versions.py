@@ -11,6 +11,7 @@ from capture_core.run.rollout_io import file_sha256
 from capture_core.run.run_layout import LedgerLine, RunLayout, RunManifest
 from capture_core.storage import open_byte_store
 from capture_core.testing.synthetic import rollout_record
+from tests.support.claimed_runs import claimed_layout
 from tests.support.pipeline_helpers import finalize_args, write_rollouts
 from tokcap.flows.cli.main import main
 
@@ -58,17 +59,7 @@ def test_a_grouping_the_cli_does_not_know_is_a_usage_error(tmp_path, capsys) -> 
 
 def test_status_shows_the_weight_versions_delivered(tmp_path, capsys) -> None:
     dest = str(tmp_path / "dest")
-    manifest = RunManifest(
-        run_id="v",
-        rollouts="/in.jsonl",
-        rollouts_sha256="0" * 64,
-        store="/store",
-        builder="prefix_merging",
-        batch_size=500,
-        batches=1,
-    )
-    layout = RunLayout(open_byte_store(dest), "v")
-    layout.claim(manifest)
+    layout = claimed_layout(open_byte_store(dest), "v", batch_size=500)
     figures = [([2, 4], {"2": 5, "4": 3}), ([4, 4], {"4": 9})]
     layout.write_ledger(
         [

@@ -15,10 +15,11 @@ import orjson
 import pytest
 
 from capture_core.run.run_index import record_summary
-from capture_core.run.run_layout import LEDGER, SUMMARY, LedgerLine, RunLayout, RunManifest
+from capture_core.run.run_layout import LEDGER, SUMMARY, LedgerLine
 from capture_core.run.run_report import summarize
 from capture_core.storage import open_byte_store
 from tests.conftest import make_bucket
+from tests.support.claimed_runs import claimed_layout
 from tests.support.pipeline_helpers import finalize_args, run_cli, with_storage_options
 from tests.support.prefect_api_reads import artifacts_of, flow_runs_named
 from tokcap.flows.inputs import make_inputs
@@ -64,18 +65,8 @@ def test_runs_lists_a_complete_and_an_interrupted_run_newest_first(
 
 def test_runs_reads_an_s3_destination(s3_options: dict, s3_endpoint: str) -> None:
     dest = f"s3://{make_bucket(s3_options)}/dest"
-    layout = RunLayout(open_byte_store(dest, s3_options), "on-s3")
-    manifest = RunManifest(
-        run_id="on-s3",
-        rollouts="s3://b/in.jsonl",
-        rollouts_sha256="0" * 64,
-        store="s3://b/store",
-        builder="prefix_merging",
-        batch_size=2,
-        batches=1,
-        started_at=1.0,
-    )
-    assert layout.claim(manifest)
+    s3_paths = {"rollouts": "s3://b/in.jsonl", "store": "s3://b/store", "started_at": 1.0}
+    layout = claimed_layout(open_byte_store(dest, s3_options), "on-s3", **s3_paths)
     ledger = [LedgerLine(rollout_id="a", line=1, finalized=True, handed_off=True, retired=True)]
     layout.write_ledger(ledger)
     record_summary(layout, summarize("on-s3", ledger), seconds=0.5, now=2.0)

@@ -21,9 +21,10 @@ from capture_core.run.run_index import (
     record_summary,
     refresh_summary,
 )
-from capture_core.run.run_layout import LedgerLine, RunLayout, RunManifest
+from capture_core.run.run_layout import LedgerLine, RunLayout
 from capture_core.run.run_report import summarize
 from capture_core.storage import ByteStore, open_byte_store
+from tests.support.claimed_runs import claimed_layout
 
 
 @pytest.fixture()
@@ -33,19 +34,7 @@ def dest(store_location: tuple[str, dict]) -> ByteStore:
 
 
 def claim(dest: ByteStore, run_id: str, started_at: float | None, batches: int = 4) -> RunLayout:
-    layout = RunLayout(dest, run_id)
-    manifest = RunManifest(
-        run_id=run_id,
-        rollouts="/in.jsonl",
-        rollouts_sha256="0" * 64,
-        store="/store",
-        builder="prefix_merging",
-        batch_size=2,
-        batches=batches,
-        started_at=started_at,
-    )
-    assert layout.claim(manifest)
-    return layout
+    return claimed_layout(dest, run_id, batches=batches, started_at=started_at)
 
 
 def line(n: int, **fields: object) -> LedgerLine:
