@@ -196,11 +196,12 @@ EVIDENCE = (
     "the scored response's text",
 )
 """What each of the builder's terminal `WITNESSES` reads, in the same order."""
+_EVIDENCE_OF = dict(zip(WITNESSES, EVIDENCE, strict=True))
 
 
 def witness_words(method: str) -> str:
     """Which witness named the scored call (a terminal method), in plain words."""
-    return dict(zip(WITNESSES, EVIDENCE, strict=True)).get(method, method)
+    return _EVIDENCE_OF.get(method, method)
 
 
 def abstention_words(code: str) -> str:
