@@ -15,7 +15,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from capture_core.dataset import RowConsumer, stale_token_count, staleness_mask
+from capture_core.dataset import (
+    RowConsumer,
+    stale_token_count,
+    staleness_mask,
+    unknown_version_count,
+)
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.errors import InvalidInputError, InvalidRecordError
 from capture_core.records import TokenEntry
@@ -151,16 +156,30 @@ def test_staleness_masking_follows_chunks_and_slices(workload) -> None:
     assert again.equals(staleness_mask(table, 20, 0)), "a second mask replaces the first"
 
 
-def test_unknown_versions_are_never_trainable(tmp_path) -> None:
+@pytest.mark.integrity
+def test_unknown_versions_follow_the_stated_policy_and_are_never_stale(tmp_path) -> None:
     store = TokenCaptureStore(str(tmp_path))
     for entry in versioned_rollout("7-0", base=50, shape=RolloutShape(turns=4)):
         store.put_now(entry)
     record, _ = finalized(rollout_record(7, 0), store, "main_chain")
     table = trainer_rows.rows_table(trainer_rows.record_rows(record, 1, projected=True))
-    (row,) = staleness_mask(table, 50, 1000).to_pylist()
-    positions = zip(row["loss_mask"], row["weight_version"], row["trainable_mask"], strict=True)
-    unknown = [trainable for loss, version, trainable in positions if loss and version < 0]
-    assert unknown and not any(unknown), "a sampled token of unknown version is masked"
+    with pytest.raises(InvalidInputError, match=r"row-table: \d+ of its \d+ trainable tokens"):
+        staleness_mask(table, 60, 1, "row-table")
+    for policy in ("mask", "keep"):
+        masked = staleness_mask(table, 60, 1, unknown_version=policy)
+        (row,) = masked.to_pylist()
+        positions = zip(row["loss_mask"], row["weight_version"], row["trainable_mask"], strict=True)
+        unknown = [trainable for loss, version, trainable in positions if loss and version < 0]
+        assert unknown and set(unknown) == {int(policy == "keep")}, policy
+        assert unknown_version_count(masked) == len(unknown)
+        pairs = zip(row["loss_mask"], row["weight_version"], strict=True)
+        stale = sum(bool(m) and 0 <= v < 59 for m, v in pairs)
+        assert stale_token_count(masked) == stale > 0, "unknown is never counted as stale"
+    with pytest.raises(InvalidInputError, match="'keep'.*'mask'"):
+        staleness_mask(table, 60, 1, unknown_version="drop")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="unknown_version was given without"):
+        RowConsumer(str(tmp_path), "run", "trainer", unknown_version="keep")
+    record_case("tokens of unknown version are neither stale nor masked without a policy")
 
 
 @pytest.mark.parametrize(
@@ -225,9 +244,12 @@ def test_staleness_mask_is_vectorized_over_a_large_part() -> None:
             "weight_version": pa.ListArray.from_arrays(offsets, pa.array(versions)),
         }
     )
-    masked = staleness_mask(table, 25, 4)
+    masked = staleness_mask(table, 25, 4, unknown_version="mask")
     flat = masked.column("trainable_mask").combine_chunks().flatten().to_numpy()
     assert np.array_equal(flat, ((loss != 0) & (versions >= 21)).astype(np.int8))
-    reaching_back = staleness_mask(table, 3, 10).column("trainable_mask")
+    kept = staleness_mask(table, 25, 4, unknown_version="keep").column("trainable_mask")
+    flat = kept.combine_chunks().flatten().to_numpy()
+    assert np.array_equal(flat, ((loss != 0) & ((versions >= 21) | (versions < 0))).astype(np.int8))
+    reaching_back = staleness_mask(table, 3, 10, unknown_version="mask").column("trainable_mask")
     flat = reaching_back.combine_chunks().flatten().to_numpy()
     assert np.array_equal(flat, ((loss != 0) & (versions >= 0)).astype(np.int8))
