@@ -94,7 +94,7 @@ def staleness(
     table: pa.Table, episodes: Sequence[AsyncEpisode], current: int, lag: int
 ) -> list[str]:
     """Masked share against dropped share of sampled tokens, overall and by length."""
-    masked = staleness_mask(table, current, lag)
+    masked = staleness_mask(table, current, lag, unknown_version="mask")
     trainable = masked.column("trainable_mask").combine_chunks().flatten().to_numpy()
     loss = table.column("loss_mask").combine_chunks().flatten().to_numpy()
     rollout_of = np.repeat(

@@ -18,16 +18,21 @@ verify nothing: only this consumer checks the receipt.
 Staleness masking: given `current_weight_version` V and `max_weight_lag` K, each yielded
 table gains `trainable_mask` (`loss_mask` and `weight_version >= V - K`, per position) and
 the part reports `stale_tokens`; nothing is dropped or rewritten, and the cursor and acks are
-unchanged. `staleness_mask` is the same rule for a trainer reading parts itself
-(docs/async.md).
+unchanged. A token of unknown version (a capture without versions) is neither fresh nor
+stale: `unknown_version="keep"` trains it, `"mask"` masks it, and without the choice a part
+holding one is refused, never masked silently; the part counts them as
+`unknown_version_tokens`, and a part whose trainable tokens are all of unknown version is
+reported once in the log and on the part (`all_versions_unknown`). `staleness_mask` is the
+same rule for a trainer reading parts itself (docs/async.md).
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +59,7 @@ from capture_core.run.verified_read import verified_bytes, verified_decode
 from capture_core.storage import open_byte_store
 
 __all__ = [
+    "UNKNOWN_VERSION_POLICIES",
     "AlreadyAcknowledgedError",
     "PartMismatchError",
     "RowConsumer",
@@ -62,7 +68,10 @@ __all__ = [
     "UnreadableAcknowledgementError",
     "stale_token_count",
     "staleness_mask",
+    "unknown_version_count",
 ]
+
+logger = logging.getLogger(__name__)
 
 NOT_YIELDED = "it is not yielded. Restore the part from a copy with that digest, then iterate again"
 
@@ -76,8 +85,14 @@ class RowPart:
     receipt_key: str
     table: pa.Table
     stale_tokens: int | None = None
-    """Loss-mask tokens `trainable_mask` masks for staleness (unknown versions included);
-    `None` when the consumer does not mask for staleness."""
+    """Loss-mask tokens of a known version older than the bound, which `trainable_mask`
+    masks; `None` when the consumer does not mask for staleness."""
+    unknown_version_tokens: int | None = None
+    """Loss-mask tokens of unknown version (never counted as stale), kept or masked as the
+    consumer's `unknown_version` says; `None` when it does not mask for staleness."""
+    all_versions_unknown: bool | None = None
+    """The part has loss-mask tokens and none of a known version (its captures carried no
+    versions, so staleness judged nothing); `None` when the consumer does not mask."""
 
 
 class RowConsumer:
@@ -90,7 +105,10 @@ class RowConsumer:
     `current_weight_version` and `max_weight_lag` (both or neither) each table gains
     `trainable_mask` and the part reports `stale_tokens` (`staleness_mask`). The trainer's
     version moves while it trains: set `current_weight_version` after each weight update,
-    and every part yielded after that is masked against the new version.
+    and every part yielded after that is masked against the new version. `unknown_version`
+    ("keep" or "mask") says what masking does with tokens of unknown version; a part holding
+    one is refused until it is said, and a part whose trainable tokens are all of unknown
+    version is logged once (a warning) and flagged (`RowPart.all_versions_unknown`).
     """
 
     def __init__(
@@ -102,8 +120,12 @@ class RowConsumer:
         use_threads: bool = True,
         current_weight_version: int | None = None,
         max_weight_lag: int | None = None,
+        *,
+        unknown_version: UnknownVersion | None = None,
     ) -> None:
         self.staleness = _staleness_setting(current_weight_version, max_weight_lag)
+        self.unknown_version = _unknown_version_setting(unknown_version, self.staleness)
+        self.reported: set[str] = set()
         self.layout = RunLayout(open_byte_store(dest, storage_options), run_id)
         self.name = validate_consumer_name(name)
         self.cursor = Cursor(self.layout, self.name, token=uuid.uuid4().hex)
@@ -168,13 +190,32 @@ class RowConsumer:
         if self.staleness is None:
             return RowPart(rows.key, receipt.batch, receipt.receipt_key, table)
         current, lag = self.staleness
-        table = staleness_mask(table, current, lag, part=rows.key)
-        stale = stale_token_count(table)
-        return RowPart(rows.key, receipt.batch, receipt.receipt_key, table, stale)
+        table = staleness_mask(
+            table, current, lag, part=rows.key, unknown_version=self.unknown_version
+        )
+        stale, unknown, known = _token_counts(table)
+        all_unknown = unknown > 0 and known == 0
+        if all_unknown and rows.key not in self.reported:
+            self.reported.add(rows.key)
+            logger.warning(
+                "%s: all %d trainable tokens are of unknown weight version (its captures "
+                "carried none), so staleness masking judged none of them; unknown_version=%r "
+                "%s them",
+                rows.key,
+                unknown,
+                self.unknown_version,
+                "keeps" if self.unknown_version == "keep" else "masks",
+            )
+        return RowPart(
+            rows.key, receipt.batch, receipt.receipt_key, table, stale, unknown, all_unknown
+        )
 
 
 TRAINABLE_MASK = "trainable_mask"
 _MASK_TYPE = pa.list_(pa.field("element", pa.int8(), nullable=False))
+UnknownVersion = Literal["mask", "keep"]
+UNKNOWN_VERSION_POLICIES: tuple[UnknownVersion, ...] = ("mask", "keep")
+"""What staleness masking does with a token of unknown version: mask it, or keep (train) it."""
 
 
 def _staleness_setting(current: int | None, lag: int | None) -> tuple[int, int] | None:
@@ -201,18 +242,46 @@ def _staleness_setting(current: int | None, lag: int | None) -> tuple[int, int] 
     return current, lag
 
 
+def _unknown_version_setting(
+    policy: UnknownVersion | None, staleness: tuple[int, int] | None
+) -> UnknownVersion | None:
+    """The `unknown_version` policy, checked: one of the policies, and only with masking."""
+    if policy is None:
+        return None
+    if policy not in UNKNOWN_VERSION_POLICIES:
+        raise InvalidInputError(
+            f"unknown_version is {policy!r}; use 'keep' (train tokens of unknown version) or "
+            "'mask' (mask them)"
+        )
+    if staleness is None:
+        raise InvalidInputError(
+            "unknown_version was given without current_weight_version and max_weight_lag: it "
+            "says what staleness masking does with tokens of unknown version; give all three, "
+            "or none"
+        )
+    return policy
+
+
 def staleness_mask(
-    table: pa.Table, current_weight_version: int, max_weight_lag: int, part: str = "table"
+    table: pa.Table,
+    current_weight_version: int,
+    max_weight_lag: int,
+    part: str = "table",
+    *,
+    unknown_version: UnknownVersion | None = None,
 ) -> pa.Table:
     """`table` with `trainable_mask` (list<int8>) added: per position, `loss_mask` and
     `weight_version >= current_weight_version - max_weight_lag`.
 
-    An unknown version (-1, `NO_WEIGHT_VERSION`) is always masked: a token of unknown age is
-    not known to be fresh. Nothing else changes. Vectorized over the flattened lists, one record
-    batch at a time. A table without `weight_version` (rows written before tokcap recorded
-    versions) is refused by name: its tokens' age cannot be known.
+    A token of unknown version (-1, `NO_WEIGHT_VERSION`: its capture carried none) is neither
+    fresh nor stale: `unknown_version="keep"` trains it, `"mask"` masks it, and without the
+    choice a table holding one at a loss-mask position is refused by name, since masking it
+    silently would drop every token of a run captured without versions. Nothing else
+    changes. Vectorized over the flattened lists, one record batch at a time. A table without
+    `weight_version` (rows written before tokcap recorded versions) is refused by name.
     """
     _staleness_setting(current_weight_version, max_weight_lag)
+    _unknown_version_setting(unknown_version, (current_weight_version, max_weight_lag))
     missing = [c for c in ("loss_mask", "weight_version") if c not in table.column_names]
     if missing:
         raise InvalidInputError(
@@ -223,16 +292,35 @@ def staleness_mask(
     # Versions are 0 or more, so the floor at 0 changes nothing for a known one and keeps
     # an unknown one (-1) masked even when the lag reaches back before version 0.
     oldest = max(current_weight_version - max_weight_lag, 0)
-    chunks = [_trainable(batch, oldest, part) for batch in table.to_batches()]
-    column = pa.chunked_array(chunks, _MASK_TYPE)
+    keep = unknown_version == "keep"
+    chunks = [_trainable(batch, oldest, keep, part) for batch in table.to_batches()]
+    unknown = sum(n for _, n in chunks)
+    if unknown and unknown_version is None:
+        raise InvalidInputError(_unstated_policy(part, unknown, table))
+    column = pa.chunked_array([mask for mask, _ in chunks], _MASK_TYPE)
     field = pa.field(TRAINABLE_MASK, _MASK_TYPE, nullable=False)
     if TRAINABLE_MASK in table.column_names:
         table = table.drop_columns([TRAINABLE_MASK])
     return table.append_column(field, column)
 
 
-def _trainable(batch: pa.RecordBatch, oldest: int, part: str) -> pa.Array:
-    """One record batch's `trainable_mask`, on `loss_mask`'s list offsets."""
+def _unstated_policy(part: str, unknown: int, table: pa.Table) -> str:
+    """The refusal of a table holding tokens of unknown version without a policy for them."""
+    loss = table.column("loss_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    trainable = int(np.count_nonzero(loss))
+    return (
+        f"{part}: {unknown} of its {trainable} trainable tokens (loss_mask 1) have no known "
+        "weight version (their captures carried none, e.g. inputs from `tokcap make-inputs` "
+        "or NeMo Gym's writer without a version source), so staleness cannot judge them and "
+        "nothing was yielded. Say what to do with them: unknown_version='keep' trains them "
+        "(their age is unknown) or unknown_version='mask' masks them; either way they are "
+        "counted as unknown_version_tokens, never as stale"
+    )
+
+
+def _trainable(batch: pa.RecordBatch, oldest: int, keep: bool, part: str) -> tuple[pa.Array, int]:
+    """One record batch's `trainable_mask`, on `loss_mask`'s list offsets, and its loss-mask
+    positions of unknown version."""
     loss, versions = batch.column("loss_mask"), batch.column("weight_version")
     offsets = _offsets(loss)
     if not np.array_equal(offsets, _offsets(versions)):
@@ -240,11 +328,15 @@ def _trainable(batch: pa.RecordBatch, oldest: int, part: str) -> pa.Array:
             f"{part}: a row's weight_version and loss_mask have different lengths; the part "
             "was not written by tokcap, so its positions cannot be matched"
         )
-    trainable = (loss.flatten().to_numpy(zero_copy_only=False) != 0) & (
-        versions.flatten().to_numpy(zero_copy_only=False) >= oldest
-    )
+    sampled = loss.flatten().to_numpy(zero_copy_only=False) != 0
+    flat = versions.flatten().to_numpy(zero_copy_only=False)
+    trainable = sampled & (flat >= oldest)
+    unknown = sampled & (flat < 0)
+    if keep:
+        trainable |= unknown
     values = pa.array(trainable.astype(np.int8), pa.int8())
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, _MASK_TYPE)
+    mask = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, _MASK_TYPE)
+    return mask, int(np.count_nonzero(unknown))
 
 
 def _offsets(lists: pa.ListArray) -> np.ndarray:
@@ -254,7 +346,25 @@ def _offsets(lists: pa.ListArray) -> np.ndarray:
 
 
 def stale_token_count(table: pa.Table) -> int:
-    """Loss-mask tokens of a `staleness_mask`ed table that `trainable_mask` masks."""
-    loss = table.column("loss_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    mask = table.column(TRAINABLE_MASK).combine_chunks().flatten()
-    return int(np.count_nonzero(loss) - np.count_nonzero(mask.to_numpy(zero_copy_only=False)))
+    """Loss-mask tokens of a known version that `trainable_mask` of a `staleness_mask`ed
+    table masks: the stale ones (tokens of unknown version are counted apart)."""
+    return _token_counts(table)[0]
+
+
+def unknown_version_count(table: pa.Table) -> int:
+    """Loss-mask tokens of a `staleness_mask`ed table whose version is unknown (-1)."""
+    return _token_counts(table)[1]
+
+
+def _token_counts(table: pa.Table) -> tuple[int, int, int]:
+    """Loss-mask tokens of a `staleness_mask`ed table: stale (a known version, masked), of
+    unknown version, and of a known version."""
+
+    def flat(name: str) -> np.ndarray:
+        return table.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+
+    sampled, versions = flat("loss_mask") != 0, flat("weight_version")
+    known = sampled & (versions >= 0)
+    stale = known & (flat(TRAINABLE_MASK) == 0)
+    unknown = np.count_nonzero(sampled) - np.count_nonzero(known)
+    return int(np.count_nonzero(stale)), int(unknown), int(np.count_nonzero(known))

@@ -8,7 +8,9 @@ token ids, not prefix-contiguous) give one row per contiguous run, never a join 
 across a rewritten history. Masked rollouts, records without a rollout id and records
 without token ids have no rows: rows are derived from what was delivered, nothing else.
 Each row carries the weight version of every position (`row_provenance`: -1 at prompts and
-where unknown), its version bounds and replicas, and its task's `group_size` when given.
+where unknown), its version bounds and replicas, and, when the batch was planned grouped by
+task, its task's `group_size` and `group_delivered` (the task's rollouts that have rows in
+the part: fewer than `group_size` means the group lost a member).
 
 The part is zstd-compressed Parquet in row groups of at most `ROW_GROUP_TOKENS` tokens,
 so a reader streams it a group at a time. Token ids are int32 unless an id of the part
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -83,6 +85,8 @@ class TrainerRow:
     """Per-position weight versions and replicas; `None`: unknown everywhere."""
     group_size: int | None = None
     """The task's rollouts in the run, when the run knows it (grouped finalize)."""
+    group_delivered: int | None = None
+    """The task's distinct rollouts with rows in the part, when `group_size` is known."""
 
 
 def check_row_format(rows: str) -> str:
@@ -266,6 +270,7 @@ def row_schema(token_type: pa.DataType) -> pa.Schema:
             ("max_weight_version", pa.int32()),
             _required_list("replicas", pa.string()),
             ("group_size", pa.int32()),
+            ("group_delivered", pa.int32()),
         ]
     )
 
@@ -306,6 +311,7 @@ def rows_table(rows: Sequence[TrainerRow]) -> pa.Table:
             [r.versions or RowVersions.unknown(len(r.token_ids)) for r in rows], offsets
         ),
         "group_size": pa.array([r.group_size for r in rows], pa.int32()),
+        "group_delivered": pa.array([r.group_delivered for r in rows], pa.int32()),
     }
     return pa.table(columns, schema=row_schema(token_type))
 
@@ -338,14 +344,34 @@ def emitted_rows(
     group_sizes: Mapping[int, int] | None = None,
 ) -> list[TrainerRow]:
     """The rows of a batch's emitted records, as `(input line, record, projected)`;
-    `group_sizes` maps a task index to its rollouts in the run (absent: `group_size` null)."""
+    `group_sizes` maps a task index to its rollouts in the run (absent: `group_size` and
+    `group_delivered` null)."""
     sizes = group_sizes or {}
-    return [
+    rows = [
         row
         for line, rec, projected in records
         for row in record_rows(
             rec, line, projected, sizes.get(index_value(rec.get("_ng_task_index")))
         )
+    ]
+    return with_group_delivered(rows) if sizes else rows
+
+
+def with_group_delivered(rows: Sequence[TrainerRow]) -> list[TrainerRow]:
+    """The rows, each of a known group carrying its task's distinct rollouts among `rows`.
+
+    A grouped batch holds every rollout of its tasks, so this counts the group's rollouts
+    that were delivered with rows: a masked rollout has none, while a delivered one may
+    have several (one per trace), so rows are never counted, rollout ids are.
+    """
+    members: dict[int | None, set[str]] = {}
+    for row in rows:
+        members.setdefault(row.task_index, set()).add(row.rollout_id)
+    return [
+        row
+        if row.group_size is None
+        else replace(row, group_delivered=len(members[row.task_index]))
+        for row in rows
     ]
 
 

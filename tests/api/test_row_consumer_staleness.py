@@ -10,9 +10,12 @@ masked, and the cursor, acks and retirement behave exactly as without it.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from capture_core.dataset import RowConsumer
+from capture_core.errors import InvalidInputError
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.support.pipeline_helpers import dest_records, finalize_locations, write_rollouts
@@ -69,10 +72,12 @@ def test_the_consumer_masks_stale_tokens_with_the_captured_versions(locations, d
         options,
         current_weight_version=CURRENT,
         max_weight_lag=LAG,
+        unknown_version="mask",
     )
     plain = RowConsumer(locations["dest"], run_id, "plain", options)
     plain_parts = {part.key: part.table for part in plain}
-    wrong, stale_seen, stale_reported, current = 0, 0, 0, CURRENT
+    wrong, current = 0, CURRENT
+    seen, reported = {"stale": 0, "unknown": 0}, {"stale": 0, "unknown": 0}
     for part in reader:
         assert part.table.drop_columns(["trainable_mask"]).equals(plain_parts[part.key])
         for row in part.table.to_pylist():
@@ -80,16 +85,75 @@ def test_the_consumer_masks_stale_tokens_with_the_captured_versions(locations, d
             versions = expected_row_versions(record, row, entries[row["rollout_id"]])
             expected = rule(row["loss_mask"], versions, current, LAG)
             wrong += row["weight_version"] != versions or row["trainable_mask"] != expected
-            stale_seen += sum(row["loss_mask"]) - sum(expected)
+            unknown = sum(m and v == -1 for m, v in zip(row["loss_mask"], versions, strict=True))
+            seen["stale"] += sum(row["loss_mask"]) - sum(expected) - unknown
+            seen["unknown"] += unknown
             if row["rollout_id"] == f"7-{UNVERSIONED}":
                 assert not any(row["trainable_mask"]) and row["max_weight_version"] is None
-        stale_reported += part.stale_tokens
+        reported["stale"] += part.stale_tokens
+        reported["unknown"] += part.unknown_version_tokens
+        assert part.all_versions_unknown is False, "every part holds a versioned rollout"
         reader.ack(part.key)
         current += 1  # the trainer updated its weights: the next part is judged by the new V
         reader.current_weight_version = current
-    assert wrong == 0 and stale_seen == stale_reported > 0
+    assert wrong == 0 and seen == reported and min(seen.values()) > 0, (seen, reported)
     assert list(reader) == [] and reader.pending() == [], "acked parts are consumed"
     assert plain.pending(), "another name's cursor is its own"
     retire_uploaded(locations["dest"], run_id, locations["store"], options)
     assert remaining(locations) == [], "every delivered capture retires after its ack"
     record_case(f"the consumer masks stale tokens by their captured versions ({delivery})")
+
+
+@pytest.mark.parametrize("delivery", ["main_chain", "all_traces"])
+def test_tokens_of_unknown_version_are_counted_apart_and_follow_a_stated_policy(
+    locations, delivery, caplog
+) -> None:
+    """Captures without versions (`tokcap make-inputs`' and NeMo Gym's writer's today): with
+    staleness masking asked, the consumer refuses to guess what to do with them until told,
+    then keeps or masks them as told, counts them apart from stale tokens, and reports each
+    part whose trainable tokens are all of unknown version once, in the log and on the part."""
+    options = locations["options"]
+    shape = RolloutShape(turns=3, prompt_tokens=16, generated_tokens=5)
+    store = TokenCaptureStore(locations["store"], options)
+    for i in range(4):
+        for entry in synthetic_rollout(f"7-{i}", shape):
+            store.put_now(entry)
+    write_rollouts(locations["rollouts"], [rollout_record(7, i) for i in range(4)], options)
+    run_id = f"unversioned-{delivery.replace('_', '-')}"
+    finalize_locations(locations, run_id, batch_size=2, rows="parquet", delivery=delivery)
+
+    def reader(name: str, **policy: str) -> RowConsumer:
+        return RowConsumer(
+            locations["dest"],
+            run_id,
+            name,
+            options,
+            current_weight_version=10,
+            max_weight_lag=2,
+            **policy,
+        )
+
+    with pytest.raises(InvalidInputError, match="unknown_version='keep'.*unknown_version='mask'"):
+        next(iter(reader("unstated")))
+    assert reader("unstated").pending(), "nothing was yielded or acknowledged"
+    caplog.set_level(logging.WARNING, logger="capture_core.dataset")
+    seen = {}
+    for policy in ("keep", "mask"):
+        consumer = reader(policy, unknown_version=policy)
+        for _ in range(2):  # a part yielded again (not acknowledged) is not reported again
+            for part in consumer:
+                loss = sum(map(sum, part.table.column("loss_mask").to_pylist()))
+                trainable = sum(map(sum, part.table.column("trainable_mask").to_pylist()))
+                assert loss > 0 and part.unknown_version_tokens == loss
+                assert part.stale_tokens == 0, "unknown is not stale"
+                assert part.all_versions_unknown is True
+                assert trainable == (loss if policy == "keep" else 0)
+                seen.setdefault(policy, []).append(part.key)
+        reports = [r for r in caplog.records if r.name == "capture_core.dataset"]
+        keys = sorted(set(seen[policy]))
+        assert len(keys) == len(reports) == 2, [r.getMessage() for r in reports]
+        named = sorted(k for r in reports for k in keys if k in r.getMessage())
+        assert named == keys and all("unknown weight version" in r.getMessage() for r in reports)
+        caplog.clear()
+    assert len(seen["keep"]) == len(seen["mask"]) == 4
+    record_case(f"rows without weight versions under staleness masking ({delivery})")

@@ -17,6 +17,7 @@ from capture_core.run.run_layout import RunLayout, read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import rollout_record
+from capture_core.testing.trace_shapes import episode, write_episode
 from tests.support.pipeline_helpers import (
     FAILING_FREEZE_SOURCE,
     batch_entries,
@@ -130,6 +131,41 @@ def test_a_group_that_cannot_close_is_refused_before_anything_runs(locations) ->
     assert store.byte_store.list_prefix("10-0"), "no capture was touched"
     assert not any(key.endswith("FROZEN") for key in store.byte_store.list_prefix("10-0"))
     record_case("a task group that cannot close within the cap is refused before finalizing")
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("delivery", ["main_chain", "all_traces"])
+def test_rows_tell_how_many_of_a_group_were_delivered(locations, delivery) -> None:
+    """Task 7: 7-0 forks (two traces under all_traces), 7-1 lost a call and masks; task 8's
+    two rollouts deliver. Counting rows would take task 7 for whole under all_traces; the
+    rows' `group_delivered` counts its delivered rollouts, as distinct rollout ids do."""
+    options = locations["options"]
+    store = TokenCaptureStore(locations["store"], options)
+    shapes = {56: "fork", 57: "lost", 64: "plain", 65: "plain"}  # 7-0, 7-1, 8-0, 8-1
+    episodes = [episode(index, shape, seed=4) for index, shape in shapes.items()]
+    for ep in episodes:
+        write_episode(store, ep)
+    write_rollouts(locations["rollouts"], [ep.record for ep in episodes], options)
+    run_id = f"members-{delivery.replace('_', '-')}"
+    settings = {"rows": "parquet", "delivery": delivery, "retire_after_consumer": "trainer"}
+    summary = finalize_locations(locations, run_id, batch_size=1, group_by="task", **settings)
+    assert summary.handed_off == 4 and summary.masked >= 1
+    names = ["task_index", "rollout_id", "group_size", "group_delivered"]
+    rows = rows_column(locations["dest"], run_id, options, names)
+    delivered: dict[int, set[str]] = {}
+    for task, rollout_id, _, _ in rows:
+        delivered.setdefault(task, set()).add(rollout_id)
+    assert "7-1" not in delivered.get(7, set()) and delivered[8] == {"8-0", "8-1"}
+    assert all(size == 2 and count == len(delivered[task]) for task, _, size, count in rows), rows
+    if delivery == "all_traces":
+        sevens = [row for row in rows if row[0] == 7]
+        assert len(sevens) == 2, "7-0's two traces: as many rows as the group's size"
+        assert all(count == 1 < size for _, _, size, count in sevens), sevens
+    plain = finalize_locations(locations, f"{run_id}-plain", batch_size=1, **settings)
+    assert plain.handed_off == 4
+    ungrouped = rows_column(locations["dest"], f"{run_id}-plain", options, names[2:])
+    assert ungrouped and all(row == (None, None) for row in ungrouped), ungrouped
+    record_case(f"rows tell how many of a group's rollouts were delivered ({delivery})")
 
 
 def test_a_retrigger_keeps_group_by_and_its_cap(tmp_path: Path) -> None:

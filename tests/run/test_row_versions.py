@@ -15,7 +15,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from capture_core.dataset import RowConsumer, stale_token_count, staleness_mask
+from capture_core.dataset import (
+    RowConsumer,
+    stale_token_count,
+    staleness_mask,
+    unknown_version_count,
+)
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.errors import InvalidInputError, InvalidRecordError
 from capture_core.records import TokenEntry
@@ -25,6 +30,9 @@ from capture_core.store import TokenCaptureStore
 from capture_core.testing.agent_captures import agent_rollouts
 from capture_core.testing.synthetic import RolloutShape, rollout_record
 from tests.api.test_finalized_input import finalized
+from tests.run.test_trainer_rows import item
+from tests.run.test_trainer_rows import record as chain_record
+from tests.support.reliability_figures import record_case
 from tests.support.weight_versions import rule, versioned_rollout
 
 VERSION_COLUMNS = [
@@ -33,9 +41,12 @@ VERSION_COLUMNS = [
     "max_weight_version",
     "replicas",
     "group_size",
+    "group_delivered",
 ]
+"""The columns rows gained for asynchronous RL: weight versions and GRPO groups."""
 BYTES_GOAL = 1.05
-"""Rows with one version per call grow by at most 5% in bytes (issue 50)."""
+"""Rows with one version per call grow by at most 5% in bytes over rows without those
+columns (issue 50; 1.026x with the five of issue 50, 1.027x with `group_delivered`)."""
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +106,30 @@ def test_group_size_is_the_given_task_size_else_null(workload) -> None:
     assert plain.column("group_size").null_count == plain.num_rows
 
 
+@pytest.mark.integrity
+def test_group_delivered_counts_rollouts_not_rows(workload) -> None:
+    """Each row's `group_delivered` is its task's distinct rollouts among the part's rows,
+    the count docs/async.md tells a trainer to make; masked rollouts have no rows, and a
+    record whose items do not extend one another has several."""
+    sizes = {record["_ng_task_index"]: 8 for _, record, _ in workload}
+    split = [item([1, 2], [3], [-0.5]), item([9, 9], [4], [-0.25])]  # two rows, one rollout
+    extra = [(len(workload) + 1, {**chain_record(split), "_ng_task_index": 99}, False)]
+    table = trainer_rows.rows_table(trainer_rows.emitted_rows([*workload, *extra], sizes | {99: 3}))
+    assert table.schema.field("group_delivered").type == pa.int32()
+    counted = table.group_by("task_index").aggregate(
+        [("rollout_id", "count_distinct"), ("rollout_id", "count")]
+    )
+    distinct = dict(zip(*counted.select([0, 1]).to_pydict().values(), strict=True))
+    carried = table.select(["task_index", "group_delivered"]).to_pylist()
+    assert all(row["group_delivered"] == distinct[row["task_index"]] for row in carried)
+    masked = sum(1 for _, record, _ in workload if record.get("mask_sample"))
+    assert masked and any(count < 8 for count in distinct.values()), "masked rollouts show"
+    assert [r["group_delivered"] for r in carried if r["task_index"] == 99] == [1, 1]
+    plain = trainer_rows.rows_table(trainer_rows.emitted_rows(workload))
+    assert plain.column("group_delivered").null_count == plain.num_rows
+    record_case("group_delivered counts a group's rollouts, never its rows")
+
+
 @pytest.mark.parametrize(("current", "lag"), [(10, 0), (14, 2), (20, 3), (12, 100), (3, 1)])
 def test_trainable_mask_is_the_rule_at_every_position(workload, current, lag) -> None:
     table = pq.read_table(pa.BufferReader(trainer_rows.batch_rows(workload)))
@@ -121,16 +156,30 @@ def test_staleness_masking_follows_chunks_and_slices(workload) -> None:
     assert again.equals(staleness_mask(table, 20, 0)), "a second mask replaces the first"
 
 
-def test_unknown_versions_are_never_trainable(tmp_path) -> None:
+@pytest.mark.integrity
+def test_unknown_versions_follow_the_stated_policy_and_are_never_stale(tmp_path) -> None:
     store = TokenCaptureStore(str(tmp_path))
     for entry in versioned_rollout("7-0", base=50, shape=RolloutShape(turns=4)):
         store.put_now(entry)
     record, _ = finalized(rollout_record(7, 0), store, "main_chain")
     table = trainer_rows.rows_table(trainer_rows.record_rows(record, 1, projected=True))
-    (row,) = staleness_mask(table, 50, 1000).to_pylist()
-    positions = zip(row["loss_mask"], row["weight_version"], row["trainable_mask"], strict=True)
-    unknown = [trainable for loss, version, trainable in positions if loss and version < 0]
-    assert unknown and not any(unknown), "a sampled token of unknown version is masked"
+    with pytest.raises(InvalidInputError, match=r"row-table: \d+ of its \d+ trainable tokens"):
+        staleness_mask(table, 60, 1, "row-table")
+    for policy in ("mask", "keep"):
+        masked = staleness_mask(table, 60, 1, unknown_version=policy)
+        (row,) = masked.to_pylist()
+        positions = zip(row["loss_mask"], row["weight_version"], row["trainable_mask"], strict=True)
+        unknown = [trainable for loss, version, trainable in positions if loss and version < 0]
+        assert unknown and set(unknown) == {int(policy == "keep")}, policy
+        assert unknown_version_count(masked) == len(unknown)
+        pairs = zip(row["loss_mask"], row["weight_version"], strict=True)
+        stale = sum(bool(m) and 0 <= v < 59 for m, v in pairs)
+        assert stale_token_count(masked) == stale > 0, "unknown is never counted as stale"
+    with pytest.raises(InvalidInputError, match="'keep'.*'mask'"):
+        staleness_mask(table, 60, 1, unknown_version="drop")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="unknown_version was given without"):
+        RowConsumer(str(tmp_path), "run", "trainer", unknown_version="keep")
+    record_case("tokens of unknown version are neither stale nor masked without a policy")
 
 
 @pytest.mark.parametrize(
@@ -195,9 +244,12 @@ def test_staleness_mask_is_vectorized_over_a_large_part() -> None:
             "weight_version": pa.ListArray.from_arrays(offsets, pa.array(versions)),
         }
     )
-    masked = staleness_mask(table, 25, 4)
+    masked = staleness_mask(table, 25, 4, unknown_version="mask")
     flat = masked.column("trainable_mask").combine_chunks().flatten().to_numpy()
     assert np.array_equal(flat, ((loss != 0) & (versions >= 21)).astype(np.int8))
-    reaching_back = staleness_mask(table, 3, 10).column("trainable_mask")
+    kept = staleness_mask(table, 25, 4, unknown_version="keep").column("trainable_mask")
+    flat = kept.combine_chunks().flatten().to_numpy()
+    assert np.array_equal(flat, ((loss != 0) & ((versions >= 21) | (versions < 0))).astype(np.int8))
+    reaching_back = staleness_mask(table, 3, 10, unknown_version="mask").column("trainable_mask")
     flat = reaching_back.combine_chunks().flatten().to_numpy()
     assert np.array_equal(flat, ((loss != 0) & (versions >= 0)).astype(np.int8))

@@ -81,10 +81,17 @@ def _spans(record: Mapping[str, Any], row: Mapping[str, Any]) -> list[tuple[str,
     return [(c, len(i["prompt_token_ids"])) for c, i in zip(chain, items, strict=True)]
 
 
-def rule(loss_mask: Sequence[int], versions: Sequence[int], current: int, lag: int) -> list[int]:
+def rule(
+    loss_mask: Sequence[int],
+    versions: Sequence[int],
+    current: int,
+    lag: int,
+    unknown_version: str = "mask",
+) -> list[int]:
     """The staleness rule, position by position, in plain Python (the oracle): a sampled
-    token trains when its version is known (not -1) and at most `lag` behind `current`."""
+    token trains when its version is known (not -1) and at most `lag` behind `current`, or
+    when its version is unknown and `unknown_version` is "keep"."""
     return [
-        int(bool(m) and v != -1 and v >= current - lag)
+        int(bool(m) and (v >= current - lag if v != -1 else unknown_version == "keep"))
         for m, v in zip(loss_mask, versions, strict=True)
     ]
