@@ -52,6 +52,11 @@ from capture_core.records.token_values import (
     first_non_id,
 )
 
+_SET_ONLY = ("response_id", *PROVENANCE_FIELDS)
+"""Fields NeMo Gym's seed `TokenEntry` does not have: a dump holds them only when they were
+set (given, read or assigned), even to `None` (NeMo Gym 0.7.0 writes `"response_id": null`),
+never as an unset default, which that revision would keep as an extra field."""
+
 # Schema changelog (older versions are read; newer ones are refused):
 #   0: NeMo Gym's pre-release records, same fields and meaning.
 #   1: first version (prompt, generation, log probs, optional routed experts, content items).
@@ -72,8 +77,11 @@ class TokenEntry(BaseModel):
     `generation_weight_versions`, `weight_version_label`, `replica`: `records.provenance`)
     are tokcap's, after NeMo Gym's, and appear in a dump only when set. Other systems'
     names for them are accepted on input and mapped to these (`canonical_provenance`).
-    Fields are in NeMo Gym's order. `model_dump()` returns every NeMo Gym field, defaults
-    included, as NeMo Gym's does. What a store writes is `wire_dump()`: `schema_version`,
+    Fields are in NeMo Gym's order. `model_dump()` returns every field of NeMo Gym's seed
+    `TokenEntry`, defaults included, as NeMo Gym's does; `response_id` (which that revision
+    lacks, and would keep as an extra) and the provenance fields only when set, so a seed
+    entry dumped, read by tokcap and dumped again is the entry it was, both ways (`_SET_ONLY`).
+    What a store writes is `wire_dump()`: `schema_version`,
     every field that was set (given, read, or assigned) and the extras, never an optional
     field left at its default unset, so a NeMo Gym entry read and written back is the entry
     it was.
@@ -130,9 +138,9 @@ class TokenEntry(BaseModel):
         return self
 
     @model_serializer(mode="wrap")
-    def _provenance_only_when_set(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _newer_fields_only_when_set(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data = dump(self)
-        for name in PROVENANCE_FIELDS:
+        for name in _SET_ONLY:
             if data.get(name, 0) is None and name not in self.model_fields_set:
                 del data[name]
         return data

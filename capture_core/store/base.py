@@ -141,6 +141,18 @@ class CaptureStore(ABC):
             return exc
         return InvalidRecordError(f"rollout {rollout_id}: {refusal}. Nothing was stored; {outcome}")
 
+    def unreadable(self, entry: TokenEntry, exc: InvalidRecordError) -> InvalidRecordError:
+        """The error to raise for an entry whose stored form a reader would refuse, found by
+        judging the exact bytes a put is about to store (`refused`; nothing is stored)."""
+        detail = str(exc).removeprefix(f"call {entry.model_call_id!r}: ")
+        return self.refused(
+            entry,
+            InvalidRecordError(
+                f"what it would store does not read back ({detail}); give every field a value "
+                "JSON holds as it is (no NaN or infinity) of the type a TokenEntry gives it"
+            ),
+        )
+
     def _lose_refused_call(self, rollout_id: str, call_id: str, refusal: str) -> str:
         """Report a refused call lost unless the rollout is closed to writes; say the outcome."""
         if self._writes_closed(rollout_id):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import orjson
 from pydantic import ValidationError
 
-from capture_core.errors import CaptureStoreError, UnreadableCaptureError
+from capture_core.errors import CaptureStoreError, InvalidRecordError, UnreadableCaptureError
 from capture_core.records import TokenEntry, describe_validation_error, entry_fields
 from capture_core.storage import ByteStore
 from capture_core.store import compact
@@ -106,14 +106,12 @@ def parse_stored_entry(rollout_id: str, key: str, name: str, data: bytes) -> Sto
 
 
 def finish_entry(rollout_id: str, key: str, stored: StoredEntry) -> TokenEntry:
-    """The entry of a sealed, rebuilt object, refusing newer schemas and misplaced records by
-    name.
-
-    Its seal verified its bytes, so it is built without re-validating every token
-    (`construct_sealed_entry`); a field of an unexpected type is validated instead.
-    """
-    fields = {**stored.fields, "prompt_token_ids": stored.prompt}
-    entry = construct_sealed_entry(fields) or _validated_entry(rollout_id, key, stored)
+    """The entry of a sealed, rebuilt object (`read_entry`), refusing newer schemas, invalid
+    fields and misplaced records by name."""
+    try:
+        entry = read_entry(stored)
+    except InvalidRecordError as exc:
+        raise _unreadable(rollout_id, key, str(exc)) from exc
     if entry.rollout_id != rollout_id or call_key(entry.model_call_id) != stored.name:
         raise UnreadableCaptureError(
             f"rollout {rollout_id}: object {key} holds call {entry.model_call_id!r} of rollout "
@@ -122,18 +120,25 @@ def finish_entry(rollout_id: str, key: str, stored: StoredEntry) -> TokenEntry:
     return entry
 
 
-def _validated_entry(rollout_id: str, key: str, stored: StoredEntry) -> TokenEntry:
-    """Validate a rebuilt entry, naming every problem.
+def read_entry(stored: StoredEntry) -> TokenEntry:
+    """What a reader reads of a sealed object whose prompt is rebuilt: the one judgement of
+    stored fields, which a put also passes the bytes it is about to store through.
 
-    A delta's tail is validated with its fields and its prefix belongs to its parent, so the
-    rebuilt prompt is attached without re-checking every token.
+    Its seal verified its bytes, so it is built without re-validating every token
+    (`construct_sealed_entry`); otherwise (another system's provenance name, a field of an
+    unexpected type) it is validated in full. A delta's tail is validated with its fields
+    and its prefix belongs to its parent, so the rebuilt prompt is attached without
+    re-checking every token. Raises `InvalidRecordError` naming every problem.
     """
+    entry = construct_sealed_entry({**stored.fields, "prompt_token_ids": stored.prompt})
+    if entry is not None:
+        return entry
     delta = stored.tail is not None and stored.prompt is not stored.tail
     fields = {**stored.fields, "prompt_token_ids": stored.tail if delta else stored.prompt}
     try:
         entry = TokenEntry.model_validate(fields)
     except ValidationError as exc:
-        raise _unreadable(rollout_id, key, describe_validation_error(exc)) from exc
+        raise InvalidRecordError(describe_validation_error(exc)) from exc
     if delta:
         entry.prompt_token_ids = stored.prompt  # type: ignore[assignment]
     return entry

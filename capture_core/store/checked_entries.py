@@ -2,9 +2,12 @@
 
 A put stores an entry as it is at the put (`storable_entry`): every token rule is checked
 again on copies, so what is stored is what was checked. A read builds the entry of sealed
-bytes without a second pass over every token (`construct_sealed_entry`). Both apply the
-rules of `records`, the one place they are written. This module imports only `errors` and
-`records` from the project.
+bytes without a second pass over every token (`construct_sealed_entry`) when every field is
+exactly what validation gives it (`as_validated`), and validates it in full otherwise; a put
+validates in full in the same case, so it stores the entry a reader would read (other
+systems' provenance names mapped, a field of another type converted or refused). Both apply
+the rules of `records`, the one place they are written. This module imports only `errors`
+and `records` from the project.
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ from capture_core.records import (
     check_token_ids,
     coerce_token_entry,
     describe_validation_error,
+    entry_fields,
 )
 from capture_core.records.provenance import RUNS_KEY, input_names_to_map
 from capture_core.records.token_values import TOKEN_ID_FIELDS, token_id_array
 
-# The Python type validation gives each field (`response_id` also non-empty). A field of any
-# other type is validated, never trusted: validation may convert it or refuse it by name.
+# The Python type validation gives each field (`response_id` also non-empty; `None` where
+# it is the field's default, as validation keeps it). A field of any other type is
+# validated, never trusted: validation may convert it or refuse it by name.
+_NONE = type(None)
 _EXACT_TYPES: dict[str, tuple[type, ...]] = {
     "schema_version": (int,),
     "rollout_id": (str,),
@@ -36,18 +42,36 @@ _EXACT_TYPES: dict[str, tuple[type, ...]] = {
     "generation_token_ids": (list,),
     "generation_log_probs": (list,),
     "output_items": (list,),
-    "token_item_index": (int, type(None)),
-    "response_id": (str,),
+    "token_item_index": (int, _NONE),
+    "response_id": (str, _NONE),
     "created_at": (float,),
-    "start_weight_version": (int,),
-    "end_weight_version": (int,),
-    RUNS_KEY: (list,),  # its items: `check_entry_consistency` (`check_provenance`)
-    "weight_version_label": (str,),
-    "replica": (str,),
+    "start_weight_version": (int, _NONE),
+    "end_weight_version": (int, _NONE),
+    RUNS_KEY: (list, _NONE),  # its items: `check_entry_consistency` (`check_provenance`)
+    "weight_version_label": (str, _NONE),
+    "replica": (str, _NONE),
 }
 _REQUIRED_FIELDS = tuple(
     name for name, info in TokenEntry.model_fields.items() if info.is_required()
 )
+
+
+def as_validated(fields: dict[str, Any]) -> bool:
+    """Whether validation would take `fields` as they are: every required field there, each
+    of exactly the type validation gives it, no other system's provenance name to map. Else
+    only validation says what they read as (or refuses them), at a read as at a put."""
+    if any(name not in fields for name in _REQUIRED_FIELDS) or input_names_to_map(fields):
+        return False  # validation maps other systems' provenance names
+    for name, value in fields.items():
+        kinds = _EXACT_TYPES.get(name)
+        if kinds is None:
+            if name.startswith("_"):
+                return False  # `model_construct`'s own parameter, or a name pydantic keeps
+        elif type(value) not in kinds:
+            return False
+    if fields.get("response_id") == "":
+        return False
+    return all(type(item) is dict for item in fields.get("output_items", ()))
 
 
 def construct_sealed_entry(fields: dict[str, Any]) -> TokenEntry | None:
@@ -55,21 +79,11 @@ def construct_sealed_entry(fields: dict[str, Any]) -> TokenEntry | None:
     every token; `None` when a field is not exactly what validation yields (then validate).
 
     A seal proves the bytes are the ones a writer stored from a validated entry, so their
-    token lists already passed validation; the scalar types and the cross-field rules
-    (`check_entry_consistency`) are checked again. Never for bytes no seal covers.
+    token lists already passed validation; the scalar types (`as_validated`) and the
+    cross-field rules (`check_entry_consistency`) are checked again. Never for bytes no seal
+    covers.
     """
-    if any(name not in fields for name in _REQUIRED_FIELDS) or input_names_to_map(fields):
-        return None  # validation maps other systems' provenance names
-    for name, value in fields.items():
-        kinds = _EXACT_TYPES.get(name)
-        if kinds is None:
-            if name.startswith("_"):
-                return None  # `model_construct`'s own parameter, or a name pydantic keeps
-        elif type(value) not in kinds:
-            return None
-    if "response_id" in fields and not fields["response_id"]:
-        return None
-    if any(type(item) is not dict for item in fields.get("output_items", ())):
+    if not as_validated(fields):
         return None
     entry = TokenEntry.model_construct(set(fields), **fields)
     try:
@@ -102,14 +116,27 @@ def storable_entry(entry: Any) -> StorableEntry:
     per-token versions are copied first and the
     copies are checked and stored; the prompt is read once, into `prompt_ids`. So what is
     stored is what was checked, even if the caller changes its entry meanwhile.
+    Our entry whose fields a reader would not take as they are once checked (`as_validated`:
+    another system's provenance name among its extras, a field assigned a value of another
+    type) is then validated in full like anything else, from the fields it has set, so what
+    is stored is what a reader reads: names mapped (or two that disagree refused by name),
+    types converted or refused.
     Anything else is validated in full by `coerce_token_entry`, into lists of its own.
     Raises `InvalidRecordError` naming the field (and the call, when it could be read).
     """
-    if type(entry) is not TokenEntry:
-        try:
-            return StorableEntry(coerce_token_entry(entry), None)
-        except ValidationError as exc:
-            raise InvalidRecordError(describe_validation_error(exc)) from exc
+    if type(entry) is TokenEntry:
+        checked = _checked_copy(entry)
+        if as_validated(entry_fields(checked.entry)):
+            return checked
+        entry = _set_fields(checked.entry)
+    try:
+        return StorableEntry(coerce_token_entry(entry), None)
+    except ValidationError as exc:
+        raise InvalidRecordError(describe_validation_error(exc)) from exc
+
+
+def _checked_copy(entry: TokenEntry) -> StorableEntry:
+    """Our entry with copies of its generated lists, every token rule checked on them."""
     copies = {
         name: value.copy()
         for name in ("generation_token_ids", "generation_log_probs", RUNS_KEY)
@@ -120,3 +147,12 @@ def storable_entry(entry: Any) -> StorableEntry:
     check_token_ids(record, TOKEN_ID_FIELDS if prompt_ids is None else TOKEN_ID_FIELDS[1:])
     check_entry_consistency(record)
     return StorableEntry(record, prompt_ids)
+
+
+def _set_fields(entry: TokenEntry) -> dict[str, Any]:
+    """The fields an entry was given, read or assigned, and its extras: validating them gives
+    the entry a reader reads, with the same fields set (so its wire form is unchanged)."""
+    fields = {
+        name: value for name, value in entry.__dict__.items() if name in entry.model_fields_set
+    }
+    return {**fields, **(entry.__pydantic_extra__ or {})}

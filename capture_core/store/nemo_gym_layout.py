@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from capture_core.errors import (
     CaptureConflictError,
+    InvalidRecordError,
     MixedLayoutError,
     UnreadableCaptureError,
 )
@@ -164,6 +165,16 @@ def _index_tail(
     return recovered, indexed + len(tail)
 
 
+def read_line(payload: bytes) -> TokenEntry:
+    """What a reader reads of one entry line: the line validated in full (other systems'
+    provenance names mapped). A put passes the line it is about to append through it too.
+    Raises `orjson.JSONDecodeError`, or `InvalidRecordError` naming every problem."""
+    try:
+        return TokenEntry.model_validate(orjson.loads(payload))
+    except ValidationError as exc:
+        raise InvalidRecordError(describe_validation_error(exc)) from exc
+
+
 def read_jsonl_entries(
     path: str, rollout_id: str, digests: dict[str, str] | None = None
 ) -> list[TokenEntry]:
@@ -184,13 +195,12 @@ def read_jsonl_entries(
         if not payload:
             continue
         try:
-            entry = TokenEntry.model_validate(orjson.loads(payload))
+            entry = read_line(payload)
         except orjson.JSONDecodeError as exc:
             raise UnreadableCaptureError(f"{path}: line {number} is not JSON ({exc})") from exc
-        except ValidationError as exc:
+        except InvalidRecordError as exc:
             raise UnreadableCaptureError(
-                f"{path}: line {number} is not a readable token entry: "
-                f"{describe_validation_error(exc)}"
+                f"{path}: line {number} is not a readable token entry: {exc}"
             ) from exc
         if digests is not None and digests.get(entry.model_call_id) != line_digest(payload):
             raise UnreadableCaptureError(

@@ -225,6 +225,10 @@ class NemoGymFileStore(CaptureStore):
             canonical = orjson.dumps(record.wire_dump(), option=orjson.OPT_SORT_KEYS)
         except (TypeError, ValueError, PydanticSerializationError) as exc:  # not encodable
             raise self.refused(record, InvalidRecordError(f"cannot be encoded: {exc}")) from exc
+        try:  # the line as a freeze will read it, after mapping and stamping: never unreadable
+            layout.read_line(canonical)
+        except InvalidRecordError as exc:
+            raise self.unreadable(record, exc) from exc
         digest = layout.line_digest(canonical)
         with self._locked(rollout_id):
             state = self._read_state(rollout_id)

@@ -22,6 +22,7 @@ from capture_core.errors import (
     InvalidRecordError,
 )
 from capture_core.ids import validate_rollout_id
+from capture_core.records import TokenEntry
 from capture_core.storage import ByteStore
 from capture_core.store import capture_entries, compact, parent_index, retirement
 from capture_core.store import capture_layout as layout
@@ -56,6 +57,7 @@ class TokcapWrites(CaptureStore):
             encoded = self._encode(rollout_id, compact.Draft(record, name, prompt_ids))
         except (TypeError, ValueError, OverflowError) as exc:  # checked, yet not encodable
             raise self.refused(record, InvalidRecordError(f"cannot be encoded: {exc}")) from exc
+        self._judge(rollout_id, key, name, record, encoded.data)
         if self._fence(rollout_id):
             existing = self._settled(key)
             if existing is not None and compact.same_call(existing, encoded.identity, stamped):
@@ -71,6 +73,19 @@ class TokcapWrites(CaptureStore):
             self._parents.remember(rollout_id, name, encoded.known)
             return
         self._refuse_conflict(rollout_id, record.model_call_id, existing)
+
+    def _judge(self, rollout_id: str, key: str, name: str, record: TokenEntry, data: bytes) -> None:
+        """Refuse, storing nothing, bytes a freeze would not read: the put passes the exact
+        bytes it is about to store, after mapping and stamping, through the reader's own
+        judgement (`capture_entries.read_entry`), so an accepted put never reads back as an
+        unreadable capture."""
+        stored = capture_entries.parse_stored_entry(rollout_id, key, name, data)
+        if stored.prompt is None:  # a delta: its prefix is the parent's, the digest binds it
+            stored.prompt = record.prompt_token_ids
+        try:
+            capture_entries.read_entry(stored)
+        except InvalidRecordError as exc:
+            raise self.unreadable(record, exc) from exc
 
     def _encode(self, rollout_id: str, draft: compact.Draft) -> compact.EncodedEntry:
         """The entry as a delta against its longest stored parent (docs/store.md).

@@ -1,12 +1,14 @@
 """A NeMo Gym entry read by tokcap and written back is the entry NeMo Gym wrote.
 
-`GymEntry` mirrors NeMo Gym's `TokenEntry` (its field names, defaults and order, schema 1
-with `response_id`); `OlderGymEntry` the same before `response_id` existed. Every record
-shape round-trips unchanged on the wire (`wire_dump`, what stores write) in Python and in
-JSON, and through every store: NeMo Gym reads back an entry equal to the one it wrote.
-`model_dump()` is NeMo Gym's: every field, defaults included, as its current `TokenEntry`
-dumps the same record. An entry carrying weight-version provenance under tokcap's names (extras
-to NeMo Gym) round-trips too; one carrying NeMo Gym #3419's names is written under tokcap's.
+`GymEntry` mirrors NeMo Gym 0.7.0's `TokenEntry` (its field names, defaults and order,
+schema 1 with `response_id`); `OlderGymEntry` the seed revision's, before `response_id`
+existed. Every record shape round-trips unchanged on the wire (`wire_dump`, what stores write)
+and through `model_dump()` in Python and in JSON, both ways, and through every store: NeMo
+Gym reads back an entry equal to the one it wrote. `model_dump()` is NeMo Gym's: every field,
+defaults included, as the revision that wrote the record dumps it; `response_id` only when the
+entry has one (or was given one). An entry carrying weight-version provenance under tokcap's
+names (extras to NeMo Gym) round-trips too; one carrying NeMo Gym #3419's names is written
+under tokcap's.
 """
 
 from __future__ import annotations
@@ -107,14 +109,14 @@ def _written(model: type[BaseModel], fields: dict[str, Any]) -> dict[str, Any]:
 def test_round_trip_is_the_identity_in_python(name: str, model: type, fields: dict) -> None:
     written = _written(model, fields)
     assert TokenEntry.model_validate(written).wire_dump() == written
-    assert TokenEntry.model_validate(written).model_dump() == GymEntry(**fields).model_dump()
+    assert TokenEntry.model_validate(written).model_dump() == model(**fields).model_dump()
 
 
 @pytest.mark.parametrize(("name", "model", "fields"), SHAPES, ids=SHAPE_IDS)
 def test_round_trip_is_the_identity_in_json(name: str, model: type, fields: dict) -> None:
     text = model(**fields).model_dump_json()
     assert TokenEntry.model_validate_json(text).wire_dump() == orjson.loads(text)
-    gym = GymEntry.model_validate_json(text).model_dump_json()
+    gym = model.model_validate_json(text).model_dump_json()
     assert TokenEntry.model_validate_json(text).model_dump_json() == gym
 
 
@@ -127,8 +129,8 @@ def test_a_record_without_optional_fields_is_written_without_them() -> None:
 def test_model_dump_returns_nemo_gyms_fields_defaults_included() -> None:
     """Code written against NeMo Gym reads `entry.model_dump()["created_at"]` and the like."""
     dumped = TokenEntry.model_validate(dict(REQUIRED)).model_dump()
-    assert dumped == GymEntry(**REQUIRED).model_dump()
-    assert list(dumped) == list(GymEntry.model_fields)
+    assert dumped == OlderGymEntry(**REQUIRED).model_dump()
+    assert list(dumped) == list(OlderGymEntry.model_fields)
     assert dumped["created_at"] == 0.0 and dumped["model"] == "" and dumped["output_items"] == []
     assert dumped["token_item_index"] is None and dumped["routed_experts"] is None
     record_case("TokenEntry.model_dump() omits NeMo Gym's default fields")
@@ -138,9 +140,43 @@ def test_a_served_response_without_an_id_writes_no_response_id() -> None:
     response = {"output": [{**ITEM, "prompt_token_ids": [1], **_generated()}]}
     entry = token_entry_from_response("3-4", "c1", response)
     assert entry is not None and "response_id" not in entry.wire_dump()
-    assert entry.model_dump()["response_id"] is None
+    assert "response_id" not in entry.model_dump()
     served = token_entry_from_response("3-4", "c1", {**response, "id": "resp_9"})
     assert served is not None and served.wire_dump()["response_id"] == "resp_9"
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("fields", [dict(REQUIRED), {**REQUIRED, "output_items": [ITEM]}])
+def test_the_seed_revisions_entry_round_trips_through_model_dump_both_ways(fields) -> None:
+    """NeMo Gym's seed `TokenEntry` has no `response_id`: it would keep a `None` one as an
+    extra, so NeMo Gym -> tokcap -> NeMo Gym is the identity only when tokcap's `model_dump()`
+    of an entry without a response id carries none. Both ways, in Python and in JSON."""
+    gym = OlderGymEntry(**fields)
+    ours = TokenEntry.model_validate(gym.model_dump())
+    assert "response_id" not in ours.model_dump() and "response_id" not in ours.model_dump_json()
+    back = OlderGymEntry.model_validate(ours.model_dump())
+    assert back.model_dump() == gym.model_dump() and not back.model_extra
+    text = gym.model_dump_json()
+    assert TokenEntry.model_validate_json(text).model_dump_json() == text
+    assert (
+        OlderGymEntry.model_validate_json(
+            TokenEntry.model_validate_json(text).model_dump_json()
+        ).model_dump_json()
+        == text
+    )
+    # tokcap -> NeMo Gym -> tokcap: an entry tokcap built, with and without a served id.
+    for served in ({}, {"response_id": "resp_1"}):
+        built = TokenEntry(**fields, **served)
+        again = TokenEntry.model_validate(
+            OlderGymEntry.model_validate(built.model_dump()).model_dump()
+        )
+        assert again.model_dump() == built.model_dump() and again == built
+        json_again = TokenEntry.model_validate_json(
+            OlderGymEntry.model_validate_json(built.model_dump_json()).model_dump_json()
+        )
+        assert json_again.model_dump_json() == built.model_dump_json()
+    assert TokenEntry(**fields, response_id="resp_1").model_dump()["response_id"] == "resp_1"
+    record_case("NeMo Gym -> tokcap -> NeMo Gym through model_dump() adds response_id: None")
 
 
 def _generated() -> dict[str, Any]:
