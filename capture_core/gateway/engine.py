@@ -18,6 +18,9 @@ from capture_core.gateway.settings import GatewaySettings
 
 FORWARDED_HEADERS = ("content-type", "accept", "user-agent", "x-request-id")
 HEALTH_TIMEOUT = 5.0
+KEEPALIVE_SECONDS = 2.0
+"""An idle connection to the engine is dropped after this long: before the engine's own
+keep-alive timeout (uvicorn's and vLLM's: 5 s) can close it under a request being sent."""
 
 
 class AnswerTooLargeError(TokcapError):
@@ -35,7 +38,11 @@ class Engine:
         self.client = httpx.AsyncClient(
             base_url=settings.engine,
             timeout=httpx.Timeout(settings.engine_timeout, connect=10.0, pool=None),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            limits=httpx.Limits(
+                max_connections=None,
+                max_keepalive_connections=64,
+                keepalive_expiry=KEEPALIVE_SECONDS,
+            ),
         )
 
     def headers(self, incoming: Mapping[str, str]) -> dict[str, str]:
@@ -51,10 +58,19 @@ class Engine:
         self, method: str, path: str, headers: Mapping[str, str], body: bytes, query: str = ""
     ) -> httpx.Response:
         """Send a request and return the engine's response with its body not yet read.
-        The caller closes it (`aclose`): closing it early aborts the engine's request."""
+        The caller closes it (`aclose`): closing it early aborts the engine's request.
+
+        A pooled connection the engine closed as the request went out fails before any
+        answer came; the request is then sent once more, on a new connection (the engine
+        sampled nothing for the first, and only an answer is ever captured).
+        """
         url = f"{path}?{query}" if query else path
         request = self.client.build_request(method, url, headers=dict(headers), content=body)
-        return await self.client.send(request, stream=True)
+        try:
+            return await self.client.send(request, stream=True)
+        except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
+            request = self.client.build_request(method, url, headers=dict(headers), content=body)
+            return await self.client.send(request, stream=True)
 
     async def read(self, response: httpx.Response) -> bytes:
         """The whole body of a response, refused past `max_answer_bytes`."""

@@ -9,6 +9,7 @@ recorded lost) and returns.
 
 from __future__ import annotations
 
+import signal
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,11 @@ from capture_core.gateway.settings import GatewaySettings
 from capture_core.store.base import CaptureStore
 
 GRACE_SECONDS = 30
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 LISTENING = "tokcap gateway: listening on"
+KEEPALIVE_SECONDS = 65
+"""An idle client connection is kept this long: longer than clients keep theirs (httpx and
+OpenAI's SDK: 5 s), so a client never sends a call on a connection the gateway is closing."""
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -62,11 +67,21 @@ def serve(
         "log_level": "warning",
         "access_log": False,
         "timeout_graceful_shutdown": GRACE_SECONDS,
+        "timeout_keep_alive": KEEPALIVE_SECONDS,
         "lifespan": "on",
     }
     server = _Server(uvicorn.Config(create_app(settings, store), **config))
     server.url, server.on_listening = url_of(sock, settings.host), on_listening
+    # uvicorn raises a stop signal again once it has shut down, so the process's handler
+    # runs; here that handler is one that returns: the stop was asked for and done (exit 0).
+    kept = {sig: signal.signal(sig, _stopped) for sig in STOP_SIGNALS}
     try:
         server.run(sockets=[sock])
     finally:
         sock.close()
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
+
+
+def _stopped(_signum: int, _frame: Any) -> None:
+    """The process's stop handler while a gateway serves: the stop is uvicorn's to make."""

@@ -29,6 +29,7 @@ from tokcap.flows.cli.checks import (
     absolute,
     check_location,
     is_class_spec,
+    is_local,
     positive_int,
 )
 
@@ -139,9 +140,17 @@ def check_gateway_args(args: argparse.Namespace) -> None:
     except InvalidInputError as exc:
         flag = "--engine" if str(exc).startswith("engine") else "--host"
         raise UsageError(f"{flag}: {exc}") from None
-    check_location("--store", lambda: _store(args).probe(must_exist=False))
+    check_location("--store", lambda: _usable_store(args))
     if args.weight_version_source is not None:
         check_location("--weight-version-source", lambda: _version_now(args))
+
+
+def _usable_store(args: argparse.Namespace) -> None:
+    """A local store is made now when missing (the gateway writes there); any store must be
+    usable and writable before the gateway says it listens."""
+    if is_local(args.store):
+        os.makedirs(args.store, exist_ok=True)
+    _store(args).probe(must_exist=True)
 
 
 def _store(args: argparse.Namespace) -> Any:
