@@ -5,6 +5,7 @@ a log-prob entry's `token` is decoded text (or `token_id:<int>` text) and is nev
 An answer without a field the capture needs fails the call, naming the field and the engine
 setting that returns it: an empty list would train on nothing, a guess on the wrong tokens.
 Each choice of an `n` > 1 answer is its own call (its own prompt, generation and log probs).
+A choice's `routed_experts` (vLLM's, for mixture-of-experts models) is kept when set.
 This module imports only `errors`, `records` and `gateway.dialects`.
 """
 
@@ -41,6 +42,7 @@ class ChoiceCall:
     log_probs: list[float]
     output_items: list[dict[str, Any]]
     version_spans: list[Any] | None
+    routed_experts: Any = None
 
 
 def _missing(field: str, setting: str) -> EngineAnswerError:
@@ -130,5 +132,6 @@ def choice_calls(
         else:
             items = []
         spans = choice.get("weight_versions")
-        calls.append(ChoiceCall(index, prompt, generated, log_probs, items, spans))
+        experts = choice.get("routed_experts")
+        calls.append(ChoiceCall(index, prompt, generated, log_probs, items, spans, experts))
     return calls

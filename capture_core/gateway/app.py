@@ -18,7 +18,6 @@ import logging
 from collections.abc import AsyncIterator
 
 import httpx
-import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -33,7 +32,7 @@ from capture_core.gateway.calls import (
     unstreamed,
 )
 from capture_core.gateway.capture import CaptureWriter, new_call_ids
-from capture_core.gateway.dialects import GENERATE, PATHS
+from capture_core.gateway.dialects import PATHS
 from capture_core.gateway.engine import Engine
 from capture_core.gateway.guard import BodyTooLargeError, Session, key_matches, read_bounded
 from capture_core.gateway.guard import session_of as find_session
@@ -106,7 +105,7 @@ async def handle(ctx: GatewayContext, request: Request) -> Response:
     if session is None:
         return await pass_through(ctx, request, path, body)
     dialect = PATHS.get(session.engine_path) if request.method == "POST" else None
-    if dialect is None or (dialect == GENERATE and _streams(body)):
+    if dialect is None:
         return await unobserved(ctx, request, session, body)
     try:
         admitted = await admit(ctx, session, dialect, body)
@@ -116,15 +115,6 @@ async def handle(ctx: GatewayContext, request: Request) -> Response:
     if admitted.prepared.stream:
         return await streamed(ctx, admitted, request)
     return await unstreamed(ctx, admitted, request)
-
-
-def _streams(body: bytes) -> bool:
-    """Whether a request body asks for a stream (streamed generate is not captured)."""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(parsed, dict) and parsed.get("stream") is True
 
 
 async def unobserved(

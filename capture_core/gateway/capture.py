@@ -48,6 +48,8 @@ def build_entry(
     """The `TokenEntry` of one choice. The answer's `id` is the call's `response_id` only
     when the answer has one choice (n > 1 choices share it, which would name no call)."""
     fields: dict[str, Any] = dict(provenance)
+    if call.routed_experts is not None:
+        fields["routed_experts"] = call.routed_experts
     served_id = answer.get("id")
     if single and isinstance(served_id, str) and served_id:
         fields["response_id"] = served_id

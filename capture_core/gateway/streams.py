@@ -3,8 +3,9 @@ an unstreamed call would have returned, so one reader (`answers`) captures both.
 
 vLLM's streamed chat sends the prompt ids on the first chunk and, on every delta chunk,
 that chunk's generated ids and their log probs; completions carry prompt and generated ids
-per choice. Text, reasoning and tool-call fragments are joined per choice; a tool call's
-fragments are joined by their `index`, as OpenAI's clients do.
+per choice; generate sends its weight-version spans on the last chunk. Text, reasoning and
+tool-call fragments are joined per choice; a tool call's fragments are joined by their
+`index`, as OpenAI's clients do.
 This module imports only `gateway.dialects`.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from capture_core.gateway.dialects import CHAT
+from capture_core.gateway.dialects import CHAT, COMPLETIONS
 
 DONE = "[DONE]"
 TEXT_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
@@ -46,6 +47,7 @@ class _Choice:
         self.text: list[str] = []
         self.finish_reason: Any = None
         self.malformed = False
+        self.spans: Any = None
 
     def add_ids(self, ids: Any) -> None:
         if ids is None:
@@ -82,10 +84,9 @@ class _Choice:
             if function.get("arguments") is not None:
                 target["arguments"] = target.get("arguments", "") + function["arguments"]
 
-    def add_log_probs(self, logprobs: Any, chat: bool) -> None:
+    def add_log_probs(self, logprobs: Any, key: str) -> None:
         if not isinstance(logprobs, Mapping):
             return
-        key = "content" if chat else "token_logprobs"
         values = logprobs.get(key)
         if isinstance(values, list):
             self.logprob_key = key
@@ -93,6 +94,8 @@ class _Choice:
 
     def as_choice(self, index: int, chat: bool) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index, "finish_reason": self.finish_reason}
+        if self.spans is not None:
+            choice["weight_versions"] = self.spans
         if chat:
             message = dict(self.message)
             if self.tool_calls:
@@ -117,6 +120,7 @@ class StreamAssembly:
 
     def __init__(self, dialect: str) -> None:
         self.chat = dialect == CHAT
+        self.logprob_key = "token_logprobs" if dialect == COMPLETIONS else "content"
         self.top: dict[str, Any] = {}
         self.choices: dict[int, _Choice] = {}
         self.done = False
@@ -131,7 +135,9 @@ class StreamAssembly:
                 continue
             choice = self.choices.setdefault(int(part.get("index", position)), _Choice())
             choice.add_ids(part.get("token_ids"))
-            choice.add_log_probs(part.get("logprobs"), self.chat)
+            choice.add_log_probs(part.get("logprobs"), self.logprob_key)
+            if part.get("weight_versions") is not None:
+                choice.spans = part["weight_versions"]  # the last chunk carries them all
             if part.get("finish_reason") is not None:
                 choice.finish_reason = part["finish_reason"]
             if self.chat and isinstance(part.get("delta"), Mapping):
