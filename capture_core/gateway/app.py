@@ -14,7 +14,6 @@ With a key set every request but `/health` needs it: a 401 otherwise, nothing re
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 
 import httpx
@@ -42,7 +41,6 @@ from capture_core.gateway.stream_calls import streamed
 from capture_core.gateway.versions import VersionReader
 from capture_core.store.base import CaptureStore
 
-logger = logging.getLogger("tokcap.gateway")
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection"}
 UNCAPTURED_READS = {"/v1/models"}
@@ -124,16 +122,12 @@ async def unobserved(
     before forwarding (its tokens cannot be captured), as NeMo Gym's capture does."""
     if request.method == "GET" and session.engine_path in UNCAPTURED_READS:
         return await pass_through(ctx, request, session.engine_path, body)
-    call_id = new_call_ids(1)
-    try:
-        await ctx.writer.lose(
-            session.rollout_id,
-            call_id,
-            "unobserved_path",
-            f"{request.method} {session.engine_path} is not a dialect the gateway captures",
-        )
-    except Exception as exc:  # pragma: no cover - lose never raises
-        logger.error("rollout=%s: %s", session.rollout_id, exc)
+    await ctx.writer.lose(
+        session.rollout_id,
+        new_call_ids(1),
+        "unobserved_path",
+        f"{request.method} {session.engine_path} is not a dialect the gateway captures",
+    )
     ctx.metrics.calls.labels(dialect="unobserved", outcome="lost").inc()
     return await pass_through(ctx, request, session.engine_path, body)
 

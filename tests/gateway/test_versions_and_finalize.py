@@ -168,3 +168,34 @@ def test_a_session_through_the_gateway_finalizes_with_exactly_the_engines_ids(
     ]
     assert items[-1]["prompt_token_ids"] == turns[-1]["prompt_token_ids"]
     assert record["reward"] == 1.0
+
+
+def test_the_versions_stamped_by_the_gateway_reach_the_delivered_token_provenance(
+    stamped: tuple[GatewayProcess, str], version_file: str
+) -> None:
+    gateway, root = stamped
+    publish(version_file, 5)
+    rollout = f"p-{uuid.uuid4().hex[:8]}"
+    url = gateway.session(rollout) + "/chat/completions"
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
+    answer: dict[str, Any] = {}
+    for turn in range(2):
+        answer = post(url, {"model": "m", "messages": messages}).json()
+        messages = [*messages, answer["choices"][0]["message"], {"role": "user", "content": "n"}]
+        publish(version_file, 6 + turn)
+    record = {"_ng_rollout_id": rollout, "reward": 0.5, "response": answer}
+    store = TokenCaptureStore(root)
+    built = asyncio.run(finalize_rollout_token_capture(record, store, delivery="all_traces"))
+    assert built is not None and not built["mask_sample"], built
+    provenance = record["token_provenance"]
+    calls = [provenance["calls"][call] for call in provenance["calls"]]
+    assert sorted((c["start_weight_version"], c["end_weight_version"]) for c in calls) == [
+        (5, 5),
+        (6, 6),
+    ]
+    assert {c["replica"] for c in calls} == {gateway_engine_url(gateway)}
+    assert (provenance["versions"]["min"], provenance["versions"]["max"]) == (5, 6)
+
+
+def gateway_engine_url(gateway: GatewayProcess) -> str:
+    return gateway.command[gateway.command.index("--engine") + 1]
