@@ -35,20 +35,25 @@ def calls(dialect: str, name: str) -> list[ChoiceCall]:
     return choice_calls(dialect, answer, prompt)
 
 
-@pytest.mark.parametrize(
-    ("dialect", "name"),
-    [
-        (CHAT, "chat"),
-        (CHAT, "chat_n2"),
-        (COMPLETIONS, "completions"),
-        (GENERATE, "generate"),
-        (CHAT, "chat_tools_named"),
-        (CHAT, "chat_tools_auto"),
-    ],
+DIALECTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
+PAIRS = sorted(
+    path.name.removesuffix("_stream.json")
+    for path in SHAPES.glob("*_stream.json")
+    if (SHAPES / path.name.replace("_stream", "")).exists()
 )
-def test_a_streamed_answer_is_read_into_the_calls_of_the_unstreamed_one(
-    dialect: str, name: str
-) -> None:
+
+
+def dialect_of(name: str) -> str:
+    return DIALECTS.get(recorded(name)["path"], GENERATE)
+
+
+def test_the_recordings_hold_every_dialect() -> None:
+    assert {dialect_of(name) for name in PAIRS} == {CHAT, COMPLETIONS, GENERATE}
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_a_streamed_answer_is_read_into_the_calls_of_the_unstreamed_one(name: str) -> None:
+    dialect = dialect_of(name)
     whole, streamed = calls(dialect, name), calls(dialect, f"{name}_stream")
     assert [c.generation_ids for c in streamed] == [c.generation_ids for c in whole]
     assert [c.prompt_ids for c in streamed] == [c.prompt_ids for c in whole]
