@@ -22,9 +22,9 @@ TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_respons
 # <tool_call>{json}</tool_call>, a tool's result as a user turn in <tool_response>.
 CHAT_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n"
-    "{%- if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
     "# Tools\n<tools>"
-    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n\n</tools>\n"
     'Call a tool as <tool_call>\n{"name": <name>, "arguments": <args>}\n</tool_call>'
     "<|im_end|>\n"
     "{%- elif messages[0].role == 'system' %}"
@@ -35,12 +35,12 @@ CHAT_TEMPLATE = (
     "{%- elif message.role == 'tool' %}"
     "<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
     "{%- elif message.role == 'assistant' %}<|im_start|>assistant\n"
-    "{%- if message.content %}{{ message.content }}{% endif %}"
-    "{%- for call in message.tool_calls or [] %}<tool_call>\n"
+    "{% if message.content %}{{ message.content }}{% endif %}"
+    "{% for call in message.tool_calls or [] %}<tool_call>\n"
     '{"name": "{{ call.function.name }}", "arguments": '
-    "{%- if call.function.arguments is string %}{{ call.function.arguments }}"
-    "{%- else %}{{ call.function.arguments | tojson }}{% endif %}}\n</tool_call>"
-    "{%- endfor %}<|im_end|>\n"
+    "{% if call.function.arguments is string %}{{ call.function.arguments }}"
+    "{% else %}{{ call.function.arguments | tojson }}{% endif %}}\n</tool_call>"
+    "{% endfor %}<|im_end|>\n"
     "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
     "{%- endif %}"
     "{%- endfor %}"
