@@ -33,7 +33,8 @@ module imports nothing beyond the standard library.
     ├── OverlappingLocationsError         (ValueError) two locations that must be apart overlap
     ├── RunIdInUseError                   (ValueError) the run id holds another input
     ├── UnreadableManifestError           (ValueError) a run's manifest is torn or edited
-    └── ClaimLostError                    (RuntimeError) a pass lost its claim on a run
+    ├── ClaimLostError                    (RuntimeError) a pass lost its claim on a run
+    └── EngineAnswerError                 (ValueError) an engine's answer lacks exact ids (gateway)
 """
 
 from __future__ import annotations
@@ -149,6 +150,14 @@ class UnreadableManifestError(TokcapError, ValueError):
 
 class ClaimLostError(TokcapError, RuntimeError):
     """A pass no longer holds its claim on a run; it stops before writing anything more there."""
+
+
+class EngineAnswerError(TokcapError, ValueError):
+    """An engine's answer cannot be captured exactly: an id field is missing or malformed.
+
+    The gateway fails the call to the client with it; the message names the field and the
+    engine setting that returns it.
+    """
 
 
 def error_text(exc: BaseException) -> str:

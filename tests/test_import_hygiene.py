@@ -21,3 +21,20 @@ def test_capture_core_imports_no_prefect_s3fs_or_boto() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_only_the_gateway_loads_the_web_stack() -> None:
+    """starlette, uvicorn, httpx and prometheus_client load when a gateway is used, not before."""
+    code = (
+        "import sys, capture_core, capture_core.store, capture_core.records, capture_core.ids\n"
+        "import capture_core.builder, capture_core.consumer, capture_core.delivery\n"
+        "import capture_core.run.batch_finalize, capture_core.testing.conformance\n"
+        "web = ('starlette', 'uvicorn', 'httpx', 'prometheus_client', 'capture_core.gateway')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(web)))\n"
+        "import capture_core.gateway.app\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith(web[:4])}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    before, after = out.stdout.split("\n")[:2]
+    assert before == "[]"
+    assert after == "['httpx', 'prometheus_client', 'starlette']"

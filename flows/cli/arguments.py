@@ -38,6 +38,7 @@ from tokcap.flows.cli.checks import (
     positive_int,
 )
 from tokcap.flows.cli.events import add_event_commands, check_event_args
+from tokcap.flows.cli.gateway import add_gateway_command, check_gateway_args
 from tokcap.flows.cli.inputs import add_inputs_command, check_inputs_args
 from tokcap.flows.cli.parser import Parser
 from tokcap.flows.cli.runs import add_runs_command, check_runs_args
@@ -154,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_event_commands(commands, add_storage)
     add_inputs_command(commands, add_storage)
     add_runs_command(commands, add_storage, DEST_HELP)
+    add_gateway_command(commands, add_storage, STORE_HELP)
 
     for name, text in (
         ("retire", "retire what a run handed off"),
@@ -249,7 +251,7 @@ def check_args(args: argparse.Namespace) -> None:
         check_run_id(args)
     if getattr(args, "rollouts", None) is not None:
         check_rollouts(args)
-    if getattr(args, "store", None) is not None:
+    if getattr(args, "store", None) is not None and args.command != "gateway":
         check_store(args, must_exist=args.command != "serve")
     if getattr(args, "dest", None) is not None:
         check_dest(args, must_exist=args.command in ("retire", "retrigger", "status"))
@@ -275,3 +277,4 @@ def check_args(args: argparse.Namespace) -> None:
     check_event_args(args)
     check_inputs_args(args)
     check_runs_args(args)
+    check_gateway_args(args)

@@ -141,8 +141,8 @@ def check_separate(args: argparse.Namespace) -> None:
 def check_locations_usable(args: argparse.Namespace) -> None:
     """Run the flows' checks of the store, the destination and a reused run id now."""
     store, dest = getattr(args, "store", None), getattr(args, "dest", None)
-    if args.command == "serve":
-        return  # its store and dest are checked by each scheduled run
+    if args.command in ("serve", "gateway"):
+        return  # serve: each scheduled run checks them; gateway: `check_gateway_args`
     rollouts = getattr(args, "rollouts", None)
     if rollouts is not None:
         check_location("--rollouts", lambda: open_rollout_file(rollouts, args.options))

@@ -27,6 +27,7 @@ from tokcap.flows.cli.commands import (
     flow_options,
 )
 from tokcap.flows.cli.events import cmd_automations, cmd_submit
+from tokcap.flows.cli.gateway import cmd_gateway
 from tokcap.flows.cli.inputs import cmd_make_inputs
 from tokcap.flows.cli.output import (
     EXIT_STARTED,
@@ -60,9 +61,19 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "make-inputs": cmd_make_inputs,
     "runs": cmd_runs,
     "automations": cmd_automations,
+    "gateway": cmd_gateway,
 }
 FINALIZING = {"finalize", "retrigger", "demo"}  # their console shows a progress line
-NO_SERVER = {"status", "deployments", "submit", "automations", "serve", "make-inputs", "runs"}
+NO_SERVER = {
+    "status",
+    "deployments",
+    "submit",
+    "automations",
+    "serve",
+    "make-inputs",
+    "runs",
+    "gateway",
+}
 
 
 def stop_on_lost_api(args: argparse.Namespace, explanation: str) -> NoReturn:

@@ -1,0 +1,111 @@
+"""Talking to the engine over HTTP: forwarding a call, reading its answer within a bound,
+asking after its health. No engine library is imported: any engine that answers in vLLM's
+shapes works.
+
+Which key the engine sees: the engine key the operator set (`TOKCAP_ENGINE_API_KEY`), else,
+when the gateway has no key of its own, the client's `Authorization` header as it came
+(the client's key is the engine's). A gateway key is never passed on. Keys are never logged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+
+import httpx
+
+from capture_core.errors import TokcapError
+from capture_core.gateway.settings import GatewaySettings
+
+FORWARDED_HEADERS = ("content-type", "accept", "user-agent", "x-request-id")
+HEALTH_TIMEOUT = 5.0
+KEEPALIVE_SECONDS = 2.0
+"""An idle connection to the engine is dropped after this long: before the engine's own
+keep-alive timeout (uvicorn's and vLLM's: 5 s) can close it under a request being sent."""
+
+
+class AnswerTooLargeError(TokcapError):
+    """The engine's answer passed the gateway's bound on answer bytes."""
+
+
+class Engine:
+    """One engine behind the gateway, with one connection pool."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.url = settings.engine
+        self.max_answer_bytes = settings.max_answer_bytes
+        self._engine_key = settings.engine_api_key
+        self._pass_client_key = not settings.api_key
+        self.client = httpx.AsyncClient(
+            base_url=settings.engine,
+            timeout=httpx.Timeout(settings.engine_timeout, connect=10.0, pool=None),
+            limits=httpx.Limits(
+                max_connections=None,
+                max_keepalive_connections=64,
+                keepalive_expiry=KEEPALIVE_SECONDS,
+            ),
+        )
+
+    def headers(self, incoming: Mapping[str, str]) -> dict[str, str]:
+        """The request headers the engine gets."""
+        out = {name: incoming[name] for name in FORWARDED_HEADERS if name in incoming}
+        if self._engine_key:
+            out["authorization"] = f"Bearer {self._engine_key}"
+        elif self._pass_client_key and "authorization" in incoming:
+            out["authorization"] = incoming["authorization"]
+        return out
+
+    async def open(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes, query: str = ""
+    ) -> httpx.Response:
+        """Send a request and return the engine's response with its body not yet read.
+        The caller closes it (`aclose`): closing it early aborts the engine's request.
+
+        A pooled connection the engine closed as the request went out fails before any
+        answer came; the request is then sent once more, on a new connection (the engine
+        sampled nothing for the first, and only an answer is ever captured).
+        """
+        url = f"{path}?{query}" if query else path
+        request = self.client.build_request(method, url, headers=dict(headers), content=body)
+        try:
+            return await self.client.send(request, stream=True)
+        except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
+            request = self.client.build_request(method, url, headers=dict(headers), content=body)
+            return await self.client.send(request, stream=True)
+
+    async def read(self, response: httpx.Response) -> bytes:
+        """The whole body of a response, refused past `max_answer_bytes`."""
+        parts, size = [], 0
+        async for part in response.aiter_bytes():
+            size += len(part)
+            if size > self.max_answer_bytes:
+                raise AnswerTooLargeError(
+                    f"the engine's answer passed the gateway's limit of {self.max_answer_bytes} "
+                    "bytes (--max-answer-bytes); ask for fewer tokens (max_tokens)"
+                )
+            parts.append(part)
+        return b"".join(parts)
+
+    async def lines(self, response: httpx.Response) -> AsyncIterator[str]:
+        """A streamed body's lines, refused once their total passes `max_answer_bytes`."""
+        size = 0
+        async for line in response.aiter_lines():
+            size += len(line) + 1
+            if size > self.max_answer_bytes:
+                raise AnswerTooLargeError(
+                    f"the engine's streamed answer passed the gateway's limit of "
+                    f"{self.max_answer_bytes} bytes (--max-answer-bytes); ask for fewer tokens"
+                )
+            yield line
+
+    async def health(self) -> str | None:
+        """`None` when the engine answers its health check with 2xx, else why not."""
+        try:
+            response = await self.client.get("/health", timeout=HEALTH_TIMEOUT)
+        except httpx.HTTPError as exc:
+            return f"the engine at {self.url} does not answer ({type(exc).__name__})"
+        if response.is_success:
+            return None
+        return f"the engine at {self.url} answered its health check with {response.status_code}"
+
+    async def close(self) -> None:
+        await self.client.aclose()

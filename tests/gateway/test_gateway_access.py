@@ -1,0 +1,165 @@
+"""Who may write and how much: keys, limits, and a clean stop. A real `tokcap gateway` in
+front of the fake engine (tests/support/fake_engine.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from capture_core.store import TokenCaptureStore
+from tests.support.fake_engine import FakeEngine
+from tests.support.gateway_process import ROOT, GatewayProcess, post, stream_events
+from tests.support.servers import free_port, wait_until
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+GATEWAY_KEY = "gw-secret-" + uuid.uuid4().hex
+ENGINE_KEY = "engine-secret-" + uuid.uuid4().hex
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[FakeEngine]:
+    fake = FakeEngine(free_port()).start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture(autouse=True)
+def _healthy_engine(engine: FakeEngine) -> None:
+    engine.set()
+
+
+@pytest.fixture()
+def rollout() -> str:
+    return f"ro-{uuid.uuid4().hex[:12]}"
+
+
+def listed(root: str) -> list[str]:
+    return sorted(name for name in os.listdir(root) if not name.startswith("."))
+
+
+@pytest.mark.integrity
+def test_a_gateway_beyond_loopback_without_a_key_does_not_start(
+    engine: FakeEngine, tmp_path: Any
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TOKCAP_GATEWAY_API_KEY"}
+    command = [sys.executable, "-m", "tokcap.flows.cli", "gateway", "--engine", engine.url,
+               "--store", str(tmp_path), "--host", "0.0.0.0", "--port", "0"]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--host" in done.stderr and "--api-key" in done.stderr
+    assert done.stdout == ""
+
+
+@pytest.mark.integrity
+def test_every_call_needs_the_key_and_nothing_is_recorded_without_it(
+    engine: FakeEngine, tmp_path: Any, rollout: str
+) -> None:
+    root = str(tmp_path / "store")
+    env = {"TOKCAP_GATEWAY_API_KEY": GATEWAY_KEY, "TOKCAP_ENGINE_API_KEY": ENGINE_KEY}
+    with GatewayProcess(engine.url, root, "--host", "0.0.0.0", env=env) as gateway:
+        assert gateway.url.startswith("http://0.0.0.0:")
+        url = gateway.url.replace("0.0.0.0", "127.0.0.1")
+        session = f"{url}/ng-rollout/{rollout}/training-token-capture/v1/chat/completions"
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": GATEWAY_KEY}):
+            refused = post(session, CHAT, headers=headers)
+            assert refused.status_code == 401
+            assert "API key" in refused.json()["error"]["message"]
+        assert httpx.get(url + "/metrics", timeout=30).status_code == 401
+        assert engine.seen()["requests"] == []
+        assert not os.path.exists(root) or listed(root) == []
+        engine.set(require_key=ENGINE_KEY)
+        answer = post(session, CHAT, headers={"authorization": f"Bearer {GATEWAY_KEY}"})
+        assert answer.status_code == 200
+        (seen,) = engine.seen()["requests"]
+        assert seen["headers"]["authorization"] == f"Bearer {ENGINE_KEY}"
+        assert len(TokenCaptureStore(root).read_entries(rollout)) == 1
+    assert GATEWAY_KEY not in gateway.stderr() and ENGINE_KEY not in gateway.stderr()
+
+
+def test_without_a_gateway_key_the_clients_key_is_the_engines(
+    engine: FakeEngine, tmp_path: Any, rollout: str
+) -> None:
+    engine.set(require_key=ENGINE_KEY)
+    with GatewayProcess(engine.url, str(tmp_path / "store")) as gateway:
+        url = gateway.session(rollout) + "/chat/completions"
+        answer = post(url, CHAT, headers={"authorization": f"Bearer {ENGINE_KEY}"})
+        assert answer.status_code == 200
+        assert post(url, CHAT).status_code == 401  # the engine's refusal, passed on
+
+
+@pytest.fixture(scope="module")
+def bounded(
+    engine: FakeEngine, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[GatewayProcess, str]]:
+    root = str(tmp_path_factory.mktemp("bounded"))
+    args = ("--max-body-bytes", "2000", "--max-answer-bytes", "4000")
+    with GatewayProcess(engine.url, root, *args) as gateway:
+        yield gateway, root
+
+
+@pytest.mark.integrity
+def test_a_body_past_the_limit_is_refused_naming_it(
+    bounded: tuple[GatewayProcess, str], engine: FakeEngine, rollout: str
+) -> None:
+    gateway, root = bounded
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 3000}]}
+    refused = post(gateway.session(rollout) + "/chat/completions", body)
+    assert refused.status_code == 413
+    assert "2000 bytes" in refused.json()["error"]["message"]
+    assert engine.seen()["requests"] == []
+    assert rollout not in listed(root)
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_generation_past_the_limit_fails_the_call_naming_it(
+    bounded: tuple[GatewayProcess, str], engine: FakeEngine, rollout: str, stream: bool
+) -> None:
+    gateway, root = bounded
+    engine.set(reply_tokens=3000)
+    url = gateway.session(rollout) + "/chat/completions"
+    if stream:
+        events = list(stream_events(url, {**CHAT, "stream": True}))
+        assert "[DONE]" not in events
+        message = json.loads(events[-1])["error"]["message"]
+    else:
+        refused = post(url, CHAT)
+        assert refused.status_code == 413
+        message = refused.json()["error"]["message"]
+    assert "4000 bytes" in message
+    snapshot = TokenCaptureStore(root).freeze_now(rollout)
+    assert snapshot.incomplete and not snapshot.entries
+    assert any("answer_too_large" in reason for reason in snapshot.incomplete_reasons)
+
+
+def test_sigterm_lets_the_call_in_flight_finish_then_exits_0(
+    engine: FakeEngine, tmp_path: Any, rollout: str
+) -> None:
+    root = str(tmp_path / "store")
+    gateway = GatewayProcess(engine.url, root).start()
+    engine.set(chunk_delay=0.05, reply_tokens=40)
+    events: list[str] = []
+    url = gateway.session(rollout) + "/chat/completions"
+    reader = threading.Thread(
+        target=lambda: events.extend(stream_events(url, {**CHAT, "stream": True}))
+    )
+    reader.start()
+    wait_until(lambda: engine.seen()["requests"], 30, "the engine to get the call")
+    assert gateway.proc is not None
+    gateway.proc.send_signal(signal.SIGTERM)
+    reader.join(timeout=60)
+    assert gateway.proc.wait(timeout=60) == 0
+    assert events[-1] == "[DONE]"
+    (entry,) = TokenCaptureStore(root).freeze_now(rollout).entries
+    assert len(entry.generation_token_ids) == 40
