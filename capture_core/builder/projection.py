@@ -1,8 +1,9 @@
 """A chain projected into a Responses payload, and the prefix-contiguity check of a response.
 
-Each call's content items are emitted; the item that carried the token arrays gets the whole
-cumulative prompt so far, the generated ids and log probs (and routed experts). A call without
-content items yields one token-only item.
+Each call's content items are emitted without any token arrays they hold; the item that
+carried the token arrays gets the whole cumulative prompt so far, the generated ids and log
+probs (and routed experts), all from the call. A call without content items yields one
+token-only item.
 This module imports only `chain`, `records` and `errors`.
 """
 
@@ -29,25 +30,31 @@ def _carrier_index(entry: TokenEntry) -> int:
     return len(items) - 1
 
 
+def _content(item: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a captured content item without any token arrays it holds: every delivered
+    array is a call's own prompt, generation and log probs, never one an item brought."""
+    return {key: value for key, value in item.items() if key not in TOKEN_FIELDS}
+
+
 def project_chain_to_output_items(chain: Chain) -> list[dict[str, Any]]:
     """Emit each call's content items; the carrier item gets the cumulative prompt and tokens.
 
-    A link's prompt is the cumulative prefix so far (the builder verified it), so the
-    entry's own list is reused rather than copied. An invalid chain raises `ValueError`.
+    Token arrays inside content items are dropped (`_content`), so the carrier's, set from
+    the call, are the only ones. A link's prompt is the cumulative prefix so far (the
+    builder verified it), so the entry's own list is reused rather than copied. An invalid
+    chain raises `ValueError`.
     """
     chain.validate()
     output: list[dict[str, Any]] = []
     for link in chain.links:
         entry = link.entry
-        items = [dict(item) for item in entry.output_items] or [dict(TOKEN_ONLY_ITEM)]
+        items = [_content(item) for item in entry.output_items] or [dict(TOKEN_ONLY_ITEM)]
         carrier = items[_carrier_index(entry) if entry.output_items else 0]
         carrier["prompt_token_ids"] = entry.prompt_token_ids
         carrier["generation_token_ids"] = entry.generation_token_ids
         carrier["generation_log_probs"] = entry.generation_log_probs
         if entry.routed_experts is not None:
             carrier["routed_experts"] = entry.routed_experts
-        else:
-            carrier.pop("routed_experts", None)
         output.extend(items)
     return output
 

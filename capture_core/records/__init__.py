@@ -39,9 +39,9 @@ from capture_core.records.provenance import (
 from capture_core.records.served import (
     carries_tokens,
     extract_token_fields,
-    response_items,
     response_to_output_items,
     strip_token_fields,
+    token_carriers,
 )
 from capture_core.records.token_values import (
     MAX_TOKEN_ID,
@@ -238,21 +238,20 @@ def describe_validation_error(exc: ValidationError) -> str:
 def check_response_token_arrays(response: Mapping[str, Any]) -> None:
     """Validate every item of a response that carries token arrays as a captured call is.
 
-    A finished record may already carry arrays (one item per call of a delivered chain);
-    each carrier needs all three arrays, one finite log prob per generated id and
-    non-negative integer ids (the `TokenEntry` rules). Raises `ValueError` naming the first
-    bad item.
+    A finished record may already carry arrays (one item per call of a delivered chain), on
+    Responses `output` items or Chat messages (`token_carriers`, both kinds); each carrier
+    needs all three arrays, one finite log prob per generated id and non-negative integer
+    ids (the `TokenEntry` rules). Raises `ValueError` naming the first bad item by where it
+    sits (`response.output[0]`).
     """
-    for index, item in enumerate(response_items(response)):
+    for where, item in token_carriers(response):
         if not carries_tokens(item):
             continue
         arrays = {field: item.get(field) for field in TOKEN_FIELDS}
         try:
-            TokenEntry(rollout_id="record", model_call_id=f"response item {index}", **arrays)
+            TokenEntry(rollout_id="record", model_call_id=where, **arrays)
         except ValidationError as exc:
-            raise InvalidRecordError(
-                f"response item {index}: {describe_validation_error(exc)}"
-            ) from None
+            raise InvalidRecordError(f"{where}: {describe_validation_error(exc)}") from None
 
 
 def coerce_token_entry(entry: Any) -> TokenEntry:

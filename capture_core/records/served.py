@@ -31,14 +31,23 @@ def carries_tokens(item: Any) -> bool:
     )
 
 
-def _token_candidates(response_json: Mapping[str, Any]) -> list[Any]:
-    """Every item that may carry token arrays: Responses `output` items and Chat messages."""
-    output = response_json.get("output")
-    items = list(output) if isinstance(output, list) else []
-    choices = response_json.get("choices")
-    for choice in choices if isinstance(choices, list) else []:
-        items.append(choice.get("message") if isinstance(choice, Mapping) else None)
-    return items
+def token_carriers(response: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """Every item of a response that may carry token arrays, each with where it sits:
+    `response.output[i]` (Responses) and `response.choices[i].message` (Chat Completions).
+
+    Both kinds are read, also when the response has an `output` list (even an empty one)
+    beside its `choices`: a carrier finalize did not look at would go out unchecked.
+    """
+    output = response.get("output")
+    found: list[tuple[str, Any]] = [
+        (f"response.output[{i}]", item)
+        for i, item in enumerate(output if isinstance(output, list) else [])
+    ]
+    choices = response.get("choices")
+    for i, choice in enumerate(choices if isinstance(choices, list) else []):
+        message = choice.get("message") if isinstance(choice, Mapping) else None
+        found.append((f"response.choices[{i}].message", message))
+    return found
 
 
 def extract_token_fields(response_json: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -48,7 +57,7 @@ def extract_token_fields(response_json: Mapping[str, Any]) -> dict[str, Any] | N
     NeMo Gym's `TOKEN_FIELDS`. A carrier missing a required array, or two carriers, is an
     error: the capture could not tell which call the arrays belong to.
     """
-    carriers = [item for item in _token_candidates(response_json) if carries_tokens(item)]
+    carriers = [item for _, item in token_carriers(response_json) if carries_tokens(item)]
     if not carriers:
         return None
     if len(carriers) > 1:

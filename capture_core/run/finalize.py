@@ -3,8 +3,8 @@
 The finalizer freezes the rollout's captured calls and rebuilds `response.output` from them.
 It never retires; the caller retires only after durable handoff, by snapshot id and version.
 Existing token ids are the policy's sampled data: such a rollout is left unchanged, when
-they pass a captured call's validation; malformed ones are rebuilt from the capture, or mask.
-Failed or masked builds keep their capture as evidence.
+they pass a captured call's validation; malformed ones (or two token sets) mask the rollout
+under either delivery, and its capture is kept as evidence like every masked build's.
 The record's terminal fields and scored `response` attribute the call that earned the reward.
 Fields it replaces are kept as the harness wrote them, so finalizing a finalized record again
 gives what finalizing the original gives; an incoming `training_traces` never survives, and
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from capture_core.builder.build_result import (
@@ -33,7 +33,7 @@ from capture_core.errors import InvalidRecordError, error_text
 from capture_core.ids import maybe_rollout_id_from_run_body
 from capture_core.protocols import TokenSource
 from capture_core.records import check_response_token_arrays
-from capture_core.records.served import response_items
+from capture_core.records.served import token_carriers
 from capture_core.records.token_values import TOKEN_FIELDS
 
 logger = logging.getLogger(__name__)
@@ -132,15 +132,17 @@ def _carries_generated_ids(item: Any) -> bool:
 def rollout_carries_token_ids(result: dict) -> bool:
     """Whether this rollout already holds what training needs.
 
-    True when any Responses output item or Chat `choices[].message` carries a non-empty
+    True when any carrier (`records.served.token_carriers`: a Responses output item or a
+    Chat `choices[].message`, also beside an `output` list) has a non-empty
     `generation_token_ids`: what the policy sampled takes precedence over a reconstruction,
     and partial coverage stays visible. An empty list carries nothing, so such a record is
-    finalized from its capture like any other.
+    finalized from its capture like any other. Both deliveries and the retire verdict ask
+    this one question.
     """
     response = result.get("response")
     if not isinstance(response, Mapping):
         return False
-    return any(_carries_generated_ids(item) for item in response_items(response))
+    return any(_carries_generated_ids(item) for _, item in token_carriers(response))
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,9 @@ async def finalize_record(
         return None
     try:
         lost = recover_harness_record(result)
+        malformed = malformed_token_arrays(result)
+        if malformed is not None:
+            return mask_unusable(result, malformed)
         if delivery == MAIN_CHAIN:
             return await _finalize(result, source, builder, lost)
         return await _finalize_traces(result, source, builder, delivery, lost)
@@ -234,40 +239,44 @@ async def _finalize(
 ) -> BuildResult | None:
     """The `main_chain` finalize: a redundant capture, the rebuilt output, or a mask.
 
-    A record whose scored transcript is `lost` masks unless it carries valid token ids.
+    A record whose scored transcript is `lost` masks unless it carries token ids (the
+    caller masked malformed ones already).
     """
     try:
         rollout_id = maybe_rollout_id_from_run_body(result)
     except ValueError as exc:
         return mask_unusable(result, f"malformed rollout id: {exc}")
-    malformed = None
     if rollout_carries_token_ids(result):
-        malformed = malformed_token_arrays(result)
-        if malformed is None:
-            result.pop(TOKEN_PROVENANCE_KEY, None)  # versions no capture can vouch for
-            return await _redundant_capture(result, rollout_id, source)
-        logger.warning("rollout %s: rebuilding it from its capture: %s", rollout_id, malformed)
+        result.pop(TOKEN_PROVENANCE_KEY, None)  # versions no capture can vouch for
+        return await _redundant_capture(result, rollout_id, source)
     if rollout_id is None:
-        return mask_unusable(result, _noting(NO_CAPTURE_KEY, malformed))
+        return mask_unusable(result, NO_CAPTURE_KEY)
     if lost is not None:
-        return mask_unusable(result, _noting(lost, malformed))
+        return mask_unusable(result, lost)
     try:
         snapshot = await source.freeze(rollout_id)
     except Exception as exc:
-        return mask_unusable(result, _noting(error_text(exc), malformed))
+        return mask_unusable(result, error_text(exc))
     response = result.get("response")
     model = str(response.get("model") or "") if isinstance(response, dict) else ""
     built = build_from_snapshot(snapshot, builder, model, TerminalInputs.from_record(result))
-    if malformed is not None and built.rebuilt_response is None and built.error:
-        built = replace(built, error=_noting(built.error, malformed))
-    return _apply(result, built, strip_choices=malformed is not None)
+    return _apply(result, built)
+
+
+MALFORMED_ARRAYS = "the token arrays on the record are malformed"
+"""How the reason of a record masked for the token arrays it carries begins."""
 
 
 def malformed_token_arrays(result: dict) -> str | None:
-    """Why the token arrays already on the record fail a captured call's validation, or `None`.
+    """Why the token arrays already on the record cannot go out, or `None`.
 
-    Such arrays are not what the policy sampled (a length mismatch, a null or negative id, a
-    non-finite log prob, a missing array), so they never make the record a redundant capture.
+    Every carrier (`token_carriers`: Responses output items and Chat messages) that holds
+    any array must pass a captured call's validation: arrays that fail it (a length
+    mismatch, a null or negative id such as a -100 pad, a non-finite log prob, a missing
+    array) are not what the policy sampled. Generated ids on both kinds of carrier are two
+    token sets, and which one was sampled cannot be told. Either way the finalizer masks the
+    rollout with this reason, under both deliveries, and keeps its capture as evidence:
+    the arrays are never delivered beside a rebuild or an envelope whose capture retires.
     """
     response = result.get("response")
     if not isinstance(response, Mapping):
@@ -275,26 +284,33 @@ def malformed_token_arrays(result: dict) -> str | None:
     try:
         check_response_token_arrays(response)
     except ValueError as exc:
-        return f"the token arrays on the record are malformed ({exc})"
+        return f"{MALFORMED_ARRAYS} ({exc}); fix how the harness writes them, or leave them off"
+    kinds = {
+        where.split("[")[0]
+        for where, item in token_carriers(response)
+        if _carries_generated_ids(item)
+    }
+    if len(kinds) > 1:
+        return (
+            f"{MALFORMED_ARRAYS} (two token sets: generated ids on response.output items and "
+            "on response.choices messages, so which one the policy sampled is unknown); "
+            "keep them on one of the two"
+        )
     return None
 
 
-def _noting(error: str, malformed: str | None) -> str:
-    return error if malformed is None else f"{error}; {malformed}"
-
-
-def _with_rebuilt_output(response: Any, rebuilt: dict, strip_choices: bool) -> dict:
+def _with_rebuilt_output(response: Any, rebuilt: dict) -> dict:
     """The record's new response: the harness's with the rebuilt `output`, as a new object,
     so the harness's is kept as it was; the rebuilt one when the record has none.
 
-    With `strip_choices` (malformed arrays) a Chat response keeps its `choices` (the rebuilt
-    `output` is read first), without their token arrays, so none stays beside the output.
+    A Chat response keeps its `choices` without token arrays (any it had carried nothing:
+    empty or null), so the rebuilt `output` is the record's one token set.
     """
     if not isinstance(response, dict):
         return rebuilt
     new = {**response, "output": rebuilt["output"]}
     choices = response.get("choices")
-    if strip_choices and isinstance(choices, list):
+    if isinstance(choices, list):
         new["choices"] = [_without_token_arrays(choice) for choice in choices]
     return new
 
@@ -325,7 +341,7 @@ async def _redundant_capture(
     return built.of_masked_record() if result.get(MASK_SAMPLE_KEY) else built
 
 
-def _apply(result: dict, built: BuildResult, strip_choices: bool = False) -> BuildResult:
+def _apply(result: dict, built: BuildResult) -> BuildResult:
     """Write a build into the record and return it as written: the envelope (all_traces) or
     `response.output`, the metrics and the mask; an unmasked delivery's `token_provenance`.
 
@@ -342,9 +358,7 @@ def _apply(result: dict, built: BuildResult, strip_choices: bool = False) -> Bui
     else:
         result.pop(TOKEN_PROVENANCE_KEY, None)
     if built.rebuilt_response is not None:
-        response = _with_rebuilt_output(
-            result.get("response"), built.rebuilt_response, strip_choices
-        )
+        response = _with_rebuilt_output(result.get("response"), built.rebuilt_response)
         _replace(result, kept, "response", response)
     _replace(result, kept, TOKEN_CAPTURE_KEY, built.record_metrics())
     if built.mask_sample:

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from capture_core.builder.build_result import MASK_SAMPLE_KEY
 from capture_core.errors import InvalidInputError, InvalidRecordError
 from capture_core.ids import index_value, maybe_rollout_id_from_run_body
-from capture_core.records.served import response_items
+from capture_core.records.served import token_carriers
 from capture_core.run.row_provenance import (
     RowVersions,
     chain_calls,
@@ -175,12 +175,14 @@ def _chain_rows(
     rollout_id: str, response: Any, projected: bool, key: Mapping[str, Any] | None
 ) -> list[Shaped]:
     """The record's token-bearing items as cumulative rows: a row's tokens are its last
-    item's prompt and generation, each item's generation is a masked span at its place."""
+    item's prompt and generation, each item's generation is a masked span at its place.
+    The items are the carriers finalize reads (`token_carriers`); a delivered record holds
+    generated ids on one kind of carrier only (`finalize.malformed_token_arrays`)."""
     if not isinstance(response, Mapping):
         return []
     items = [
         item
-        for item in response_items(response)
+        for _, item in token_carriers(response)
         if isinstance(item, Mapping) and item.get("generation_token_ids")
     ]
     calls = dict(zip(map(id, items), chain_calls(rollout_id, key, items), strict=True))

@@ -1,16 +1,18 @@
 """Attack: token arrays already on a record are malformed, and the record is taken as carrying them.
 
 Arrays on the record pass the validation of a captured call (one log prob per generated id,
-ids non-negative integers, log probs finite, all three arrays present). Malformed ones are
-rebuilt from the capture where it exists, else the rollout masks; the capture is never
-retired while the delivered arrays are malformed. Well-formed arrays on a Chat Completions
-record are the policy's sampled ids: the record is a redundant capture, left unchanged.
+ids non-negative integers, log probs finite, all three arrays present). Malformed ones mask
+the rollout, with or without a capture, and the capture is kept as evidence: it is never
+retired while the arrays on the record are malformed. Well-formed arrays on a Chat
+Completions record are the policy's sampled ids: the record is a redundant capture, left
+unchanged.
 Runs on local disk, memory and S3 (moto).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 from typing import Any
 
@@ -24,9 +26,6 @@ from capture_core.delivery import (
     retire_rollout_token_capture,
     rollout_carries_token_ids,
 )
-from capture_core.records import check_response_token_arrays
-from capture_core.records.served import response_items
-from capture_core.records.token_values import TOKEN_FIELDS
 from capture_core.run.trainer_rows import record_rows, rows_table
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
@@ -60,51 +59,33 @@ def _carrying_record(arrays: dict[str, Any], chat: bool) -> dict:
     return record
 
 
-def _malformed_arrays_left(record: dict) -> bool:
-    """Whether any item of the record's response still carries arrays that fail validation."""
-    try:
-        check_response_token_arrays(record["response"])
-    except ValueError:
-        return True
-    choices = record["response"].get("choices") or []
-    return any(
-        any(f in (c.get("message") or {}) for f in TOKEN_FIELDS)
-        for c in choices
-        if record["response"].get("output") is not None
-    )
-
-
-def _delivered_ids(record: dict) -> list[list[int]]:
-    return [
-        item["generation_token_ids"]
-        for item in response_items(record["response"])
-        if isinstance(item, dict) and item.get("generation_token_ids")
-    ]
+def _where(chat: bool) -> str:
+    return "response.choices[0].message" if chat else "response.output[0]"
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["responses", "chat"])
 @pytest.mark.parametrize("shape", sorted(MALFORMED))
-def test_malformed_arrays_on_the_record_are_rebuilt_from_the_capture(
+def test_malformed_arrays_on_the_record_mask_and_keep_the_capture(
     store: TokenCaptureStore, shape: str, chat: bool
 ) -> None:
-    captured = synthetic_rollout("3-4", RolloutShape(turns=2))
-    for entry in captured:
+    for entry in synthetic_rollout("3-4", RolloutShape(turns=2)):
         store.put_now(entry)
     record = _carrying_record(MALFORMED[shape], chat)
+    response = copy.deepcopy(record["response"])
     assert rollout_carries_token_ids(record), "the attack: a non-empty id array"
     built = asyncio.run(finalize_rollout_token_capture(record, store))
     assert built is not None and "_redundant_capture" not in built
-    assert built["mask_sample"] is False and not record.get("mask_sample")
-    delivered = _delivered_ids(record)
-    expected = [e.generation_token_ids for e in captured]
-    assert delivered == expected, "the captured tokens replace the malformed ones"
-    assert not _malformed_arrays_left(record)
-    assert capture_build_can_retire(built)
-    assert asyncio.run(retire_rollout_token_capture("3-4", store, built))
+    assert built["mask_sample"] is True and record["mask_sample"] is True
+    error = record[TOKEN_CAPTURE_KEY]["error"]
+    assert "token arrays on the record are malformed" in error and _where(chat) in error
+    assert record["response"] == response, "nothing is rebuilt beside them"
+    assert not capture_build_can_retire(built)
+    assert not asyncio.run(retire_rollout_token_capture("3-4", store, built))
+    assert len(store.read_entries("3-4")) == 2, "the capture stays as evidence"
     form = "chat" if chat else "responses"
     record_case(
-        f"malformed token arrays on the record ({shape}, {form}): rebuilt from the capture",
-        wrong_tokens_delivered=int(delivered != expected),
+        f"malformed token arrays on the record ({shape}, {form}): masked, capture kept",
+        wrong_tokens_delivered=int(not record["mask_sample"]),
     )
 
 
@@ -116,8 +97,7 @@ def test_malformed_arrays_without_a_capture_mask_and_nothing_retires(
     built = asyncio.run(finalize_rollout_token_capture(record, store))
     assert built is not None and record["mask_sample"] is True
     error = record[TOKEN_CAPTURE_KEY]["error"]
-    assert "capture contains no token records" in error
-    assert "token arrays on the record are malformed" in error and "response item 0" in error
+    assert "token arrays on the record are malformed" in error and "response.output[0]" in error
     assert not capture_build_can_retire(built)
     record_case(
         f"malformed token arrays on the record ({shape}), no capture: masked",
@@ -145,7 +125,7 @@ def test_malformed_arrays_on_a_record_without_an_id_mask() -> None:
     del record["_ng_task_index"], record["_ng_rollout_index"]
     built = asyncio.run(finalize_rollout_token_capture(record, TokenCaptureStore("memory://x")))
     assert built is not None and record["mask_sample"] is True
-    assert record[TOKEN_CAPTURE_KEY]["error"].startswith("no capture key")
+    assert "token arrays on the record are malformed" in record[TOKEN_CAPTURE_KEY]["error"]
     record_case("malformed token arrays on a record without an id: masked")
 
 

@@ -49,3 +49,21 @@ def shallow_stack(limit: int = 150) -> Iterator[None]:
         yield
     finally:
         sys.setrecursionlimit(previous)
+
+
+NEVER_GENERATED = [901, 902, 903]
+"""Ids a foreign content item claims were generated (`with_foreign_item`); no call did."""
+
+
+def with_foreign_item(entry: TokenEntry) -> TokenEntry:
+    """`entry` with a reasoning item after its carrier holding token arrays of its own: the
+    entry's whole sequence as prompt and `NEVER_GENERATED` with log probs, so a projection
+    that copied them would stay prefix-contiguous and train them."""
+    foreign = {
+        "type": "reasoning",
+        "summary": [],
+        "prompt_token_ids": entry.prompt_token_ids + entry.generation_token_ids,
+        "generation_token_ids": NEVER_GENERATED,
+        "generation_log_probs": [-0.01, -0.02, -0.03],
+    }
+    return entry.model_copy(update={"output_items": [*entry.output_items, foreign]})
