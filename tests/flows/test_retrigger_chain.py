@@ -142,9 +142,7 @@ def test_a_retrigger_by_hand_with_a_limit_below_one_is_left_for_a_person(tmp_pat
     [(1, 2), ("2", 3), ("x", None), (None, None)],
     ids=["number", "text", "not-a-number", "none"],
 )
-def test_the_shipped_trigger_counts_a_retrigger_started_by_hand(
-    tmp_path, given, rendered
-) -> None:
+def test_the_shipped_trigger_counts_a_retrigger_started_by_hand(tmp_path, given, rendered) -> None:
     """The automation's count of a retrigger that failed after a person started it with a
     count as text is that count plus one; a count that is no number renders past any limit,
     so the next retrigger ends `NeedsAttention` at once rather than restarting the chain."""
