@@ -46,7 +46,13 @@ from tokcap.tasks.receipts import (
     find_receipts,
 )
 from tokcap.tasks.report import publish_report, write_run_report
-from tokcap.tasks.run_state import check_locations, claim_run_id, load_manifest, mark_retired
+from tokcap.tasks.run_state import (
+    check_locations,
+    check_store_captures,
+    claim_run_id,
+    load_manifest,
+    mark_retired,
+)
 
 
 class RunFailedError(RuntimeError):
@@ -142,6 +148,7 @@ def finalize_run(
     check_separate_locations({"store": store, "dest": dest})
     source = SourceSpec(store=store, storage_options=options, source_kwargs=source_kwargs)
     check_locations(source, dest, options)
+    check_store_captures(rollouts, source, dest, run_id, options)
     grouping = {"group_by": group_by, "max_group_size": max_group_size}
     plan = plan_rollouts(rollouts, batch_size, options, grouping)
     settings = {
