@@ -62,21 +62,30 @@ def check_store_holds_captures(
     source = open_capture_store(store, storage_options)
     if not isinstance(source, TokenCaptureStore):
         return
-    looked, first = 0, ""
-    ids = _rollout_ids(rollouts, storage_options)
-    while chunk := list(islice(ids, CHUNK)):
-        looked, first = looked + len(chunk), first or chunk[0]
-        if any(io_pool().map(source.holds_capture, chunk)):
-            return
-    if looked:
+    try:
+        looked, example, found = _look_up(source, _rollout_ids(rollouts, storage_options))
+    finally:
+        source.close_now()
+    if looked and not found:
         raise NotACaptureStoreError(
             f"store {store} holds no capture of any of the {looked} rollouts of {rollouts}: "
-            f"it looked for each rollout's folder (such as {first}/) holding captured calls "
+            f"it looked for each rollout's folder (such as {example}/) holding captured calls "
             "(e/, i/, x/), a freeze (FROZEN) or a tombstone (RETIRED), and found none. It is "
             "not the capture store the model servers wrote these rollouts to. Nothing was "
             "frozen, written or claimed; give the store they capture into (their "
             "token_id_capture location) and finalize again"
         )
+
+
+def _look_up(source: TokenCaptureStore, ids: Iterator[str]) -> tuple[int, str, bool]:
+    """How many ids were looked up, the first of them, and whether the store holds the
+    capture of any: `CHUNK` at a time, stopping at the chunk that finds one."""
+    looked, first = 0, ""
+    while chunk := list(islice(ids, CHUNK)):
+        looked, first = looked + len(chunk), first or chunk[0]
+        if any(io_pool().map(source.holds_capture, chunk)):
+            return looked, first, True
+    return looked, first, False
 
 
 def _rollout_ids(rollouts: str, storage_options: Mapping[str, Any] | None) -> Iterator[str]:
