@@ -21,6 +21,7 @@ from typing import Any
 from capture_core.errors import InvalidInputError
 from capture_core.ids import maybe_rollout_id_from_run_body, validate_rollout_id
 from capture_core.run.capture_source import is_class_spec
+from capture_core.run.finalize import malformed_token_arrays, rollout_carries_token_ids
 from capture_core.run.rollout_io import read_records
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
@@ -55,7 +56,8 @@ def check_store_holds_captures(
     """Raise `NotACaptureStoreError`, naming the store and what it looked for, when a store
     in tokcap's layout holds no capture of any rollout of `rollouts` that names one.
 
-    An input without rollout ids, a NeMo Gym file store and a source class pass.
+    Rollouts whose records carry valid token ids need no capture and are not looked for.
+    An input without such rollouts, a NeMo Gym file store and a source class pass.
     """
     if is_class_spec(store):
         return
@@ -68,12 +70,12 @@ def check_store_holds_captures(
         source.close_now()
     if looked and not found:
         raise NotACaptureStoreError(
-            f"store {store} holds no capture of any of the {looked} rollouts of {rollouts}: "
-            f"it looked for each rollout's folder (such as {example}/) holding captured calls "
-            "(e/, i/, x/), a freeze (FROZEN) or a tombstone (RETIRED), and found none. It is "
-            "not the capture store the model servers wrote these rollouts to. Nothing was "
-            "frozen, written or claimed; give the store they capture into (their "
-            "token_id_capture location) and finalize again"
+            f"store {store} holds no capture of any of the {looked} rollouts of {rollouts} "
+            f"that carry no token ids of their own: it looked for each rollout's folder "
+            f"(such as {example}/) holding captured calls (e/, i/, x/), a freeze (FROZEN) "
+            "or a tombstone (RETIRED), and found none. It is not the capture store the model "
+            "servers wrote these rollouts to. Nothing was frozen, written or claimed; give "
+            "the store they capture into (their token_id_capture location) and finalize again"
         )
 
 
@@ -88,13 +90,21 @@ def _look_up(source: TokenCaptureStore, ids: Iterator[str]) -> tuple[int, str, b
     return looked, first, False
 
 
+def carries_own_tokens(record: dict[str, Any]) -> bool:
+    """Whether the record carries valid token ids of its own, so it needs no capture to be
+    delivered (finalize hands it off as a redundant capture)."""
+    return rollout_carries_token_ids(record) and malformed_token_arrays(record) is None
+
+
 def _rollout_ids(rollouts: str, storage_options: Mapping[str, Any] | None) -> Iterator[str]:
-    """The distinct rollout ids of the input that a store can hold, in input order."""
+    """The distinct rollout ids of the input that a store can hold and whose records need a
+    capture (they carry no token ids of their own), in input order."""
     seen: set[str] = set()
     for parsed in read_records(rollouts, storage_options):
         try:
-            rollout_id = maybe_rollout_id_from_run_body(parsed.record or {})
-            if rollout_id is None or rollout_id in seen:
+            record = parsed.record or {}
+            rollout_id = maybe_rollout_id_from_run_body(record)
+            if rollout_id is None or rollout_id in seen or carries_own_tokens(record):
                 continue
             validate_rollout_id(rollout_id)
         except ValueError:
