@@ -20,6 +20,7 @@ from capture_core.config import public_storage_options
 from capture_core.errors import CaptureStoreError
 from capture_core.run.capture_source import SourceSpec, check_separate_locations
 from capture_core.run.inbox import Claim
+from capture_core.run.mask_reasons import infrastructure_counts
 from capture_core.run.receipt import receipt_key
 from capture_core.run.row_cursor import validate_consumer_name
 from capture_core.run.run_layout import ROW_FORMATS, validate_run_id
@@ -46,7 +47,13 @@ from tokcap.tasks.receipts import (
     find_receipts,
 )
 from tokcap.tasks.report import publish_report, write_run_report
-from tokcap.tasks.run_state import check_locations, claim_run_id, load_manifest, mark_retired
+from tokcap.tasks.run_state import (
+    check_locations,
+    check_store_captures,
+    claim_run_id,
+    load_manifest,
+    mark_retired,
+)
 
 
 class RunFailedError(RuntimeError):
@@ -131,9 +138,12 @@ def finalize_run(
     receipt; `retire_after_consumer` then hands off but retires only the batches that row
     consumer acknowledged (a later run, `retire_uploaded` or the inbox retires the rest).
     A run that masked more than `mask_alert_fraction` of its rollouts emits an alert event
-    (`tokcap.flows.alerts`). `group_by="task"` keeps each task's rollouts in one batch, a
-    batch growing past `batch_size` to hold them; a task with more than `max_group_size`
-    rollouts, or spread too far through the file, is refused before anything runs.
+    (`tokcap.flows.alerts`); one whose rollouts mask for an infrastructure reason (version
+    skew, an unreadable store) beyond it stops before handing that batch off and fails,
+    saying what to fix and that `tokcap retrigger` then completes it. `group_by="task"`
+    keeps each task's rollouts in one batch, a batch growing past `batch_size` to hold them;
+    a task with more than `max_group_size` rollouts, or spread too far through the file, is
+    refused before anything runs.
     """
     options = public_storage_options(storage_options)
     check_arguments(run_id, builder, delivery, rows, retire_after_consumer)
@@ -142,6 +152,7 @@ def finalize_run(
     check_separate_locations({"store": store, "dest": dest})
     source = SourceSpec(store=store, storage_options=options, source_kwargs=source_kwargs)
     check_locations(source, dest, options)
+    check_store_captures(rollouts, source, dest, run_id, options)
     grouping = {"group_by": group_by, "max_group_size": max_group_size}
     plan = plan_rollouts(rollouts, batch_size, options, grouping)
     settings = {
@@ -167,7 +178,7 @@ def finalize_run(
         errors=list(filter(None, [plan.duplicates_error()])),
         delivery=delivery,
     )
-    gate = MaskGate(max_mask_fraction, mask_fraction_min_samples)
+    gate = MaskGate(max_mask_fraction, mask_fraction_min_samples, mask_alert_fraction)
     todo = [b for b in plan.batches if receipt_key(b) not in earlier]
     finalizing = Lookahead(todo, steps.finalize, lambda b: b.index, finalize_ahead)
     progress = RunProgress(run_id, plan.batches, earlier)
@@ -215,6 +226,8 @@ def raise_if_failed(summary: RunSummary, tally: RunTally, steps: RunSteps | None
         grouped = "; ".join(group_batch_errors(tally.errors))
         message = tally.abort or grouped or _malformed_message(summary)
         step = completion(summary, steps, tally) if steps is not None and not tally.abort else ""
+        if steps is not None and tally.abort and infrastructure_counts(summary.mask_reasons):
+            step = f"once the cause is fixed, complete the run with: {_command('retrigger', steps)}"
         if step:
             message += f". {step}"
         raise RunFailedError(message, failures, summary, step)
@@ -233,7 +246,13 @@ def completion(summary: RunSummary, steps: RunSteps, tally: RunTally) -> str:
     if not left:
         return ""
     command = "retrigger" if summary.failed or tally.ledger_error else "retire"
-    line = tokcap_command(
+    line = _command(command, steps)
+    return f"{' and '.join(left)}{kept}; once the cause is fixed, complete the run with: {line}"
+
+
+def _command(command: str, steps: RunSteps) -> str:
+    """The `tokcap` command line that completes the run (`tokcap_command`)."""
+    return tokcap_command(
         command,
         steps.dest,
         steps.run_id,
@@ -241,7 +260,6 @@ def completion(summary: RunSummary, steps: RunSteps, tally: RunTally) -> str:
         source_kwargs=bool(steps.source.source_kwargs),
         options=bool(steps.options),
     )
-    return f"{' and '.join(left)}{kept}; once the cause is fixed, complete the run with: {line}"
 
 
 def _malformed_message(summary: RunSummary) -> str:

@@ -70,19 +70,19 @@ def retrigger_failed(
     naming why. `retrigger` counts the automation's retriggers of this run in a row (0:
     started by a person); the `max_retriggers`-th one that still fails ends `NeedsAttention`
     too, with its reason. The automation expects neither: the run is left to a person.
-    Parameters are checked in the body, never by Prefect before it, and a count past the
-    limit ends `NeedsAttention` before anything runs: a retrigger that failed or crashed
-    before it could count (bad parameters, a killed worker) still ends the chain.
+    A `max_retriggers` below 1 means no automatic retrigger: an automatic one (count 1 or
+    more) ends `NeedsAttention` at once, and one a person started ends `NeedsAttention` when
+    it fails. Parameters are checked in the body, never by Prefect before it, and a count
+    past the limit, or one that is no whole number, ends `NeedsAttention` before anything
+    runs: a retrigger that failed or crashed before it could count (bad parameters, a killed
+    worker) still ends the chain.
     """
     count, limit = _whole(retrigger), _whole(max_retriggers)
-    if count is None or limit is None or 0 < limit < count:
-        message = (
-            f"retrigger {retrigger!r} of run {run_id!r} is past max_retriggers "
-            f"{max_retriggers!r} (earlier retriggers failed or crashed before they could "
-            "count themselves); left for a person: tokcap status, then tokcap retrigger"
-        )
-        get_run_logger().error("%s", message)
-        return Failed(name=NEEDS_ATTENTION, message=message)
+    refused = chain_ended(retrigger, max_retriggers, run_id, count, limit)
+    if refused is not None:
+        get_run_logger().error("%s", refused)
+        return Failed(name=NEEDS_ATTENTION, message=refused)
+    assert count is not None and limit is not None  # chain_ended refuses either missing
     run_id = str(run_id)
     options = public_storage_options(storage_options)
     check_separate_locations({"store": store, "dest": dest})
@@ -107,12 +107,40 @@ def retrigger_failed(
     if error is None:
         return report
     message = f"retrigger of {run_id} did not complete: {error}"
-    if 0 < limit <= count:
+    if limit < 1:
+        return Failed(
+            name=NEEDS_ATTENTION,
+            message=f"{message}; left for a person (max_retriggers {limit}: no automatic "
+            "retrigger)",
+        )
+    if limit <= count:
         return Failed(
             name=NEEDS_ATTENTION,
             message=f"{message}; left for a person after {count} automatic retriggers",
         )
     raise RunFailedError(message, error.failures, report, error.next_step)
+
+
+def chain_ended(
+    retrigger: Any, max_retriggers: Any, run_id: Any, count: int | None, limit: int | None
+) -> str | None:
+    """Why this retrigger must run nothing and end the automation's chain, or `None`.
+
+    A count or limit that is no whole number cannot bound the chain, so it ends it; an
+    automatic retrigger (count 1 or more) ends it when the limit is below 1 or passed.
+    """
+    if count is not None and limit is not None and count >= 1 and limit < 1:
+        return (
+            f"run {run_id!r} failed, and max_retriggers is {max_retriggers!r}: no automatic "
+            "retrigger; left for a person: tokcap status, then tokcap retrigger"
+        )
+    if count is None or limit is None or (count >= 1 and limit < count):
+        return (
+            f"retrigger {retrigger!r} of run {run_id!r} is past max_retriggers "
+            f"{max_retriggers!r} (earlier retriggers failed or crashed before they could "
+            "count themselves); left for a person: tokcap status, then tokcap retrigger"
+        )
+    return None
 
 
 def _whole(value: Any) -> int | None:

@@ -11,6 +11,7 @@ from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import RolloutFilePlan
 from capture_core.run.run_index import refresh_summary
 from capture_core.run.run_layout import MANIFEST, LedgerLine, RunLayout, RunManifest, run_location
+from capture_core.run.store_check import check_store_for_run
 from capture_core.storage import open_byte_store
 from tokcap.tasks.common import ensure_claim, tokcap_task
 
@@ -22,6 +23,19 @@ def check_locations(
     """Fail before any work when the capture store or the destination cannot be used."""
     check_source(source.store, source.storage_options, source.source_kwargs)
     check_destination(dest, storage_options)
+
+
+@tokcap_task("check-store-captures", "check store {source.store} holds captures of {rollouts}")
+def check_store_captures(
+    rollouts: str,
+    source: SourceSpec,
+    dest: str,
+    run_id: str,
+    storage_options: Mapping[str, Any] | None = None,
+) -> None:
+    """Fail before anything is frozen, written or claimed when the store holds no capture of
+    any input rollout (`capture_core.run.store_check`); a claimed run id was checked then."""
+    check_store_for_run(rollouts, source.store, dest, run_id, storage_options)
 
 
 @tokcap_task("claim-run-id", "claim run id {run_id} at {dest}")

@@ -83,6 +83,7 @@ RUN_MAY_IMPORT: dict[str, set[str]] = {
     "run_index": {"receipt", "run_layout", "run_outcome", "run_report"},
     "inbox": {"rollout_io", "run_layout", "run_report"},
     "capture_source": {"crash_points"},
+    "store_check": {"capture_source", "finalize", "rollout_io", "run_layout"},
 }
 """Which run modules each module of `capture_core.run` may import (by last name).
 

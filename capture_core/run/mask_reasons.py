@@ -24,15 +24,23 @@ NAME_CALL = (
 COLLECT_AGAIN = "collect the rollout again and finalize the new file under a new run id"
 
 
+RETRIGGER = "then complete the run with tokcap retrigger (its batches were not handed off)"
+
+
 @dataclass(frozen=True)
 class ReasonKind:
     """One kind of mask reason: a title, what happened, what to do, and its docs section
-    (the section's heading is the title, so its anchor is the title with dashes)."""
+    (the section's heading is the title, so its anchor is the title with dashes).
+
+    `infrastructure`: the store or the tokcap reading it is at fault, not the rollout, so
+    many rollouts mask alike and fixing the cause delivers them (`run_outcome`).
+    """
 
     title: str
     meaning: str
     action: str
     patterns: tuple[str, ...] = ()
+    infrastructure: bool = False
 
     @property
     def anchor(self) -> str:
@@ -50,7 +58,30 @@ class ReasonKind:
         return f"{self.title}: {self.meaning}; {self.action} ({self.link})"
 
 
+VERSION_SKEW = ReasonKind(
+    "version skew",
+    "the capture was stored by a newer tokcap (or NeMo Gym sink) than the one finalizing, so "
+    "this tokcap cannot read it",
+    f"upgrade tokcap where runs finalize (the workers, the CLI), {RETRIGGER}",
+    (r"schema_version \d+ is newer than this reader supports",),
+    infrastructure=True,
+)
+UNREADABLE_STORE = ReasonKind(
+    "unreadable store",
+    "the store refused or failed to read the capture (permissions, credentials, a storage "
+    "error), whatever the capture holds",
+    f"fix the store's permissions or credentials (the reason names the error), {RETRIGGER}",
+    (
+        r"^local store (cannot|failed to) ",
+        r"^storage at \S+ (refused|failed) to ",
+        r"^no usable credentials for ",
+    ),
+    infrastructure=True,
+)
+
 KINDS: tuple[ReasonKind, ...] = (
+    VERSION_SKEW,
+    UNREADABLE_STORE,
     ReasonKind(
         "lost call",
         "a model call began but its tokens were never captured, or were captured twice "
@@ -153,9 +184,22 @@ def _plain(text: str) -> str:
 
 
 def reason_kind(reason: str | None) -> ReasonKind:
-    """The kind of a mask reason, or of a reason category; `OTHER` when none matches."""
+    """The kind of a mask reason, or of a reason category (an infrastructure kind's category
+    is its title); `OTHER` when none matches."""
     text = _plain(reason or "")
-    return next((kind for kind in KINDS if kind.matches(text)), OTHER)
+    return next((kind for kind in KINDS if text == kind.title or kind.matches(text)), OTHER)
+
+
+def infrastructure_kind(reason: str | None) -> ReasonKind | None:
+    """The infrastructure kind of a mask reason (version skew, an unreadable store), else
+    `None`: such reasons are summed under their title, whatever rollout or object they name."""
+    kind = reason_kind(reason)
+    return kind if kind.infrastructure else None
+
+
+def infrastructure_counts(reasons: Mapping[str, int]) -> list[tuple[ReasonKind, int]]:
+    """The infrastructure kinds among counts by reason category, the largest first."""
+    return [(kind, count) for kind, count in kinds_of(reasons) if kind.infrastructure]
 
 
 def kinds_of(reasons: Mapping[str, int]) -> list[tuple[ReasonKind, int]]:

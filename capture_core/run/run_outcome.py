@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from capture_core.run.mask_reasons import DOCS, kinds_of
+from capture_core.run.mask_reasons import DOCS, infrastructure_counts, kinds_of
 
 
 class RunSummary(Protocol):
@@ -43,8 +43,12 @@ def _plural(count: int, noun: str) -> str:
 
 
 def verdict(summary: RunSummary) -> str:
-    """How the run ended, in a few words."""
+    """How the run ended, in a few words; a stopped run whose rollouts masked for an
+    infrastructure reason names it (the run stopped for it, or for the mask gate)."""
     if summary.gated or summary.not_started:
+        causes = infrastructure_counts(summary.mask_reasons)
+        if causes:
+            return f"stopped: rollouts masked for {' and '.join(k.title for k, _ in causes)}"
         return "stopped by the mask gate"
     if summary.failed or summary.malformed_lines or summary.duplicate_lines or summary.errors:
         return "failed"

@@ -17,7 +17,12 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, Field
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
-from capture_core.run.mask_reasons import kind_counts, kinds_of
+from capture_core.run.mask_reasons import (
+    ReasonKind,
+    infrastructure_counts,
+    kind_counts,
+    kinds_of,
+)
 from capture_core.run.receipt import (
     HandoffReceipt,
     RolloutOutcome,
@@ -65,11 +70,19 @@ class Lookahead(Generic[Item, Started]):
         self.started.clear()
 
 
-class MaskGate:
-    """Aborts a run whose masked fraction exceeds the limit once enough rollouts were seen."""
+def _exact(fraction: float | None) -> Fraction:
+    """A limit as its decimal (0.29 is 29/100), so a fraction at the limit passes."""
+    return Fraction(repr(fraction))
 
-    def __init__(self, limit: float | None, min_samples: int) -> None:
-        self.limit, self.min_samples = limit, min_samples
+
+class MaskGate:
+    """Aborts a run whose masked fraction exceeds the limit once enough rollouts were seen,
+    and one whose rollouts mask for an infrastructure reason (version skew, an unreadable
+    store) beyond the alert threshold `alert`, from the first batch on: those rollouts are
+    not at fault, so their batches are held back for a retrigger once the cause is fixed."""
+
+    def __init__(self, limit: float | None, min_samples: int, alert: float | None = None) -> None:
+        self.limit, self.min_samples, self.alert = limit, min_samples, alert
         self.seen, self.reasons = 0, Counter[str]()
 
     def add(self, outcomes: list[RolloutOutcome]) -> None:
@@ -79,10 +92,19 @@ class MaskGate:
                 if outcome.masked:
                     self.reasons[reason_category(outcome.mask_reason)] += 1
 
+    def infrastructure(self, batch: int | None = None) -> str | None:
+        """Why the run must stop for infrastructure masks, or `None` while they are within
+        the alert threshold (no threshold: never)."""
+        counts = infrastructure_counts(self.reasons)
+        masked = sum(count for _, count in counts)
+        if self.alert is None or not masked or Fraction(masked, self.seen) <= _exact(self.alert):
+            return None
+        return infrastructure_stop(counts, self.seen, self.alert, batch)
+
     def within(self, masked: int) -> bool:
         """Whether `masked` of the rollouts seen is at most the limit, compared exactly: the
         limit as its decimal (0.29 is 29/100), so the advised threshold always passes."""
-        return self.seen == 0 or Fraction(masked, self.seen) <= Fraction(repr(self.limit))
+        return self.seen == 0 or Fraction(masked, self.seen) <= _exact(self.limit)
 
     def exceeded(self, batch: int | None = None) -> str | None:
         """Why the run must stop at `batch`, or `None` while the masked fraction is within
@@ -92,6 +114,9 @@ class MaskGate:
         batch can raise it again: the advice names the limit that passes this batch only, and
         the one that gets the whole file through whatever later batches mask (1).
         """
+        infrastructure = self.infrastructure(batch)
+        if infrastructure is not None:
+            return infrastructure
         masked = sum(self.reasons.values())
         if self.limit is None or self.seen < self.min_samples or self.within(masked):
             return None
@@ -110,6 +135,23 @@ class MaskGate:
             "handed off, the masked ones marked mask_sample: true, which trainers skip "
             f"(tokcap retrigger keeps the recorded limit). To mask fewer: {fewer}"
         )
+
+
+def infrastructure_stop(
+    counts: list[tuple[ReasonKind, int]], seen: int, alert: float, batch: int | None
+) -> str:
+    """Why a run stops for rollouts masked for infrastructure reasons, and what to do."""
+    masked = sum(count for _, count in counts)
+    here = "this batch" if batch is None else f"batch {batch}"
+    causes = " ".join(f"{k.title.capitalize()}: {k.meaning}; {k.action}." for k, _ in counts)
+    titles = kind_counts({kind.title: count for kind, count in counts})
+    return (
+        f"{masked} of {seen} rollouts finalized so far masked for {titles}, above the alert "
+        "threshold "
+        f"(mask_alert_fraction {alert}): the store or this tokcap is at fault, not the "
+        f"rollouts. Nothing finalized from {here} on was handed off or retired, and their "
+        f"captures are kept. {causes}"
+    )
 
 
 def _handed_off_lines(

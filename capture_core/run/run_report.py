@@ -17,7 +17,12 @@ from pydantic import BaseModel, Field
 from capture_core.builder.terminal import UNATTRIBUTED
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.run import version_tally as versions
-from capture_core.run.mask_reasons import abstention_words, kinds_of, reason_kind
+from capture_core.run.mask_reasons import (
+    abstention_words,
+    infrastructure_kind,
+    kinds_of,
+    reason_kind,
+)
 from capture_core.run.run_layout import LEDGER, RECORDS, LedgerLine, run_location
 from capture_core.run.run_outcome import (
     mask_rate_line,
@@ -125,9 +130,14 @@ def reason_category(reason: str | None) -> str:
     `was already retired after ...`; `capture incomplete: lost call` as `capture incomplete`;
     a parenthesised detail (a snapshot id, the counts that failed) is dropped, and so is a
     list of call ids inside the phrase (`calls ['c3'] extend ...` groups as `calls extend ...`).
+    A reason of an infrastructure kind (version skew, an unreadable store) groups as that
+    kind's title, so a fleet-wide failure is one line of the summary.
     """
     if not reason:
         return "masked"
+    infrastructure = infrastructure_kind(reason)
+    if infrastructure is not None:  # one category, not one per rollout or object it names
+        return infrastructure.title
     text = reason.strip()
     name, sep, rest = text.partition(": ")
     if sep and rest and name.isidentifier() and name.endswith("Error"):

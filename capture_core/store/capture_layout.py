@@ -18,6 +18,9 @@ ENTRY, INTENT, MARKER = "e", "i", "x"
 EVENT_KINDS = (ENTRY, INTENT, MARKER)
 FROZEN, RETIRED, ATTEMPT = "FROZEN", "RETIRED", "ATTEMPT"
 MAX_PLAIN_CALL_KEY = 160
+CAPTURE_NAMES = frozenset((*EVENT_KINDS, FROZEN, RETIRED))
+"""What a rollout's folder holds once anything of its capture exists: events, its freeze
+claim or its tombstone. The dispatch-time clear's attempt marker alone is no capture."""
 
 
 def call_key(model_call_id: str) -> str:

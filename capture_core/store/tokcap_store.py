@@ -140,6 +140,12 @@ class TokenCaptureStore(TokcapWrites, TokcapRemoval):
             attempt_marked=layout.attempt_key(rollout_id) in keys,
         )
 
+    def holds_capture(self, rollout_id: str) -> bool:
+        """Whether the root holds anything of the rollout's capture (`CAPTURE_NAMES`): one
+        listing of its folder, for telling a capture store from another folder."""
+        validate_rollout_id(rollout_id)
+        return not layout.CAPTURE_NAMES.isdisjoint(self._bytes.list_children(rollout_id))
+
     def read_entries(self, rollout_id: str) -> list[TokenEntry]:
         """Read a rollout's entries without freezing it (diagnostics; no consistency promise)."""
         validate_rollout_id(rollout_id)

@@ -35,6 +35,7 @@ from capture_core.run.run_layout import (
 )
 from capture_core.run.run_report import RunSummary
 from capture_core.run.run_status import RunStatus, ledger_summary, run_status
+from capture_core.run.store_check import check_store_for_run
 from capture_core.storage import misspelled_url, open_byte_store, url_scheme
 
 
@@ -152,6 +153,12 @@ def check_locations_usable(args: argparse.Namespace) -> None:
         check_location("--dest", lambda: check_destination(dest, args.options))
     if args.command == "finalize":
         check_location("--run-id", lambda: check_run_settings(args))
+        check_location("--store", lambda: check_store_for_run(*run_locations(args), args.options))
+
+
+def run_locations(args: argparse.Namespace) -> tuple[str, str, str, str]:
+    """A finalize's input, store, destination and run id, as `check_store_for_run` takes them."""
+    return args.rollouts, args.store, args.dest, args.run_id
 
 
 def check_location(flag: str, check: Callable[[], object]) -> None:

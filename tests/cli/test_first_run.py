@@ -203,7 +203,8 @@ def test_an_outage_after_the_checks_fails_with_one_line_and_traces_in_the_run_lo
     and prints the failure once; the retries and the tracebacks stay in the run's logs."""
     bucket = make_bucket(s3_options)
     plan = FaultPlan(rate=1.0, kinds=("drop-before",), operations=("write",))
-    rollouts = write_rollouts(str(tmp_path / "in.jsonl"), [{"_ng_rollout_id": "a-1"}])
+    captured = make_batch(TokenCaptureStore(f"s3://{bucket}/store", s3_options), 1)
+    rollouts = write_rollouts(str(tmp_path / "in.jsonl"), captured)  # the store holds it
     with fault_proxy(str(s3_options["endpoint_url"]), plan) as endpoint:
         args = finalize_args(
             rollouts,

@@ -88,3 +88,79 @@ def test_a_retrigger_within_the_limit_takes_a_text_count(tmp_path) -> None:
     state = retrigger(tmp_path, None, "1")  # type: ignore[arg-type]
     assert state.is_failed() and state.name == NEEDS_ATTENTION, state
     assert "settings it ran with are unknown" in state.message
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("limit", [0, -1, "0"], ids=["zero", "negative", "zero-as-text"])
+def test_a_limit_below_one_means_no_automatic_retrigger(tmp_path, limit) -> None:
+    """`max_retriggers` below 1 never lets the automation retrigger a run forever: its first
+    retrigger ends `NeedsAttention` at once, naming the limit, and runs nothing."""
+    from tests.support.reliability_figures import record_case
+
+    dest, store = locations(tmp_path)
+    missing = str(tmp_path / "missing.jsonl")
+    first = finalize_run(missing, store, dest, "never-started", return_state=True)
+    assert first.is_failed()
+    state = retrigger_failed(
+        dest,
+        "never-started",
+        store,
+        failed_run=str(first.state_details.flow_run_id),
+        retrigger=1,
+        max_retriggers=limit,
+        return_state=True,
+    )
+    assert state.is_failed() and state.name == NEEDS_ATTENTION, state
+    assert "max_retriggers" in state.message and "no automatic retrigger" in state.message
+    assert not any((tmp_path / "dest").iterdir()), "nothing was finalized"
+    record_case("a retrigger limit below 1 means no automatic retrigger")
+
+
+@pytest.mark.integrity
+def test_a_retrigger_by_hand_with_a_limit_below_one_is_left_for_a_person(tmp_path) -> None:
+    """A person's retrigger (count 0) still runs with a limit below 1, and when it fails it
+    ends `NeedsAttention`, never the plain `Failed` the automation would retrigger."""
+    dest, store = locations(tmp_path)
+    missing = str(tmp_path / "missing.jsonl")
+    first = finalize_run(missing, store, dest, "never-started", return_state=True)
+    state = retrigger_failed(
+        dest,
+        "never-started",
+        store,
+        failed_run=str(first.state_details.flow_run_id),
+        retrigger=0,
+        max_retriggers=0,
+        return_state=True,
+    )
+    assert state.is_failed() and state.name == NEEDS_ATTENTION, state
+    assert "missing.jsonl" in state.message, "it ran, and says why it failed"
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize(
+    ("given", "rendered"),
+    [(1, 2), ("2", 3), ("x", None), (None, None)],
+    ids=["number", "text", "not-a-number", "none"],
+)
+def test_the_shipped_trigger_counts_a_retrigger_started_by_hand(tmp_path, given, rendered) -> None:
+    """The automation's count of a retrigger that failed after a person started it with a
+    count as text is that count plus one; a count that is no number renders past any limit,
+    so the next retrigger ends `NeedsAttention` at once rather than restarting the chain."""
+    from tests.support.prefect_api_reads import flow_run
+    from tests.support.shipped_triggers import triggered_parameters
+
+    dest, store = locations(tmp_path)
+    by_hand = retrigger_failed(
+        dest, "never-started", store, retrigger=given, max_retriggers=3, return_state=True
+    )
+    assert by_hand.is_failed()
+    env = {"TOKCAP_INBOX": str(tmp_path / "inbox"), "TOKCAP_STORE": store, "TOKCAP_DEST": dest}
+    failed = flow_run(by_hand.state_details.flow_run_id)
+    parameters = triggered_parameters("retrigger-failed", failed, env)
+    if rendered is not None:
+        assert parameters["retrigger"] == rendered
+        return
+    assert parameters["retrigger"] > 3, parameters["retrigger"]
+    state = retrigger_failed(**parameters, return_state=True)
+    assert state.is_failed() and state.name == NEEDS_ATTENTION, state
+    assert "past max_retriggers" in state.message
