@@ -55,7 +55,8 @@ class Faults:
     before answering; `chunk_delay`: seconds between streamed chunks; `drop_after`: break the
     stream off after this many chunks; `versions`: labels of `weight_versions` spans
     (generate), splitting the generation evenly; `reply_tokens`: pad replies to this many
-    generated tokens; `require_key`: the engine's own key."""
+    generated tokens; `require_key`: the engine's own key; `no_finish`: a stream whose chunks
+    carry no `finish_reason` (it still ends in `[DONE]`)."""
 
     missing: str | None = None
     status: int | None = None
@@ -66,6 +67,7 @@ class Faults:
     reply_tokens: int | None = None
     require_key: str | None = None
     unhealthy: bool = False
+    no_finish: bool = False
 
 
 @dataclass
@@ -284,7 +286,7 @@ def completion_chunks(body: dict[str, Any], faults: Faults) -> list[dict[str, An
         for position in range(len(ids)):
             part: dict[str, Any] = {
                 "index": choice["index"],
-                "finish_reason": None,
+                "finish_reason": "stop" if position == len(ids) - 1 else None,
                 "text": decode(ids[position : position + 1]),
                 "logprobs": None,
             }
@@ -321,6 +323,11 @@ def build_app() -> Any:
 
     async def health(_request: Request) -> JSONResponse:
         return JSONResponse({}, 503 if state["faults"].unhealthy else 200)
+
+    async def responses(request: Request) -> JSONResponse:
+        body = await request.json()
+        state["seen"].requests.append({"path": request.url.path, "body": body, "headers": {}})
+        return JSONResponse({"object": "response", "output": [], "model": body.get("model")})
 
     async def models(_request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": "fake"}]})
@@ -359,6 +366,9 @@ def build_app() -> Any:
             for number, chunk in enumerate(chunks):
                 if faults.drop_after is not None and number >= faults.drop_after:
                     raise ConnectionAbortedError("fake engine drops the stream")
+                if faults.no_finish:
+                    for part in chunk.get("choices") or ():
+                        part["finish_reason"] = None
                 yield f"data: {json.dumps(chunk)}\n\n"
                 if faults.chunk_delay:
                     await asyncio.sleep(faults.chunk_delay)
@@ -374,6 +384,7 @@ def build_app() -> Any:
         Route("/control", control, methods=["GET", "POST"]),
         Route("/health", health),
         Route("/v1/models", models),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/chat/completions", answer, methods=["POST"]),
         Route("/v1/completions", answer, methods=["POST"]),
         Route("/inference/v1/generate", answer, methods=["POST"]),
