@@ -310,3 +310,14 @@ def test_hundreds_of_concurrent_sessions_are_captured_in_bounded_memory(
     assert grown < 40 * 2**20, f"the gateway grew by {grown / 2**20:.1f} MiB over 600 sessions"
     for rollout_id in ("warm-0", "wave2-199"):
         assert len(frozen(root, rollout_id).entries) == 2
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_stream_that_says_done_before_a_choice_finished_is_lost_never_captured(
+    gateway: GatewayProcess, engine: FakeEngine, root: str, rollout: str, n: int
+) -> None:
+    engine.set(no_finish=True)
+    events = streamed(gateway.session(rollout) + "/chat/completions", {**CHAT, "n": n})
+    assert "[DONE]" not in events
+    assert "finish_reason" in json.loads(events[-1])["error"]["message"]
+    assert_lost(root, rollout, "engine_dropped")
