@@ -321,3 +321,29 @@ def test_a_stream_that_says_done_before_a_choice_finished_is_lost_never_captured
     assert "[DONE]" not in events
     assert "finish_reason" in json.loads(events[-1])["error"]["message"]
     assert_lost(root, rollout, "engine_dropped")
+
+
+def test_an_unobserved_call_whose_loss_cannot_be_stored_still_masks_its_rollout(
+    gateway: GatewayProcess, engine: FakeEngine, root: str, rollout: str
+) -> None:
+    markers = os.path.join(root, rollout, "x")
+    os.makedirs(os.path.dirname(markers), exist_ok=True)
+    open(markers, "w").close()  # the marker folder cannot be made: every loss report fails
+    post(gateway.session(rollout) + "/responses", {"model": "m", "input": "hi"})
+    os.remove(markers)
+    assert post(gateway.session(rollout) + "/chat/completions", CHAT).status_code == 200
+    snapshot = frozen(root, rollout)
+    assert snapshot.incomplete, "a call the gateway could not observe left the rollout whole"
+
+
+def test_an_unobserved_call_the_store_cannot_record_is_not_forwarded(
+    gateway: GatewayProcess, engine: FakeEngine, root: str, rollout: str
+) -> None:
+    open(os.path.join(root, rollout), "w").close()  # nothing can be written for the rollout
+    try:
+        answer = post(gateway.session(rollout) + "/responses", {"model": "m", "input": "hi"})
+        assert answer.status_code == 503
+        assert "not forwarded" in answer.json()["error"]["message"]
+        assert engine.seen()["requests"] == []
+    finally:
+        os.remove(os.path.join(root, rollout))
