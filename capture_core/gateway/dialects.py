@@ -102,9 +102,10 @@ def _prompts(prompt: Any) -> int:
 
 def _prepare_generate(forward: dict[str, Any], stream: bool) -> Prepared:
     prompt = forward.get("token_ids")
-    if not isinstance(prompt, list) or not all(type(t) is int for t in prompt):
+    if not isinstance(prompt, list) or not prompt or not all(type(t) is int for t in prompt):
         raise InvalidInputError(
-            "a generate request needs token_ids, the prompt as a list of integer token ids"
+            "a generate request needs token_ids, the prompt as a non-empty list of integer "
+            "token ids"
         )
     params = dict(forward.get("sampling_params") or {})
     choice: tuple[str, ...] = ()

@@ -347,3 +347,21 @@ def test_an_unobserved_call_the_store_cannot_record_is_not_forwarded(
         assert engine.seen()["requests"] == []
     finally:
         os.remove(os.path.join(root, rollout))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_whose_generated_ids_are_blanked_is_never_captured_as_empty(
+    gateway: GatewayProcess, engine: FakeEngine, root: str, rollout: str, stream: bool
+) -> None:
+    engine.set(emptied=True)  # ids and log probs blanked to [] by something in between
+    url = gateway.session(rollout) + "/chat/completions"
+    if stream:
+        events = streamed(url, CHAT)
+        assert "[DONE]" not in events
+        message = json.loads(events[-1])["error"]["message"]
+    else:
+        answer = post(url, CHAT)
+        assert answer.status_code == 502 and "choices" not in answer.json()
+        message = answer.json()["error"]["message"]
+    assert "token_ids" in message and "empty" in message
+    assert_lost(root, rollout, "unusable_answer")

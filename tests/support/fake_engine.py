@@ -56,7 +56,8 @@ class Faults:
     stream off after this many chunks; `versions`: labels of `weight_versions` spans
     (generate), splitting the generation evenly; `reply_tokens`: pad replies to this many
     generated tokens; `require_key`: the engine's own key; `no_finish`: a stream whose chunks
-    carry no `finish_reason` (it still ends in `[DONE]`)."""
+    carry no `finish_reason` (it still ends in `[DONE]`); `emptied`: generated ids and log probs
+    as empty lists (a router that blanks them) while the text stays."""
 
     missing: str | None = None
     status: int | None = None
@@ -68,6 +69,7 @@ class Faults:
     require_key: str | None = None
     unhealthy: bool = False
     no_finish: bool = False
+    emptied: bool = False
 
 
 @dataclass
@@ -122,6 +124,9 @@ def chat_answer(body: dict[str, Any], faults: Faults) -> dict[str, Any]:
             choice["token_ids"] = ids
         if faults.missing == "token_ids":
             del choice["token_ids"]
+        if faults.emptied and choice["token_ids"] is not None:
+            choice["token_ids"] = []
+            choice["logprobs"] = {"content": []}
         choices.append(choice)
     answer: dict[str, Any] = {
         "id": "chatcmpl-fake",
@@ -223,9 +228,10 @@ def chat_chunks(body: dict[str, Any], faults: Faults) -> list[dict[str, Any]]:
                 "finish_reason": None,
             }
             if choice.get("token_ids") is not None:
-                part["token_ids"] = [token]
+                part["token_ids"] = [] if faults.emptied else [token]
             if choice.get("logprobs"):
-                part["logprobs"] = {"content": [choice["logprobs"]["content"][position]]}
+                content = choice["logprobs"]["content"][position : position + 1]
+                part["logprobs"] = {"content": content}
             chunks.append({**base, "choices": [part]})
         chunks.append(
             {
