@@ -57,11 +57,17 @@ def prepare(dialect: str, body: Mapping[str, Any]) -> Prepared:
     """The request to forward for `dialect`, with the fields that return exact ids set.
 
     Raises `InvalidInputError` (a 400 to the client) for a request whose ids cannot be
-    captured exactly: completions with `echo` (its log probs would cover the prompt too), a
-    generate request without a list of prompt ids.
+    captured exactly: a `stream` that is not a boolean, completions with `echo` (its log
+    probs would cover the prompt too), a generate request without a list of prompt ids.
     """
     forward = dict(body)
-    stream = forward.get("stream") is True
+    stream = forward.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidInputError(
+            f"stream must be true or false, got {stream!r}: the engine may read it either "
+            "way, and the gateway must know whether the answer streams"
+        )
+    stream = stream is True
     if dialect == GENERATE:
         return _prepare_generate(forward, stream)
     top: list[str] = []

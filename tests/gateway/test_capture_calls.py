@@ -225,3 +225,15 @@ def test_metrics_count_calls_and_capture_writes(gateway: GatewayProcess, rollout
         if line.startswith("tokcap_gateway_captured_bytes_total")
     ]
     assert written and written[0] > 0
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("stream", ["true", 1, "false"])
+def test_a_stream_flag_that_is_not_a_boolean_is_refused_naming_it(
+    gateway: GatewayProcess, engine: FakeEngine, store_root: str, rollout: str, stream: Any
+) -> None:
+    answer = post(gateway.session(rollout) + "/chat/completions", {**CHAT, "stream": stream})
+    assert answer.status_code == 400
+    assert "stream" in answer.json()["error"]["message"]
+    assert engine.seen()["requests"] == []
+    assert TokenCaptureStore(store_root).read_entries(rollout) == []
