@@ -32,6 +32,7 @@ from capture_core.gateway.calls import (
     forward,
     lose,
     timed_out,
+    unreadable,
 )
 from capture_core.gateway.dialects import strip_added
 from capture_core.gateway.engine import AnswerTooLargeError
@@ -103,6 +104,10 @@ async def relay(
             raise dropped(ctx, exc) from None
         except AnswerTooLargeError as exc:
             raise CallFailed(413, str(exc), "answer_too_large") from None
+        except CallFailed:
+            raise
+        except Exception as exc:  # an engine stream in a shape nothing here reads
+            raise unreadable(exc) from None
         settled = True
         ctx.metrics.calls.labels(dialect=admitted.dialect, outcome="captured").inc(
             len(admitted.call_ids)

@@ -6,6 +6,7 @@ fault switches (tests/support/fake_engine.py), over real local and S3 (moto) sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -364,4 +365,16 @@ def test_an_answer_whose_generated_ids_are_blanked_is_never_captured_as_empty(
         assert answer.status_code == 502 and "choices" not in answer.json()
         message = answer.json()["error"]["message"]
     assert "token_ids" in message and "empty" in message
+    assert_lost(root, rollout, "unusable_answer")
+
+
+def test_a_stream_in_a_shape_nothing_reads_is_lost_as_unusable_with_an_error_event(
+    gateway: GatewayProcess, engine: FakeEngine, root: str, rollout: str
+) -> None:
+    engine.set(bad_index=True)  # a choice index that is not a number, mid-stream
+    events: list[str] = []
+    url = gateway.session(rollout) + "/chat/completions"
+    with contextlib.suppress(httpx.HTTPError):  # a stream cut instead of an error event
+        events.extend(stream_events(url, {**CHAT, "stream": True}))
+    assert events and "error" in json.loads(events[-1])
     assert_lost(root, rollout, "unusable_answer")

@@ -57,7 +57,8 @@ class Faults:
     (generate), splitting the generation evenly; `reply_tokens`: pad replies to this many
     generated tokens; `require_key`: the engine's own key; `no_finish`: a stream whose chunks
     carry no `finish_reason` (it still ends in `[DONE]`); `emptied`: generated ids and log probs
-    as empty lists (a router that blanks them) while the text stays."""
+    as empty lists (a router that blanks them) while the text stays; `bad_index`: streamed
+    choices whose `index` is not a number."""
 
     missing: str | None = None
     status: int | None = None
@@ -70,6 +71,7 @@ class Faults:
     unhealthy: bool = False
     no_finish: bool = False
     emptied: bool = False
+    bad_index: bool = False
 
 
 @dataclass
@@ -372,9 +374,11 @@ def build_app() -> Any:
             for number, chunk in enumerate(chunks):
                 if faults.drop_after is not None and number >= faults.drop_after:
                     raise ConnectionAbortedError("fake engine drops the stream")
-                if faults.no_finish:
-                    for part in chunk.get("choices") or ():
+                for part in chunk.get("choices") or ():
+                    if faults.no_finish:
                         part["finish_reason"] = None
+                    if faults.bad_index and number > 1:
+                        part["index"] = "first"
                 yield f"data: {json.dumps(chunk)}\n\n"
                 if faults.chunk_delay:
                     await asyncio.sleep(faults.chunk_delay)
