@@ -237,3 +237,14 @@ def test_a_stream_flag_that_is_not_a_boolean_is_refused_naming_it(
     assert "stream" in answer.json()["error"]["message"]
     assert engine.seen()["requests"] == []
     assert TokenCaptureStore(store_root).read_entries(rollout) == []
+
+
+def test_metrics_list_every_lost_call_cause_the_gateway_reports(gateway: GatewayProcess) -> None:
+    text = httpx.get(gateway.url + "/metrics", timeout=30).text
+    listed = {
+        line.split('cause="')[1].split('"')[0]
+        for line in text.splitlines()
+        if line.startswith("tokcap_gateway_lost_calls_total{")
+    }
+    assert "unusable_answer" in listed  # an answer without ids: the commonest engine fault
+    assert "missing_ids" not in listed  # no cause that nothing reports
