@@ -29,6 +29,10 @@ PATHS = {
 }
 """Engine path (after the correlation prefix) -> captured dialect. Any other path is not
 observed: it is forwarded and its rollout marked incomplete."""
+MAX_CALLS = 1024
+"""The most calls (choices: `n`, times the prompts of a completions batch) one request may
+ask for: each is an intent written before forwarding and an id held while the call runs,
+so an unbounded `n` would let one request exhaust the store and the gateway's memory."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,16 @@ def prepare(dialect: str, body: Mapping[str, Any]) -> Prepared:
             top.clear()
             choice.append("prompt_token_ids")
         choices = _count(forward.get("n"), "n") * _prompts(forward.get("prompt"))
-    return Prepared(forward, tuple(top), tuple(choice), choices, stream)
+    return Prepared(forward, tuple(top), tuple(choice), _bounded(choices), stream)
+
+
+def _bounded(calls: int) -> int:
+    if calls > MAX_CALLS:
+        raise InvalidInputError(
+            f"the request asks for {calls} choices (n, times the prompts of a batch), past "
+            f"the gateway's limit of {MAX_CALLS} calls per request; send it in smaller parts"
+        )
+    return calls
 
 
 def _prompts(prompt: Any) -> int:
@@ -119,7 +132,7 @@ def _prepare_generate(forward: dict[str, Any], stream: bool) -> Prepared:
         params["logprobs"] = 0
         choice = ("logprobs",)
     forward["sampling_params"] = params
-    choices = _count(params.get("n"), "sampling_params.n")
+    choices = _bounded(_count(params.get("n"), "sampling_params.n"))
     return Prepared(forward, (), choice, choices, stream, prompt_ids=list(prompt))
 
 

@@ -248,3 +248,22 @@ def test_metrics_list_every_lost_call_cause_the_gateway_reports(gateway: Gateway
     }
     assert "unusable_answer" in listed  # an answer without ids: the commonest engine fault
     assert "missing_ids" not in listed  # no cause that nothing reports
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**CHAT, "n": 1025},
+        {"model": "m", "prompt": ["a"] * 513, "n": 2},  # 1026 calls: prompts times n
+    ],
+)
+def test_a_request_for_more_calls_than_the_limit_is_refused_naming_it(
+    gateway: GatewayProcess, engine: FakeEngine, store_root: str, rollout: str, body: Any
+) -> None:
+    path = "/chat/completions" if "messages" in body else "/completions"
+    answer = post(gateway.session(rollout) + path, body)
+    assert answer.status_code == 400
+    assert "1024" in answer.json()["error"]["message"]
+    assert engine.seen()["requests"] == []
+    assert TokenCaptureStore(store_root).freeze_now(rollout).version == 0  # nothing written
