@@ -378,3 +378,19 @@ def test_a_stream_in_a_shape_nothing_reads_is_lost_as_unusable_with_an_error_eve
         events.extend(stream_events(url, {**CHAT, "stream": True}))
     assert events and "error" in json.loads(events[-1])
     assert_lost(root, rollout, "unusable_answer")
+
+
+def test_a_rollout_frozen_while_its_call_is_in_flight_withholds_the_answer(
+    gateway: GatewayProcess, engine: FakeEngine, root: str, rollout: str
+) -> None:
+    engine.set(delay=1.0)
+    answers: list[httpx.Response] = []
+    url = gateway.session(rollout) + "/chat/completions"
+    call = threading.Thread(target=lambda: answers.append(post(url, CHAT)))
+    call.start()
+    wait_until(lambda: engine.seen()["requests"], 30, "the engine to get the call")
+    snapshot = frozen(root, rollout)  # finalized mid-call: the intent masks it
+    call.join(timeout=60)
+    assert snapshot.incomplete and snapshot.entries == ()
+    assert answers[0].status_code == 503 and "choices" not in answers[0].json()
+    assert frozen(root, rollout).entries == ()
