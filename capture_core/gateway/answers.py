@@ -4,6 +4,7 @@ Ids come from the fields that carry ids (`prompt_token_ids`, `token_ids`), never
 a log-prob entry's `token` is decoded text (or `token_id:<int>` text) and is never parsed.
 An answer without a field the capture needs fails the call, naming the field and the engine
 setting that returns it: an empty list would train on nothing, a guess on the wrong tokens.
+An id field that is there but empty fails it too (a sampled call always has ids).
 Each choice of an `n` > 1 answer is its own call (its own prompt, generation and log probs).
 A choice's `routed_experts` (vLLM's, for mixture-of-experts models) is kept when set.
 This module imports only `errors`, `records` and `gateway.dialects`.
@@ -57,6 +58,11 @@ def _ids(value: Any, field: str, setting: str) -> list[int]:
         raise _missing(field, setting)
     if not isinstance(value, list) or not are_token_ids(value):
         raise EngineAnswerError(f"the engine's {field} is not a list of token ids")
+    if not value:
+        raise EngineAnswerError(
+            f"the engine's {field} is empty, but a sampled call has a prompt and at least one "
+            f"generated token: something between the gateway and the engine blanked it"
+        )
     return value
 
 

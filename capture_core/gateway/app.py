@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from capture_core.errors import InvalidInputError
+from capture_core.errors import CaptureFencedError, InvalidInputError
 from capture_core.gateway.calls import (
     CallFailed,
     GatewayContext,
@@ -119,12 +119,25 @@ async def unobserved(
     ctx: GatewayContext, request: Request, session: Session, body: bytes
 ) -> Response:
     """A path under the prefix the gateway cannot observe: mark the rollout incomplete
-    before forwarding (its tokens cannot be captured), as NeMo Gym's capture does."""
+    before forwarding (its tokens cannot be captured), as NeMo Gym's capture does. The
+    call's intent is stored first, so the rollout masks even when the loss report cannot
+    be; a store that cannot take the intent gets the client a 503, nothing forwarded."""
     if request.method == "GET" and session.engine_path in UNCAPTURED_READS:
         return await pass_through(ctx, request, session.engine_path, body)
+    call_ids = new_call_ids(1)
+    try:
+        await ctx.writer.begin(session.rollout_id, call_ids)
+    except CaptureFencedError as exc:
+        return error_response(409, f"{exc}; the rollout was already finalized")
+    except Exception as exc:
+        return error_response(
+            503,
+            f"the capture store cannot record the call, so it was not forwarded "
+            f"({type(exc).__name__}: {exc})",
+        )
     await ctx.writer.lose(
         session.rollout_id,
-        new_call_ids(1),
+        call_ids,
         "unobserved_path",
         f"{request.method} {session.engine_path} is not a dialect the gateway captures",
     )

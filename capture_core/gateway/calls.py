@@ -242,6 +242,8 @@ async def unstreamed(ctx: GatewayContext, admitted: Admitted, request: Request) 
         return await failed_call(ctx, admitted, dropped(ctx, exc))
     except AnswerTooLargeError as exc:
         return await failed_call(ctx, admitted, CallFailed(413, str(exc), "answer_too_large"))
+    except Exception as exc:  # an engine answer in a shape nothing here reads
+        return await failed_call(ctx, admitted, unreadable(exc))
     ctx.metrics.calls.labels(dialect=admitted.dialect, outcome="captured").inc(
         len(admitted.call_ids)
     )
@@ -252,6 +254,16 @@ async def unstreamed(ctx: GatewayContext, admitted: Admitted, request: Request) 
 def timed_out(ctx: GatewayContext, exc: Exception) -> CallFailed:
     ctx.metrics.engine_errors.labels(kind="timeout").inc()
     return CallFailed(504, f"the engine did not answer in time ({exc!r})", "engine_timeout")
+
+
+def unreadable(exc: Exception) -> CallFailed:
+    """An answer whose shape broke the reading (a field of the wrong type): the call is lost
+    as unusable, and the client told so, rather than the request failing with a bare 500."""
+    return CallFailed(
+        502,
+        f"the engine's answer cannot be read ({type(exc).__name__}: {exc})",
+        "unusable_answer",
+    )
 
 
 def dropped(ctx: GatewayContext, exc: Exception) -> CallFailed:

@@ -29,6 +29,10 @@ PATHS = {
 }
 """Engine path (after the correlation prefix) -> captured dialect. Any other path is not
 observed: it is forwarded and its rollout marked incomplete."""
+MAX_CALLS = 1024
+"""The most calls (choices: `n`, times the prompts of a completions batch) one request may
+ask for: each is an intent written before forwarding and an id held while the call runs,
+so an unbounded `n` would let one request exhaust the store and the gateway's memory."""
 
 
 @dataclass(frozen=True)
@@ -57,11 +61,17 @@ def prepare(dialect: str, body: Mapping[str, Any]) -> Prepared:
     """The request to forward for `dialect`, with the fields that return exact ids set.
 
     Raises `InvalidInputError` (a 400 to the client) for a request whose ids cannot be
-    captured exactly: completions with `echo` (its log probs would cover the prompt too), a
-    generate request without a list of prompt ids.
+    captured exactly: a `stream` that is not a boolean, completions with `echo` (its log
+    probs would cover the prompt too), a generate request without a list of prompt ids.
     """
     forward = dict(body)
-    stream = forward.get("stream") is True
+    stream = forward.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidInputError(
+            f"stream must be true or false, got {stream!r}: the engine may read it either "
+            "way, and the gateway must know whether the answer streams"
+        )
+    stream = stream is True
     if dialect == GENERATE:
         return _prepare_generate(forward, stream)
     top: list[str] = []
@@ -89,7 +99,16 @@ def prepare(dialect: str, body: Mapping[str, Any]) -> Prepared:
             top.clear()
             choice.append("prompt_token_ids")
         choices = _count(forward.get("n"), "n") * _prompts(forward.get("prompt"))
-    return Prepared(forward, tuple(top), tuple(choice), choices, stream)
+    return Prepared(forward, tuple(top), tuple(choice), _bounded(choices), stream)
+
+
+def _bounded(calls: int) -> int:
+    if calls > MAX_CALLS:
+        raise InvalidInputError(
+            f"the request asks for {calls} choices (n, times the prompts of a batch), past "
+            f"the gateway's limit of {MAX_CALLS} calls per request; send it in smaller parts"
+        )
+    return calls
 
 
 def _prompts(prompt: Any) -> int:
@@ -102,9 +121,10 @@ def _prompts(prompt: Any) -> int:
 
 def _prepare_generate(forward: dict[str, Any], stream: bool) -> Prepared:
     prompt = forward.get("token_ids")
-    if not isinstance(prompt, list) or not all(type(t) is int for t in prompt):
+    if not isinstance(prompt, list) or not prompt or not all(type(t) is int for t in prompt):
         raise InvalidInputError(
-            "a generate request needs token_ids, the prompt as a list of integer token ids"
+            "a generate request needs token_ids, the prompt as a non-empty list of integer "
+            "token ids"
         )
     params = dict(forward.get("sampling_params") or {})
     choice: tuple[str, ...] = ()
@@ -112,7 +132,7 @@ def _prepare_generate(forward: dict[str, Any], stream: bool) -> Prepared:
         params["logprobs"] = 0
         choice = ("logprobs",)
     forward["sampling_params"] = params
-    choices = _count(params.get("n"), "sampling_params.n")
+    choices = _bounded(_count(params.get("n"), "sampling_params.n"))
     return Prepared(forward, (), choice, choices, stream, prompt_ids=list(prompt))
 
 

@@ -31,7 +31,7 @@ class Engine:
     """One engine behind the gateway, with one connection pool."""
 
     def __init__(self, settings: GatewaySettings) -> None:
-        self.url = settings.engine
+        self.url = settings.engine_shown  # what messages name: no credentials
         self.max_answer_bytes = settings.max_answer_bytes
         self._engine_key = settings.engine_api_key
         self._pass_client_key = not settings.api_key

@@ -16,7 +16,7 @@ CAUSES = (
     "engine_timeout",
     "engine_unreachable",
     "engine_dropped",
-    "missing_ids",
+    "unusable_answer",
     "answer_too_large",
     "store_failed",
     "version_source",

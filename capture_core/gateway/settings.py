@@ -86,6 +86,14 @@ class GatewaySettings:
             raise InvalidInputError("engine_timeout must be a positive number of seconds")
 
     @property
+    def engine_shown(self) -> str:
+        """The engine URL as messages, logs and captures name it: without the user and
+        password an `http://user:pass@host` URL carries (they are the engine's key)."""
+        scheme, _, rest = self.engine.partition("://")
+        host, slash, path = rest.partition("/")
+        return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
+
+    @property
     def replica_name(self) -> str:
         """The `replica` every captured call records."""
-        return self.replica or self.engine
+        return self.replica or self.engine_shown

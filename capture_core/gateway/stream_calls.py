@@ -2,12 +2,12 @@
 `[DONE]` is held back until the capture is stored.
 
 The client sees each chunk (without the fields the gateway added) as the engine sends it;
-the gateway joins them (`streams.StreamAssembly`) and, once the engine's `[DONE]` came,
-stores every choice's entry durably, then sends `[DONE]`. A stream that ends any other way
-records its calls lost and ends with an error event instead of `[DONE]`, so no client takes
-an uncaptured or partial generation for a whole one: the engine broke off or restarted, the
-answer passed its limit, the client hung up (the engine's request is then aborted by
-closing its connection).
+the gateway joins them (`streams.StreamAssembly`) and, once the engine's `[DONE]` came
+after every choice's `finish_reason`, stores every choice's entry durably, then sends
+`[DONE]`. A stream that ends any other way records its calls lost and ends with an error
+event instead of `[DONE]`, so no client takes an uncaptured or partial generation for a
+whole one: the engine broke off or restarted, the answer passed its limit, the client hung
+up (the engine's request is then aborted by closing its connection).
 This module imports only `gateway`.
 """
 
@@ -32,6 +32,7 @@ from capture_core.gateway.calls import (
     forward,
     lose,
     timed_out,
+    unreadable,
 )
 from capture_core.gateway.dialects import strip_added
 from capture_core.gateway.engine import AnswerTooLargeError
@@ -89,6 +90,13 @@ async def relay(
                     "the connection",
                     "engine_dropped",
                 )
+            if assembly.unfinished():
+                raise CallFailed(
+                    502,
+                    f"the engine's stream said [DONE] before choices {assembly.unfinished()} "
+                    "had a finish_reason, so their generations may be cut short",
+                    "engine_dropped",
+                )
             await finish(ctx, admitted, assembly.answer())
         except httpx.TimeoutException as exc:
             raise timed_out(ctx, exc) from None
@@ -96,6 +104,10 @@ async def relay(
             raise dropped(ctx, exc) from None
         except AnswerTooLargeError as exc:
             raise CallFailed(413, str(exc), "answer_too_large") from None
+        except CallFailed:
+            raise
+        except Exception as exc:  # an engine stream in a shape nothing here reads
+            raise unreadable(exc) from None
         settled = True
         ctx.metrics.calls.labels(dialect=admitted.dialect, outcome="captured").inc(
             len(admitted.call_ids)

@@ -148,6 +148,11 @@ class StreamAssembly:
                 if part.get("prompt_token_ids") is not None and choice.prompt_ids is None:
                     choice.prompt_ids = part["prompt_token_ids"]
 
+    def unfinished(self) -> list[int]:
+        """The choices no chunk gave a `finish_reason`: a stream that says `[DONE]` before a
+        choice finished may have cut its generation short (vLLM finishes every choice)."""
+        return [i for i in sorted(self.choices) if self.choices[i].finish_reason is None]
+
     def answer(self) -> dict[str, Any]:
         """The answer an unstreamed call would have returned, as far as the capture reads it."""
         choices = [self.choices[i].as_choice(i, self.chat) for i in sorted(self.choices)]

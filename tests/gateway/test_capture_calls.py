@@ -225,3 +225,45 @@ def test_metrics_count_calls_and_capture_writes(gateway: GatewayProcess, rollout
         if line.startswith("tokcap_gateway_captured_bytes_total")
     ]
     assert written and written[0] > 0
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("stream", ["true", 1, "false"])
+def test_a_stream_flag_that_is_not_a_boolean_is_refused_naming_it(
+    gateway: GatewayProcess, engine: FakeEngine, store_root: str, rollout: str, stream: Any
+) -> None:
+    answer = post(gateway.session(rollout) + "/chat/completions", {**CHAT, "stream": stream})
+    assert answer.status_code == 400
+    assert "stream" in answer.json()["error"]["message"]
+    assert engine.seen()["requests"] == []
+    assert TokenCaptureStore(store_root).read_entries(rollout) == []
+
+
+def test_metrics_list_every_lost_call_cause_the_gateway_reports(gateway: GatewayProcess) -> None:
+    text = httpx.get(gateway.url + "/metrics", timeout=30).text
+    listed = {
+        line.split('cause="')[1].split('"')[0]
+        for line in text.splitlines()
+        if line.startswith("tokcap_gateway_lost_calls_total{")
+    }
+    assert "unusable_answer" in listed  # an answer without ids: the commonest engine fault
+    assert "missing_ids" not in listed  # no cause that nothing reports
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**CHAT, "n": 1025},
+        {"model": "m", "prompt": ["a"] * 513, "n": 2},  # 1026 calls: prompts times n
+    ],
+)
+def test_a_request_for_more_calls_than_the_limit_is_refused_naming_it(
+    gateway: GatewayProcess, engine: FakeEngine, store_root: str, rollout: str, body: Any
+) -> None:
+    path = "/chat/completions" if "messages" in body else "/completions"
+    answer = post(gateway.session(rollout) + path, body)
+    assert answer.status_code == 400
+    assert "1024" in answer.json()["error"]["message"]
+    assert engine.seen()["requests"] == []
+    assert TokenCaptureStore(store_root).freeze_now(rollout).version == 0  # nothing written

@@ -163,3 +163,30 @@ def test_sigterm_lets_the_call_in_flight_finish_then_exits_0(
     assert events[-1] == "[DONE]"
     (entry,) = TokenCaptureStore(root).freeze_now(rollout).entries
     assert len(entry.generation_token_ids) == 40
+
+
+@pytest.mark.integrity
+def test_credentials_in_the_engine_url_reach_no_answer_log_or_capture(
+    tmp_path: Any, rollout: str
+) -> None:
+    secret = "pw-" + uuid.uuid4().hex
+    fake = FakeEngine(free_port()).start()
+    root = str(tmp_path / "store")
+    engine_url = fake.url.replace("http://", f"http://operator:{secret}@")
+    try:
+        with GatewayProcess(engine_url, root) as gateway:
+            url = gateway.session(rollout) + "/chat/completions"
+            assert post(url, CHAT).status_code == 200
+            fake.stop()  # now every message names the engine
+            down = [post(url, CHAT), httpx.get(gateway.url + "/health", timeout=30)]
+            down.append(post(gateway.url + "/v1/chat/completions", CHAT))
+            for answer in down:
+                assert answer.status_code in (502, 503) and "127.0.0.1" in answer.text
+                assert secret not in answer.text
+        store = TokenCaptureStore(root)
+        captured = [entry.model_dump_json() for entry in store.read_entries(rollout)]
+        store.close_now()
+        assert captured and all(secret not in text for text in captured)
+        assert secret not in gateway.stderr()
+    finally:
+        fake.stop()

@@ -6,6 +6,7 @@ fault switches (tests/support/fake_engine.py), over real local and S3 (moto) sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -310,3 +311,86 @@ def test_hundreds_of_concurrent_sessions_are_captured_in_bounded_memory(
     assert grown < 40 * 2**20, f"the gateway grew by {grown / 2**20:.1f} MiB over 600 sessions"
     for rollout_id in ("warm-0", "wave2-199"):
         assert len(frozen(root, rollout_id).entries) == 2
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_stream_that_says_done_before_a_choice_finished_is_lost_never_captured(
+    gateway: GatewayProcess, engine: FakeEngine, root: str, rollout: str, n: int
+) -> None:
+    engine.set(no_finish=True)
+    events = streamed(gateway.session(rollout) + "/chat/completions", {**CHAT, "n": n})
+    assert "[DONE]" not in events
+    assert "finish_reason" in json.loads(events[-1])["error"]["message"]
+    assert_lost(root, rollout, "engine_dropped")
+
+
+def test_an_unobserved_call_whose_loss_cannot_be_stored_still_masks_its_rollout(
+    gateway: GatewayProcess, engine: FakeEngine, root: str, rollout: str
+) -> None:
+    markers = os.path.join(root, rollout, "x")
+    os.makedirs(os.path.dirname(markers), exist_ok=True)
+    open(markers, "w").close()  # the marker folder cannot be made: every loss report fails
+    post(gateway.session(rollout) + "/responses", {"model": "m", "input": "hi"})
+    os.remove(markers)
+    assert post(gateway.session(rollout) + "/chat/completions", CHAT).status_code == 200
+    snapshot = frozen(root, rollout)
+    assert snapshot.incomplete, "a call the gateway could not observe left the rollout whole"
+
+
+def test_an_unobserved_call_the_store_cannot_record_is_not_forwarded(
+    gateway: GatewayProcess, engine: FakeEngine, root: str, rollout: str
+) -> None:
+    open(os.path.join(root, rollout), "w").close()  # nothing can be written for the rollout
+    try:
+        answer = post(gateway.session(rollout) + "/responses", {"model": "m", "input": "hi"})
+        assert answer.status_code == 503
+        assert "not forwarded" in answer.json()["error"]["message"]
+        assert engine.seen()["requests"] == []
+    finally:
+        os.remove(os.path.join(root, rollout))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_whose_generated_ids_are_blanked_is_never_captured_as_empty(
+    gateway: GatewayProcess, engine: FakeEngine, root: str, rollout: str, stream: bool
+) -> None:
+    engine.set(emptied=True)  # ids and log probs blanked to [] by something in between
+    url = gateway.session(rollout) + "/chat/completions"
+    if stream:
+        events = streamed(url, CHAT)
+        assert "[DONE]" not in events
+        message = json.loads(events[-1])["error"]["message"]
+    else:
+        answer = post(url, CHAT)
+        assert answer.status_code == 502 and "choices" not in answer.json()
+        message = answer.json()["error"]["message"]
+    assert "token_ids" in message and "empty" in message
+    assert_lost(root, rollout, "unusable_answer")
+
+
+def test_a_stream_in_a_shape_nothing_reads_is_lost_as_unusable_with_an_error_event(
+    gateway: GatewayProcess, engine: FakeEngine, root: str, rollout: str
+) -> None:
+    engine.set(bad_index=True)  # a choice index that is not a number, mid-stream
+    events: list[str] = []
+    url = gateway.session(rollout) + "/chat/completions"
+    with contextlib.suppress(httpx.HTTPError):  # a stream cut instead of an error event
+        events.extend(stream_events(url, {**CHAT, "stream": True}))
+    assert events and "error" in json.loads(events[-1])
+    assert_lost(root, rollout, "unusable_answer")
+
+
+def test_a_rollout_frozen_while_its_call_is_in_flight_withholds_the_answer(
+    gateway: GatewayProcess, engine: FakeEngine, root: str, rollout: str
+) -> None:
+    engine.set(delay=1.0)
+    answers: list[httpx.Response] = []
+    url = gateway.session(rollout) + "/chat/completions"
+    call = threading.Thread(target=lambda: answers.append(post(url, CHAT)))
+    call.start()
+    wait_until(lambda: engine.seen()["requests"], 30, "the engine to get the call")
+    snapshot = frozen(root, rollout)  # finalized mid-call: the intent masks it
+    call.join(timeout=60)
+    assert snapshot.incomplete and snapshot.entries == ()
+    assert answers[0].status_code == 503 and "choices" not in answers[0].json()
+    assert frozen(root, rollout).entries == ()

@@ -55,7 +55,10 @@ class Faults:
     before answering; `chunk_delay`: seconds between streamed chunks; `drop_after`: break the
     stream off after this many chunks; `versions`: labels of `weight_versions` spans
     (generate), splitting the generation evenly; `reply_tokens`: pad replies to this many
-    generated tokens; `require_key`: the engine's own key."""
+    generated tokens; `require_key`: the engine's own key; `no_finish`: a stream whose chunks
+    carry no `finish_reason` (it still ends in `[DONE]`); `emptied`: generated ids and log probs
+    as empty lists (a router that blanks them) while the text stays; `bad_index`: streamed
+    choices whose `index` is not a number."""
 
     missing: str | None = None
     status: int | None = None
@@ -66,6 +69,9 @@ class Faults:
     reply_tokens: int | None = None
     require_key: str | None = None
     unhealthy: bool = False
+    no_finish: bool = False
+    emptied: bool = False
+    bad_index: bool = False
 
 
 @dataclass
@@ -120,6 +126,9 @@ def chat_answer(body: dict[str, Any], faults: Faults) -> dict[str, Any]:
             choice["token_ids"] = ids
         if faults.missing == "token_ids":
             del choice["token_ids"]
+        if faults.emptied and choice["token_ids"] is not None:
+            choice["token_ids"] = []
+            choice["logprobs"] = {"content": []}
         choices.append(choice)
     answer: dict[str, Any] = {
         "id": "chatcmpl-fake",
@@ -221,9 +230,10 @@ def chat_chunks(body: dict[str, Any], faults: Faults) -> list[dict[str, Any]]:
                 "finish_reason": None,
             }
             if choice.get("token_ids") is not None:
-                part["token_ids"] = [token]
+                part["token_ids"] = [] if faults.emptied else [token]
             if choice.get("logprobs"):
-                part["logprobs"] = {"content": [choice["logprobs"]["content"][position]]}
+                content = choice["logprobs"]["content"][position : position + 1]
+                part["logprobs"] = {"content": content}
             chunks.append({**base, "choices": [part]})
         chunks.append(
             {
@@ -284,7 +294,7 @@ def completion_chunks(body: dict[str, Any], faults: Faults) -> list[dict[str, An
         for position in range(len(ids)):
             part: dict[str, Any] = {
                 "index": choice["index"],
-                "finish_reason": None,
+                "finish_reason": "stop" if position == len(ids) - 1 else None,
                 "text": decode(ids[position : position + 1]),
                 "logprobs": None,
             }
@@ -321,6 +331,11 @@ def build_app() -> Any:
 
     async def health(_request: Request) -> JSONResponse:
         return JSONResponse({}, 503 if state["faults"].unhealthy else 200)
+
+    async def responses(request: Request) -> JSONResponse:
+        body = await request.json()
+        state["seen"].requests.append({"path": request.url.path, "body": body, "headers": {}})
+        return JSONResponse({"object": "response", "output": [], "model": body.get("model")})
 
     async def models(_request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": "fake"}]})
@@ -359,6 +374,11 @@ def build_app() -> Any:
             for number, chunk in enumerate(chunks):
                 if faults.drop_after is not None and number >= faults.drop_after:
                     raise ConnectionAbortedError("fake engine drops the stream")
+                for part in chunk.get("choices") or ():
+                    if faults.no_finish:
+                        part["finish_reason"] = None
+                    if faults.bad_index and number > 1:
+                        part["index"] = "first"
                 yield f"data: {json.dumps(chunk)}\n\n"
                 if faults.chunk_delay:
                     await asyncio.sleep(faults.chunk_delay)
@@ -374,6 +394,7 @@ def build_app() -> Any:
         Route("/control", control, methods=["GET", "POST"]),
         Route("/health", health),
         Route("/v1/models", models),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/chat/completions", answer, methods=["POST"]),
         Route("/v1/completions", answer, methods=["POST"]),
         Route("/inference/v1/generate", answer, methods=["POST"]),
