@@ -32,6 +32,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 REQUIREMENTS = os.path.join(REPO, ".ci", "engine-requirements.txt")
 MODEL_SCRIPT = os.path.join(HERE, "make_toy_model.py")
 CACHE_ENV = "TOKCAP_ENGINE_CACHE"
+# A running engine started by `vllm_engine` elsewhere (a developer's, between test runs).
+RUNNING_ENV = "TOKCAP_TEST_ENGINE_URL"
 SERVED_MODEL = "tokcap-toy"
 READY_TIMEOUT = 420.0
 ENGINE_ENV = {
@@ -170,7 +172,7 @@ class VllmEngine:
     model_dir: str
     python: str
     log_path: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None
 
     def post(self, path: str, body: dict, timeout: float = 120) -> dict:
         """POST JSON to the engine itself (no gateway) and return the JSON answer."""
@@ -188,7 +190,7 @@ class VllmEngine:
 
     def stop(self) -> None:
         """Kill the server's process group: every process it started goes with it."""
-        if self.proc.poll() is not None:
+        if self.proc is None or self.proc.poll() is not None:
             return
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
@@ -199,7 +201,7 @@ class VllmEngine:
 
 
 def _healthy(engine: VllmEngine) -> bool:
-    if engine.proc.poll() is not None:
+    if engine.proc is not None and engine.proc.poll() is not None:
         raise RuntimeError(
             f"the vLLM engine exited with {engine.proc.returncode} before it was ready; "
             f"its log ({engine.log_path}):\n{_tail(engine.log_path)}"
@@ -244,8 +246,14 @@ def vllm_engine(
     workdir: str, timeout: float = READY_TIMEOUT, say: Say = say_on_stderr
 ) -> Iterator[VllmEngine]:
     """Start the engine (building its environment and model first if absent), wait for its
-    /health with a deadline, yield it, and stop its process group."""
+    /health with a deadline, yield it, and stop its process group. With $TOKCAP_TEST_ENGINE_URL
+    set, yield that running engine instead (its model made by this same script)."""
     python = engine_python(say)
+    if os.environ.get(RUNNING_ENV):
+        url = os.environ[RUNNING_ENV].rstrip("/")
+        say(f"using the running engine at {url} (${RUNNING_ENV})")
+        yield VllmEngine(url, SERVED_MODEL, toy_model(python, say), python, "", None)
+        return
     model_dir = toy_model(python, say)
     port = free_port()
     os.makedirs(workdir, exist_ok=True)
