@@ -11,6 +11,7 @@ The server runs in its own process group and is stopped by killing that group.
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -90,7 +91,7 @@ def _engine_env() -> dict[str, str]:
     return env
 
 
-def _build_atomically(final: str, build: Callable[[str], None], what: str, say: Say) -> str:
+def build_atomically(final: str, build: Callable[[str], None], what: str, say: Say) -> str:
     """Build `final` with `build(tmp)` in a folder beside it, then rename it into place."""
     if os.path.isdir(final):
         return final
@@ -99,6 +100,8 @@ def _build_atomically(final: str, build: Callable[[str], None], what: str, say: 
     with _locked(final + ".lock"):
         if os.path.isdir(final):
             return final
+        for stale in glob.glob(glob.escape(final) + ".partial-*"):
+            shutil.rmtree(stale, ignore_errors=True)  # a killed build's; the lock is ours
         tmp = f"{final}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             build(tmp)
@@ -135,7 +138,7 @@ def engine_python(say: Say = say_on_stderr) -> str:
             f"one-time install of the vLLM engine environment into {final} "
             f"(4-10 minutes, 2.5 GB; {CACHE_ENV} moves it); later runs reuse it"
         )
-    _build_atomically(final, _install, "the vLLM engine environment", say)
+    build_atomically(final, _install, "the vLLM engine environment", say)
     return os.path.join(final, "bin", "python")
 
 
@@ -152,7 +155,7 @@ def toy_model(python: str, say: Say = say_on_stderr) -> str:
             if os.path.exists(log_path):
                 os.remove(log_path)
 
-    return _build_atomically(final, make, "the toy model", say)
+    return build_atomically(final, make, "the toy model", say)
 
 
 def _tail(path: str, lines: int = 60) -> str:
