@@ -66,6 +66,11 @@ class GatewaySettings:
                 "such as http://127.0.0.1:8000"
             )
         object.__setattr__(self, "engine", self.engine.rstrip("/"))
+        if self.engine.endswith("/v1"):
+            raise InvalidInputError(
+                f"engine {self.engine!r} ends in /v1, so calls would go to /v1/v1/...; give "
+                f"the engine's base URL, {self.engine.removesuffix('/v1')!r}"
+            )
         if not is_loopback(self.host) and not self.api_key:
             raise InvalidInputError(
                 f"host {self.host} is reachable from other machines, and whoever reaches a "

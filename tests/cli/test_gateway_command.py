@@ -24,6 +24,11 @@ def test_an_engine_that_is_no_url_is_refused(capsys: Any, tmp_path: Any) -> None
     assert code == 2 and "--engine" in err and "http" in err
 
 
+def test_an_engine_url_ending_in_v1_is_refused(capsys: Any, tmp_path: Any) -> None:
+    code, err = run(capsys, "--engine", "http://127.0.0.1:8000/v1/", "--store", str(tmp_path))
+    assert code == 2 and "--engine" in err and "'http://127.0.0.1:8000'" in err
+
+
 @pytest.mark.parametrize("port", ["70000", "-1", "eighty"])
 def test_a_port_that_is_no_port_is_refused(capsys: Any, tmp_path: Any, port: str) -> None:
     with pytest.raises(SystemExit) as exit_:
