@@ -145,6 +145,18 @@ def test_the_engine_gave_each_call_exact_ids_and_the_last_turn_a_parsed_tool_cal
         assert [c["function"]["name"] for c in tool_calls] == ["get_weather"]
 
 
+def test_through_the_gateway_the_client_gets_what_the_engine_answers_directly(
+    finalized: Finalized, engine: VllmEngine
+) -> None:
+    words = single_token_words(engine.url, engine.model)
+    direct = run_rollout(
+        engine.url + "/v1", "direct", engine.model, words, SEEDS["plain-0"], streamed=False
+    )
+    for a, b in zip(direct.calls, finalized.rollouts["plain-0"].calls, strict=True):
+        assert (a.prompt_token_ids, a.token_ids) == (b.prompt_token_ids, b.token_ids)
+        assert_logprobs_close(b.logprobs, a.logprobs)
+
+
 def test_the_gateway_exits_0_on_sigterm_after_its_calls(finalized: Finalized) -> None:
     assert finalized.gateway_exit == 0
 
