@@ -52,10 +52,10 @@ from prefect.serializers import JSONSerializer
 
 from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.dataset import RowConsumer
+from capture_core.rows.trainer_rows import batch_rows, read_rows, record_rows
 from capture_core.run.batch_finalize import FinalizedBatch, finalize_batch
 from capture_core.run.part_upload import handoff_batch
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
-from capture_core.run.trainer_rows import batch_rows, read_rows, record_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout

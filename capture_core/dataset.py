@@ -5,7 +5,7 @@ Parquet) in batch order, each as a `RowPart` with `.key` and `.table` (a `pyarro
 after its bytes were checked against the size and sha256 its batch's receipt certifies. A
 part whose bytes differ raises `PartMismatchError` naming the part and the run; it is never
 yielded. `ack(key)` records durably and create-only that consumer `name` consumed that
-part (`capture_core.run.row_cursor`). A new consumer of the same name yields only the parts it
+part (`capture_core.rows.row_cursor`). A new consumer of the same name yields only the parts it
 has not acknowledged, so across crashes every part is acknowledged exactly once per name.
 Acknowledge a part after the training step that used it is durable (its checkpoint): a
 crash before the ack yields the part again to the restored trainer, never skips it.
@@ -44,8 +44,7 @@ from capture_core.errors import (
     RowsNotWrittenError,
     UnreadableAcknowledgementError,
 )
-from capture_core.run.receipt import HandoffReceipt
-from capture_core.run.row_cursor import (
+from capture_core.rows.row_cursor import (
     Acknowledgement,
     Cursor,
     read_stored_receipt,
@@ -53,8 +52,9 @@ from capture_core.run.row_cursor import (
     receipt_keys,
     validate_consumer_name,
 )
+from capture_core.rows.trainer_rows import read_rows
+from capture_core.run.receipt import HandoffReceipt
 from capture_core.run.run_layout import RunLayout
-from capture_core.run.trainer_rows import read_rows
 from capture_core.run.verified_read import verified_bytes, verified_decode
 from capture_core.storage import open_byte_store
 

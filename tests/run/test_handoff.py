@@ -11,12 +11,12 @@ import orjson
 import pytest
 
 from capture_core.errors import HandoffConflictError, PartMismatchError
+from capture_core.rows.trainer_rows import batch_rows, read_rows
 from capture_core.run.batch_finalize import FinalizedBatch
 from capture_core.run.part_upload import handoff_batch, upload_part
 from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
 from capture_core.run.retire_verdict import retirable
 from capture_core.run.retirement import retire_receipt
-from capture_core.run.trainer_rows import batch_rows, read_rows
 from capture_core.run.verified_read import verified_decode, verify_part
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore

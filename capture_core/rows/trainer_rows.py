@@ -35,7 +35,7 @@ from capture_core.builder.build_result import MASK_SAMPLE_KEY
 from capture_core.errors import InvalidInputError, InvalidRecordError
 from capture_core.ids import index_value, maybe_rollout_id_from_run_body
 from capture_core.records.served import response_items
-from capture_core.run.row_provenance import (
+from capture_core.rows.row_provenance import (
     RowVersions,
     chain_calls,
     chain_spans,
