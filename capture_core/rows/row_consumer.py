@@ -178,9 +178,14 @@ class RowConsumer:
             )
         return self.cursor.acknowledged(receipt) is not None
 
-    def verified(self, receipt: HandoffReceipt, columns: Sequence[str] | None = None) -> RowPart:
+    def verified(
+        self,
+        receipt: HandoffReceipt,
+        columns: Sequence[str] | None = None,
+        skip: Sequence[str] = (),
+    ) -> RowPart:
         """The receipt's rows part, verified, decoded (only `columns` and what staleness
-        masking reads, when given) and masked as this consumer's settings say."""
+        masking reads, when given; without `skip`) and masked as this consumer says."""
         rows = receipt.rows
         assert rows is not None
         dest = self.layout.dest
@@ -188,7 +193,7 @@ class RowConsumer:
             columns = [*columns, *(c for c in STALENESS_COLUMNS if c not in columns)]
 
         def decode(data: bytes) -> pa.Table:
-            return read_rows(data, use_threads=self.use_threads, columns=columns)
+            return read_rows(data, use_threads=self.use_threads, columns=columns, skip=skip)
 
         if self.use_threads:
             table = verified_decode(

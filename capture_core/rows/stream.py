@@ -107,7 +107,8 @@ class RowStream:
 
     Iterating yields `RowPart`s naming their `run_id`; their keys hold the run id, so they are
     unique across runs. `ack(key)` acknowledges one. `columns` reads only those columns
-    (the ones staleness masking needs are read as well). Staleness settings are
+    (the ones staleness masking needs are read as well); without it every column is read but
+    `weight_version`, unless staleness masking needs it. Staleness settings are
     `RowConsumer`'s; `current_weight_version` may be set while streaming.
     """
 
@@ -164,12 +165,17 @@ class RowStream:
             found = self._poll()
             for pending in found:
                 consumer = self.runs[pending.run_id]
-                part = consumer.verified(pending.receipt, self.columns)
+                part = consumer.verified(pending.receipt, self.columns, self._skipped())
                 self.yielded.add(part.key)
                 yield replace(part, run_id=pending.run_id)
             if not self.follow:
                 return
             time.sleep(self.poll_seconds)
+
+    def _skipped(self) -> tuple[str, ...]:
+        """`weight_version` is decoded only for staleness masking or when asked for."""
+        masking = self.template.staleness is not None
+        return () if masking or self.columns is not None else ("weight_version",)
 
     def ack(self, key: str) -> Acknowledgement:
         """Record, create-only and durably, that this consumer consumed part `key` (a

@@ -26,8 +26,15 @@ def parts(tmp_path) -> list[pa.Table]:
     where["rollouts"] = str(tmp_path / "in" / "rollouts.jsonl")
     land_run(where, "c1", task=1, rollouts=3)
     land_run(where, "c2", task=2, rollouts=2)
+    plain = [p.table for p in RowStream(where["dest"], "plain", follow=False)]
+    assert plain and all("weight_version" not in t.column_names for t in plain), (
+        "weight_version is decoded only when masking or asked for"
+    )
+    projected = RowStream(where["dest"], "p", follow=False, columns=["token_ids", "reward"])
+    assert {tuple(p.table.column_names) for p in projected} == {("token_ids", "reward")}
     tables = []
-    for n, part in enumerate(RowStream(where["dest"], "t", follow=False)):
+    wanted = ["token_ids", "generation_logprobs", "loss_mask", "weight_version"]
+    for n, part in enumerate(RowStream(where["dest"], "t", follow=False, columns=wanted)):
         table = part.table
         loss = table.column("loss_mask").to_pylist()
         versions = [
