@@ -53,6 +53,7 @@ ROW_GROUP_TOKENS = 1 << 20
 """Tokens per row group at most (a group of one longer row is that row): about 9 MB of
 token ids, log probs and mask in memory per group while streaming."""
 INT32_MAX = 2**31 - 1
+SMALL_PART_BYTES = 1 << 20
 WRITE_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     # Token ids and log probs are near-random numbers: dictionaries do not pay, while split
@@ -401,12 +402,16 @@ def read_rows(
     least one chunk per row group, about a sixth less time and CPU than the file reader's
     single chunk per column. `use_threads=False` decodes on the calling thread through the file
     reader, since the scanner under `read_table` uses pyarrow's threads even then.
-    `columns` decodes only those (a projection: the others are never decompressed); `skip`
-    leaves those out of every column the part has.
+    A part smaller than `SMALL_PART_BYTES` is read by the file reader alone (with threads
+    when asked): the scanner's set-up costs such a part more than it saves. `columns`
+    decodes only those (a projection: the others are never decompressed); `skip` leaves
+    those out of every column the part has.
     """
     names = None if columns is None else list(columns)
     if names is None and skip:
         names = [n for n in pq.read_schema(pa.BufferReader(data)).names if n not in skip]
+    if len(data) < SMALL_PART_BYTES:  # the file reader, still threaded: less set-up
+        return pq.ParquetFile(pa.BufferReader(data)).read(columns=names, use_threads=use_threads)
     if use_threads:
         return pq.read_table(pa.BufferReader(data), columns=names)
     return pq.ParquetFile(pa.BufferReader(data)).read(columns=names, use_threads=False)
