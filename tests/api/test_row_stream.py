@@ -18,6 +18,7 @@ import pytest
 
 from capture_core.dataset import (
     AlreadyAcknowledgedError,
+    PartMismatchError,
     RowConsumer,
     RowStream,
     WorldSizeChangedError,
@@ -85,6 +86,13 @@ def test_two_ranks_read_disjoint_parts_and_a_world_size_change_waits_for_the_dra
     assert again == read, "a part's rank is recorded: a restarted rank reads the same parts"
     for key in read[0]:
         ranks[0].ack(key)
+    dest = open_byte_store(locations["dest"], locations["options"])
+    acked = set()
+    for run in ("r1", "r2"):
+        layout = RunLayout(dest, run)
+        receipts = [read_stored_receipt(layout, key) for key in receipt_keys(layout)]
+        acked |= {r.rows.key for r in acknowledged_receipts(layout, "trainer", receipts) if r.rows}
+    assert acked == set(read[0]), "rank 1 not reading holds back none of rank 0's batches"
     with pytest.raises(WorldSizeChangedError, match="world_size 2.*drain every rank"):
         list(stream(locations, follow=False))
     for key in read[1]:
@@ -132,3 +140,15 @@ def test_a_stream_reader_killed_between_read_and_ack_gets_the_part_again(
     acked = [key for word, *key in lines if word == "acked" for key in key]
     assert yielded == [parts[0], *parts], "the killed read comes again first"
     assert acked == parts, "every part acknowledged exactly once, in stream order"
+
+
+def test_a_part_its_receipt_does_not_vouch_for_is_never_yielded(locations) -> None:
+    parts = land_run(locations, "t1", task=1)
+    dest = open_byte_store(locations["dest"], locations["options"])
+    dest.replace(parts[1], (dest.get(parts[1]) or b"")[:-1] + b"\0")
+    reader = stream(locations, follow=False)
+    yielded = []
+    with pytest.raises(PartMismatchError, match=parts[1]):
+        for part in reader:
+            yielded.append(part.key)
+    assert yielded == [parts[0]]
