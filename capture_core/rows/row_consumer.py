@@ -71,7 +71,7 @@ __all__ = [
     "unknown_version_count",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("capture_core.dataset")  # the public face: its name stays
 
 NOT_YIELDED = "it is not yielded. Restore the part from a copy with that digest, then iterate again"
 

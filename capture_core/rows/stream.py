@@ -41,7 +41,7 @@ from capture_core.run.receipt import HandoffReceipt
 from capture_core.run.run_layout import MANIFEST, RunManifest, ack_key
 from capture_core.storage import ByteStore, open_byte_store
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("capture_core.dataset")  # the public face: its name stays
 
 DEFAULT_POLL_SECONDS = 2.0
 
