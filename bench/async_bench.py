@@ -35,10 +35,10 @@ from bench.ratios import alternate
 from capture_core.dataset import staleness_mask
 from capture_core.records import TokenEntry
 from capture_core.records.provenance import generated_versions
+from capture_core.rows.trainer_rows import read_rows
 from capture_core.run.batch_finalize import FinalizedBatch, finalize_batch
 from capture_core.run.part_upload import handoff_batch
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
-from capture_core.run.trainer_rows import read_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.async_workload import (

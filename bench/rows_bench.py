@@ -27,6 +27,8 @@ For one batch of synthetic agent rollouts finalized from a local store:
   per-pair ratios of wall seconds, CPU beside, and the rows' own CPU cost alone.
 Goals: bytes at most 0.35x, a trainer's read at least 10x faster, writing rows adds at most
 15%. Prints the load, medians, ranges and ratios; asserts nothing.
+The trainer's read is measured on a large part and on a small one (`--small-rollouts`, about
+34k tokens), where a part's fixed costs weigh most.
 Usage: .venv/bin/python -m bench.rows_bench [--rollouts N] [--turns T] [--repetitions R]
 """
 
@@ -52,10 +54,10 @@ from prefect.serializers import JSONSerializer
 
 from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.dataset import RowConsumer
+from capture_core.rows.trainer_rows import batch_rows, read_rows, record_rows
 from capture_core.run.batch_finalize import FinalizedBatch, finalize_batch
 from capture_core.run.part_upload import handoff_batch
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
-from capture_core.run.trainer_rows import batch_rows, read_rows, record_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
@@ -242,6 +244,34 @@ def trainer_reads(finalized: FinalizedBatch, as_json: bytes, dest: str, pairs: i
     return clocks
 
 
+def print_trainer_read(label: str, trainer: Clocks) -> None:
+    """A trainer's read, each side and each consumer's ratio to the JSON lines file."""
+    for side in trainer.wall:
+        print(
+            f"a trainer's read, {label}, {side}: wall {trainer.seconds('wall', side)}, "
+            f"CPU {trainer.seconds('cpu', side)}"
+        )
+    for side in ("consumer", "consumer, one thread"):
+        goal = " (the goal figure, goal >= 10x)" if side == "consumer" else ""
+        print(
+            f"  {label}, {side} faster than the JSON lines file: wall "
+            f"{trainer.ratio('wall', 'JSON lines file', side)}{goal}; CPU "
+            f"{trainer.ratio('cpu', 'JSON lines file', side)}"
+        )
+
+
+def small_read(work: str, rollouts: int, shape: RolloutShape, pairs: int) -> None:
+    """The trainer's read of a small part (`rollouts` rollouts of the same shape): fixed
+    costs per part (listing, receipt, cursor, the digest) weigh most there."""
+    store, path = f"{work}/small-store", f"{work}/small.jsonl"
+    with open(path, "wb") as f:
+        f.writelines(orjson.dumps(r) + b"\n" for r in capture(store, rollouts, shape))
+    finalized = finalize(path, store, f"{work}/small-warm", "parquet")
+    tokens = len(read_rows(finalized.rows or b"").column("token_ids").combine_chunks().flatten())
+    trainer = trainer_reads(finalized, json_rows(finalized), f"{work}/small-read", pairs)
+    print_trainer_read(f"small part ({tokens:,} tokens)", trainer)
+
+
 def load() -> str:
     """The machine's 1, 5 and 15 minute load averages."""
     return ", ".join(f"{n:.2f}" for n in os.getloadavg())
@@ -252,6 +282,7 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=100)
     parser.add_argument("--turns", type=int, default=16)
     parser.add_argument("--repetitions", type=int, default=7)
+    parser.add_argument("--small-rollouts", type=int, default=3, help="rollouts of the small part")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     shape = RolloutShape(
@@ -303,18 +334,8 @@ def main() -> None:
                     f"wall {reads.ratio('wall', baseline, side)}"
                 )
         trainer = trainer_reads(finalized, as_json, f"{work}/read", 3 * args.repetitions)
-        for side in trainer.wall:
-            print(
-                f"a trainer's read, {side}: wall {trainer.seconds('wall', side)}, "
-                f"CPU {trainer.seconds('cpu', side)}"
-            )
-        for side in ("consumer", "consumer, one thread"):
-            goal = " (the goal figure, goal >= 10x)" if side == "consumer" else ""
-            print(
-                f"  {side} faster than the JSON lines file: wall "
-                f"{trainer.ratio('wall', 'JSON lines file', side)}{goal}; CPU "
-                f"{trainer.ratio('cpu', 'JSON lines file', side)}"
-            )
+        print_trainer_read(f"large part ({tokens:,} tokens)", trainer)
+        small_read(work, args.small_rollouts, shape, 3 * args.repetitions)
         delivered = emitted(finalized)
         encode = Clocks(time.thread_time)
         alternate_sides({"encode": encode.timed("encode", lambda: batch_rows(delivered))}, 5)

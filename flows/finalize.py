@@ -18,11 +18,11 @@ from capture_core.builder import BUILDERS
 from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.config import public_storage_options
 from capture_core.errors import CaptureStoreError
+from capture_core.rows.row_cursor import validate_consumer_name
 from capture_core.run.capture_source import SourceSpec, check_separate_locations
 from capture_core.run.inbox import Claim
 from capture_core.run.mask_reasons import infrastructure_counts
 from capture_core.run.receipt import receipt_key
-from capture_core.run.row_cursor import validate_consumer_name
 from capture_core.run.run_layout import ROW_FORMATS, validate_run_id
 from capture_core.run.run_progress import (
     Lookahead,

@@ -1,7 +1,7 @@
 """Tasks over a run's row consumers: whether a consumer acknowledged a batch's rows part.
 
 Retirement after consumption asks this before retiring a batch; the logic lives in
-`capture_core.run.row_cursor`.
+`capture_core.rows.row_cursor`.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from capture_core.rows.row_cursor import Cursor
 from capture_core.run.receipt import HandoffReceipt
-from capture_core.run.row_cursor import Cursor
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
 from tokcap.tasks.common import tokcap_task

@@ -14,7 +14,7 @@ def test_capture_core_imports_no_prefect_s3fs_or_boto() -> None:
         "import capture_core.builder, capture_core.consumer, capture_core.run.batch_finalize\n"
         "import capture_core.run.part_upload, capture_core.run.retirement\n"
         "import capture_core.run.verified_read\n"
-        "import capture_core.delivery, capture_core.config, capture_core.run.row_cursor\n"
+        "import capture_core.delivery, capture_core.config, capture_core.rows.row_cursor\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('prefect', 's3fs', 'boto3', 'botocore', 'aiobotocore', 'pyarrow'))\n"
         "print(loaded)\n"

@@ -2,11 +2,13 @@
 
 Every import counts, also one inside a function. capture_core's layers point one way:
 storage imports no other layer; store imports storage; builder imports neither; run may
-import builder, store and storage; the gateway may import store and storage; each may use
-the vocabulary (records, ids, protocols, errors). No layer imports the seed API (consumer,
-delivery, config, dataset, the package root) or the test kit. capture_core imports no
-Prefect, tasks or flows; tasks import no flows; nothing in the product imports tests or
-bench. No import circle anywhere.
+import builder, store and storage; rows (the trainer's side) may import run's handoff modules
+(`ROWS_MAY_IMPORT_RUN`), and the run modules `RUN_MAY_IMPORT_ROWS` names may import the row
+writer or cursor back; the gateway may import store and storage; each may use the vocabulary
+(records, ids, protocols, errors). No layer imports the seed API (consumer, delivery, config,
+dataset, the package root) or the test kit. capture_core imports no Prefect, tasks or flows;
+tasks import no flows; nothing in the product imports tests or bench. No import circle
+anywhere.
 Inside the run layer, each module imports only the run modules `RUN_MAY_IMPORT` declares.
 """
 
@@ -30,13 +32,14 @@ FORBIDDEN = {
     "flows": {"tests", "bench"},
 }
 VOCABULARY = {"records", "ids", "protocols", "errors"}
-LAYERS = {"storage", "store", "builder", "run", "gateway"}
+LAYERS = {"storage", "store", "builder", "run", "rows", "gateway"}
 API = {"consumer", "delivery", "config", "dataset", ""}  # "" is the package root
 MAY_IMPORT = {
     "storage": {"storage", "errors"},
     "store": {"store", "storage"} | VOCABULARY,
     "builder": {"builder"} | VOCABULARY,
-    "run": {"run", "builder", "store", "storage"} | VOCABULARY,
+    "run": {"run", "rows", "builder", "store", "storage"} | VOCABULARY,
+    "rows": {"rows", "run", "builder", "storage"} | VOCABULARY,
     # The capture gateway writes through the store's API; nothing below imports it.
     "gateway": {"gateway", "store", "storage"} | VOCABULARY,
     **{name: VOCABULARY for name in VOCABULARY},
@@ -55,9 +58,6 @@ RUN_MAY_IMPORT: dict[str, set[str]] = {
     "rollout_io": {"task_groups"},
     "run_pace": set(),
     "run_layout": {"rollout_io", "task_groups"},  # the manifest's group cap default
-    # Rows place each position's weight version from the record's token_provenance.
-    "row_provenance": set(),
-    "trainer_rows": {"row_provenance", "run_layout"},
     "receipt": {"rollout_io", "run_layout"},
     # The batch path: finalize, hand off, read back as certified, retire by receipt.
     "batch_finalize": {
@@ -66,10 +66,9 @@ RUN_MAY_IMPORT: dict[str, set[str]] = {
         "receipt",
         "rollout_io",
         "run_layout",
-        "trainer_rows",
         "version_tally",
     },
-    "part_upload": {"batch_finalize", "crash_points", "receipt", "trainer_rows"},
+    "part_upload": {"batch_finalize", "crash_points", "receipt"},
     "verified_read": {"receipt"},
     "retire_verdict": {"finalize", "receipt"},
     "retirement": {"concurrency", "crash_points", "receipt", "retire_verdict", "verified_read"},
@@ -78,8 +77,7 @@ RUN_MAY_IMPORT: dict[str, set[str]] = {
     "version_tally": {"run_layout"},
     "run_report": {"mask_reasons", "run_layout", "run_outcome", "version_tally"},
     "run_progress": {"mask_reasons", "receipt", "retirement", "run_layout", "run_report"},
-    "row_cursor": {"crash_points", "receipt", "run_layout"},
-    "run_status": {"receipt", "row_cursor", "run_layout", "run_report"},
+    "run_status": {"receipt", "run_layout", "run_report"},
     "run_index": {"receipt", "run_layout", "run_outcome", "run_report"},
     "inbox": {"rollout_io", "run_layout", "run_report"},
     "capture_source": {"crash_points"},
@@ -93,6 +91,21 @@ batch path (finalize, upload, verified read, retirement) never imports a report 
 so a change to what a run prints cannot change what it hands off or retires; the accounts
 and readers sit on top. A new edge is a decision: make it here, with the code that needs it.
 """
+
+
+ROWS = "capture_core.rows"
+ROWS_MAY_IMPORT_RUN = {"crash_points", "receipt", "run_layout", "verified_read"}
+"""The run modules the rows may build on: a run's layout, its receipts, the verified read.
+Never a report, the inbox or the batch path, so what a run prints or how it finalizes
+cannot change what a trainer reads."""
+RUN_MAY_IMPORT_ROWS: dict[str, set[str]] = {
+    # The handoff writes a batch's rows part beside its records part.
+    "batch_finalize": {"trainer_rows"},
+    "part_upload": {"trainer_rows"},
+    # A run's status shows each consumer's acknowledgements.
+    "run_status": {"row_cursor"},
+}
+"""The only edges from run into rows: the row writer, and the cursor for a run's status."""
 
 
 def module_name(path: Path) -> str:
@@ -416,3 +429,24 @@ def test_run_table_check_reports_a_forbidden_edge_and_an_unlisted_module() -> No
     assert found[1].startswith(f"{RUN}.receipt imports {RUN}.retirement, an edge")
     assert "add 'retirement' to RUN_MAY_IMPORT['receipt']" in found[1]
     assert run_layer_crossings(graph, {**table, "newcomer": set()}) == found[1:]
+
+
+def rows_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Edges between run and rows that `ROWS_MAY_IMPORT_RUN` and `RUN_MAY_IMPORT_ROWS` do
+    not declare, each in words."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            upward = module.startswith(ROWS + ".") and target.startswith(RUN + ".")
+            if upward and target.removeprefix(RUN + ".") not in ROWS_MAY_IMPORT_RUN:
+                found.append(f"{module} imports {target}: rows build on run's handoff only")
+            if module.startswith(RUN + ".") and target.startswith(ROWS + "."):
+                allowed = RUN_MAY_IMPORT_ROWS.get(module.removeprefix(RUN + "."), set())
+                if target.removeprefix(ROWS + ".") not in allowed:
+                    found.append(f"{module} imports {target}: declare it in RUN_MAY_IMPORT_ROWS")
+    return found
+
+
+def test_run_and_rows_import_each_other_only_as_declared() -> None:
+    """The trainer's side reads a run's handoff; a run writes rows and shows acks, no more."""
+    assert rows_crossings(import_graph()) == []

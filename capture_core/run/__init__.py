@@ -7,5 +7,6 @@ and `retirement` retire a batch by receipt, `concurrency` sets how many rollouts
 `run_progress` and `run_report` tally and summarise, `inbox` claims files,
 `capture_source` opens and clears capture sources, `crash_points` names where crash tests
 kill the process.
+A batch's trainer rows, their cursors and the stream over runs live in `capture_core.rows`.
 This layer may import `builder`, `store` and `storage`, never the seed API modules.
 """

@@ -194,7 +194,7 @@ def _rows_part(
     """
     if rows == "none":
         return None, None
-    from capture_core.run.trainer_rows import check_row_format, emitted_rows, encode_rows
+    from capture_core.rows.trainer_rows import check_row_format, emitted_rows, encode_rows
 
     check_row_format(rows)
     key = run_layout.rows_key(run_id, batch.index, batch.sha256)

@@ -61,7 +61,7 @@ def handoff_batch(run_id: str, finalized: FinalizedBatch, dest: ByteStore) -> Ha
             futures.wait([rows_upload])
     rows = None
     if rows_upload is not None and key is not None and data is not None:
-        from capture_core.run.trainer_rows import count_rows
+        from capture_core.rows.trainer_rows import count_rows
 
         rows_digest, rows_size = rows_upload.result()
         rows = RowsPart(key=key, sha256=rows_digest, bytes=rows_size, rows=count_rows(data))

@@ -16,8 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from capture_core.errors import UnreadableReceiptError
-from capture_core.run.receipt import HandoffReceipt
-from capture_core.run.row_cursor import (
+from capture_core.rows.row_cursor import (
     ConsumerProgress,
     acknowledged_receipts,
     consumer_names,
@@ -25,6 +24,7 @@ from capture_core.run.row_cursor import (
     read_stored_receipt,
     receipt_keys,
 )
+from capture_core.run.receipt import HandoffReceipt
 from capture_core.run.run_layout import LedgerLine, RunLayout, RunManifest
 from capture_core.run.run_report import RunSummary, locate, summarize
 from capture_core.storage.io_pool import io_pool

@@ -19,6 +19,7 @@ from typing import Any
 
 from capture_core.config import public_storage_options
 from capture_core.errors import OverlappingLocationsError, is_transient
+from capture_core.rows.row_cursor import validate_consumer_name
 from capture_core.run.capture_source import (
     check_destination,
     check_separate_locations,
@@ -26,7 +27,6 @@ from capture_core.run.capture_source import (
     is_class_spec,
 )
 from capture_core.run.rollout_io import file_fingerprint, file_sha256, open_rollout_file
-from capture_core.run.row_cursor import validate_consumer_name
 from capture_core.run.run_layout import (
     RUN_SETTINGS,
     RunLayout,

@@ -26,7 +26,7 @@ from capture_core.delivery import (
     retire_rollout_token_capture,
     rollout_carries_token_ids,
 )
-from capture_core.run.trainer_rows import record_rows, rows_table
+from capture_core.rows.trainer_rows import record_rows, rows_table
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.support.reliability_figures import record_case

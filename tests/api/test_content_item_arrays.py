@@ -22,7 +22,7 @@ from capture_core.delivery import (
 )
 from capture_core.records import TokenEntry
 from capture_core.records.token_values import TOKEN_FIELDS
-from capture_core.run.trainer_rows import batch_rows, read_rows
+from capture_core.rows.trainer_rows import batch_rows, read_rows
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.support.reliability_figures import record_case

@@ -21,11 +21,11 @@ from capture_core.builder.token_provenance import TOKEN_PROVENANCE_KEY
 from capture_core.builder.trace_envelope import ENVELOPE_KEY, check_envelope
 from capture_core.consumer import trajectories_from_source
 from capture_core.delivery import capture_build_can_retire, finalize_rollout_token_capture
+from capture_core.rows.trainer_rows import read_rows
 from capture_core.run.batch_finalize import finalize_batch
 from capture_core.run.part_upload import handoff_batch
 from capture_core.run.retirement import retire_receipt
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
-from capture_core.run.trainer_rows import read_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.agent_captures import agent_rollouts, write_capture

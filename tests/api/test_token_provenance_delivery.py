@@ -24,9 +24,9 @@ from capture_core.builder.trace_envelope import (
     check_envelope,
 )
 from capture_core.delivery import capture_build_can_retire
+from capture_core.rows.trainer_rows import record_rows, rows_table
 from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
 from capture_core.run.retire_verdict import retirable
-from capture_core.run.trainer_rows import record_rows, rows_table
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout
 from tests.api.test_finalized_input import finalized
 from tests.support.reliability_figures import record_case

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from capture_core.builder.trace_envelope import ENVELOPE_KEY
-from capture_core.run.trainer_rows import read_rows
+from capture_core.rows.trainer_rows import read_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import rollout_record

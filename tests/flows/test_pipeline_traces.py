@@ -10,8 +10,8 @@ import pytest
 
 from capture_core.builder.trace_envelope import ENVELOPE_KEY, check_envelope, trained_tokens
 from capture_core.errors import RunIdInUseError
+from capture_core.rows.trainer_rows import read_rows
 from capture_core.run.run_layout import read_ledger, read_manifest
-from capture_core.run.trainer_rows import read_rows
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import rollout_record

@@ -11,13 +11,13 @@ import orjson
 import pytest
 
 from capture_core.errors import HandoffConflictError, PartMismatchError
+from capture_core.rows.trainer_rows import batch_rows, read_rows
 from capture_core.run.batch_finalize import FinalizedBatch
 from capture_core.run.part_upload import handoff_batch, upload_part
 from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
 from capture_core.run.retire_verdict import retirable
 from capture_core.run.retirement import retire_receipt
-from capture_core.run.trainer_rows import batch_rows, read_rows
-from capture_core.run.verified_read import verified_decode, verify_part
+from capture_core.run.verified_read import DIGEST_BESIDE_BYTES, verified_decode, verify_part
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from tests.store.test_torn_puts import turns
@@ -108,19 +108,23 @@ def test_a_decode_error_of_certified_bytes_is_the_error_raised(dest) -> None:
         verified_decode(dest, receipt, key, size, sha, not_parquet)
 
 
-def test_other_bytes_are_the_mismatch_whatever_decode_made_of_them(dest) -> None:
-    """An edit of the same size decodes while its digest is computed: the result, or the
-    decode error, is discarded and the mismatch is raised."""
-    receipt, key, size, sha = certified(dest, b"certified\n")
-    dest.replace(key, b"CERTIFIED\n")
+@pytest.mark.parametrize("size", [10, DIGEST_BESIDE_BYTES + 10])
+def test_other_bytes_are_the_mismatch_whatever_decode_made_of_them(dest, size: int) -> None:
+    """An edit of the same size of a large part decodes while its digest is computed: the
+    result, or the decode error, is discarded and the mismatch is raised. A small part is
+    hashed first, so its edit is never decoded at all."""
+    pad = b"x" * (size - 10)
+    receipt, key, size, sha = certified(dest, pad + b"certified\n")
+    dest.replace(key, pad + b"CERTIFIED\n")
     decoded: list[bytes] = []
 
     for decode in (decoded.append, not_parquet):
-        with pytest.raises(PartMismatchError, match="certifies 10 bytes") as refused:
+        with pytest.raises(PartMismatchError, match=f"certifies {size} bytes") as refused:
             verified_decode(dest, receipt, key, size, sha, decode)
         error = refused.value  # the decode error is not reported, not even as context
         assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
-    assert decoded == [b"CERTIFIED\n"]  # decoded once, never returned
+    large = size >= DIGEST_BESIDE_BYTES
+    assert decoded == ([pad + b"CERTIFIED\n"] if large else [])  # never returned
 
 
 def test_a_part_of_another_size_is_never_decoded(dest) -> None:
@@ -185,9 +189,11 @@ def test_randomly_edited_rows_parts_are_refused_as_the_mismatch_without_a_large_
 
 def test_an_interrupt_while_decoding_is_raised_as_it_is(dest) -> None:
     """Ctrl-C during a decode of other bytes stays a `KeyboardInterrupt`, never the mismatch
-    (a trainer that handles mismatches and goes on would swallow it)."""
-    receipt, key, size, sha = certified(dest, b"certified\n")
-    dest.replace(key, b"CERTIFIED\n")
+    (a trainer that handles mismatches and goes on would swallow it). A part large enough
+    to be decoded beside its digest, since a small one is never decoded unverified."""
+    pad = b"x" * DIGEST_BESIDE_BYTES
+    receipt, key, size, sha = certified(dest, pad + b"certified\n")
+    dest.replace(key, pad + b"CERTIFIED\n")
 
     def interrupted(data: bytes) -> bytes:
         raise KeyboardInterrupt

@@ -24,8 +24,8 @@ from capture_core.dataset import (
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.errors import InvalidInputError, InvalidRecordError
 from capture_core.records import TokenEntry
-from capture_core.run import trainer_rows
-from capture_core.run.row_provenance import NO_WEIGHT_VERSION
+from capture_core.rows import trainer_rows
+from capture_core.rows.row_provenance import NO_WEIGHT_VERSION
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.agent_captures import agent_rollouts
 from capture_core.testing.synthetic import RolloutShape, rollout_record

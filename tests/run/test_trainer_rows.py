@@ -16,10 +16,10 @@ import pytest
 
 from bench.rows_bench import capture, json_rows
 from capture_core.errors import InvalidRecordError
-from capture_core.run import trainer_rows
+from capture_core.rows import trainer_rows
+from capture_core.rows.trainer_rows import batch_rows, read_rows, record_rows
 from capture_core.run.batch_finalize import finalize_batch
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
-from capture_core.run.trainer_rows import batch_rows, read_rows, record_rows
 from capture_core.store import TokenCaptureStore, compact
 from capture_core.store.capture_layout import call_key
 from capture_core.store.stored_json import ENCODE_OPTIONS as SORTED

@@ -31,7 +31,7 @@ from capture_core.errors import (
     MixedLayoutError,
 )
 from capture_core.records import TokenEntry
-from capture_core.run.trainer_rows import record_rows
+from capture_core.rows.trainer_rows import record_rows
 from capture_core.store import TokenCaptureStore
 from capture_core.store.nemo_gym_store import NemoGymFileStore
 from capture_core.testing.conformance import CHECKS, run_conformance

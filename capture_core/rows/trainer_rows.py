@@ -35,7 +35,7 @@ from capture_core.builder.build_result import MASK_SAMPLE_KEY
 from capture_core.errors import InvalidInputError, InvalidRecordError
 from capture_core.ids import index_value, maybe_rollout_id_from_run_body
 from capture_core.records.served import token_carriers
-from capture_core.run.row_provenance import (
+from capture_core.rows.row_provenance import (
     RowVersions,
     chain_calls,
     chain_spans,
@@ -53,6 +53,7 @@ ROW_GROUP_TOKENS = 1 << 20
 """Tokens per row group at most (a group of one longer row is that row): about 9 MB of
 token ids, log probs and mask in memory per group while streaming."""
 INT32_MAX = 2**31 - 1
+SMALL_PART_BYTES = 1 << 20
 WRITE_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     # Token ids and log probs are near-random numbers: dictionaries do not pay, while split
@@ -390,7 +391,12 @@ def count_rows(data: bytes) -> int:
     return pq.read_metadata(pa.BufferReader(data)).num_rows
 
 
-def read_rows(data: bytes, use_threads: bool = True) -> pa.Table:
+def read_rows(
+    data: bytes,
+    use_threads: bool = True,
+    columns: Sequence[str] | None = None,
+    skip: Sequence[str] = (),
+) -> pa.Table:
     """A rows part's bytes as a table (the caller has verified them).
 
     By default decoded as `pyarrow.parquet.read_table` decodes: row groups and columns in
@@ -398,7 +404,16 @@ def read_rows(data: bytes, use_threads: bool = True) -> pa.Table:
     least one chunk per row group, about a sixth less time and CPU than the file reader's
     single chunk per column. `use_threads=False` decodes on the calling thread through the file
     reader, since the scanner under `read_table` uses pyarrow's threads even then.
+    A part smaller than `SMALL_PART_BYTES` is read by the file reader alone (with threads
+    when asked): the scanner's set-up costs such a part more than it saves. `columns`
+    decodes only those (a projection: the others are never decompressed); `skip` leaves
+    those out of every column the part has.
     """
+    names = None if columns is None else list(columns)
+    if names is None and skip:
+        names = [n for n in pq.read_schema(pa.BufferReader(data)).names if n not in skip]
+    if len(data) < SMALL_PART_BYTES:  # the file reader, still threaded: less set-up
+        return pq.ParquetFile(pa.BufferReader(data)).read(columns=names, use_threads=use_threads)
     if use_threads:
-        return pq.read_table(pa.BufferReader(data))
-    return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
+        return pq.read_table(pa.BufferReader(data), columns=names)
+    return pq.ParquetFile(pa.BufferReader(data)).read(columns=names, use_threads=False)

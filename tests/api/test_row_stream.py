@@ -1,0 +1,154 @@
+"""`RowStream`: every run of a destination, exactly once per consumer name, across ranks.
+
+Runs land from a thread while the stream follows them (local disk and S3 through moto); a
+reader SIGKILLed between read and acknowledgement gets the part again; two ranks read
+disjoint parts; a change of `world_size` is refused until every rank is drained; the
+stream's acknowledgements are the ones retirement after a consumer reads.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from capture_core.dataset import (
+    AlreadyAcknowledgedError,
+    PartMismatchError,
+    RowConsumer,
+    RowStream,
+    WorldSizeChangedError,
+)
+from capture_core.rows.row_cursor import acknowledged_receipts, read_stored_receipt, receipt_keys
+from capture_core.run.run_layout import RunLayout
+from capture_core.storage import open_byte_store
+from tests.support.pipeline_helpers import REPO
+from tests.support.stream_runs import land_run
+
+DEADLINE = 120.0
+
+
+def stream(locations: dict, name: str = "trainer", **settings: object) -> RowStream:
+    return RowStream(locations["dest"], name, storage_options=locations["options"], **settings)
+
+
+def test_a_stream_follows_runs_as_they_land_and_resumes_what_was_not_acknowledged(
+    locations,
+) -> None:
+    first = land_run(locations, "run-a", task=1)
+    later: list[str] = []
+    landing = threading.Thread(
+        target=lambda: later.extend(
+            land_run(locations, "run-b", task=2) + land_run(locations, "run-c", task=3)
+        )
+    )
+    reader = stream(locations, follow=True, poll_seconds=0.05)
+    seen: list[tuple[str | None, str]] = []
+    deadline = time.monotonic() + DEADLINE
+    landing.start()
+    for part in reader:
+        seen.append((part.run_id, part.key))
+        assert part.key.startswith(f"{part.run_id}/rows/")
+        if len(seen) <= 5:  # the last part stays unacknowledged: a crash before its ack
+            reader.ack(part.key)
+        if len(seen) == 6 or time.monotonic() > deadline:
+            break
+    landing.join(DEADLINE)
+    assert [key for _, key in seen[:2]] == first, "run-a was there first, in batch order"
+    assert sorted(key for _, key in seen) == sorted(first + later), "every part, once"
+    for run in ("run-a", "run-b", "run-c"):
+        keys = [key for run_id, key in seen if run_id == run]
+        assert keys == sorted(keys), f"{run}'s parts in batch order"
+    again = [part.key for part in stream(locations, follow=False)]
+    assert again == [seen[5][1]], "a restart yields only the part never acknowledged"
+    run_id, key = seen[0]
+    with pytest.raises(AlreadyAcknowledgedError):  # the stream's ack is RowConsumer's own
+        RowConsumer(locations["dest"], run_id or "", "trainer", locations["options"]).ack(key)
+    other = [part.key for part in stream(locations, "other", follow=False)]
+    assert sorted(other) == sorted(first + later), "another name reads every run anew"
+
+
+def test_two_ranks_read_disjoint_parts_and_a_world_size_change_waits_for_the_drain(
+    locations,
+) -> None:
+    parts = land_run(locations, "r1", task=1, rollouts=6) + land_run(locations, "r2", task=2)
+    ranks = [stream(locations, rank=r, world_size=2, follow=False) for r in (0, 1)]
+    read = [[part.key for part in rank] for rank in ranks]
+    assert read[0] and read[1], "both ranks get parts"
+    assert set(read[0]).isdisjoint(read[1]) and sorted(read[0] + read[1]) == sorted(parts)
+    again = [
+        [part.key for part in stream(locations, rank=r, world_size=2, follow=False)] for r in (0, 1)
+    ]
+    assert again == read, "a part's rank is recorded: a restarted rank reads the same parts"
+    for key in read[0]:
+        ranks[0].ack(key)
+    dest = open_byte_store(locations["dest"], locations["options"])
+    acked = set()
+    for run in ("r1", "r2"):
+        layout = RunLayout(dest, run)
+        receipts = [read_stored_receipt(layout, key) for key in receipt_keys(layout)]
+        acked |= {r.rows.key for r in acknowledged_receipts(layout, "trainer", receipts) if r.rows}
+    assert acked == set(read[0]), "rank 1 not reading holds back none of rank 0's batches"
+    with pytest.raises(WorldSizeChangedError, match="world_size 2.*drain every rank"):
+        list(stream(locations, follow=False))
+    for key in read[1]:
+        ranks[1].ack(key)
+    assert [p.key for p in stream(locations, follow=False)] == [], "drained: size 1 accepted"
+    new = land_run(locations, "r3", task=3)
+    assert [p.key for p in stream(locations, follow=False)] == new
+
+
+def test_acknowledgements_through_the_stream_are_the_ones_retirement_waits_for(
+    locations,
+) -> None:
+    land_run(locations, "x1", task=1)
+    land_run(locations, "x2", task=2)
+    reader = stream(locations, follow=False)
+    for part in reader:
+        reader.ack(part.key)
+    dest = open_byte_store(locations["dest"], locations["options"])
+    for run in ("x1", "x2"):
+        layout = RunLayout(dest, run)
+        receipts = [read_stored_receipt(layout, key) for key in receipt_keys(layout)]
+        assert acknowledged_receipts(layout, "trainer", receipts) == receipts
+        assert list(RowConsumer(locations["dest"], run, "trainer", locations["options"])) == []
+
+
+WORKER = [sys.executable, "-m", "tests.support.row_stream_worker"]
+
+
+def test_a_stream_reader_killed_between_read_and_ack_gets_the_part_again(
+    locations, tmp_path
+) -> None:
+    parts = land_run(locations, "k1", task=1) + land_run(locations, "k2", task=2)
+    log = str(tmp_path / "stream.log")
+    endpoint = (locations["options"] or {}).get("endpoint_url")
+    args = [locations["dest"], "trainer", log, *([endpoint] if endpoint else [])]
+    for crash in ({"TOKCAP_KILL_BETWEEN": "1"}, {}):
+        env = {**os.environ, "PYTHONPATH": REPO, **crash}
+        run = subprocess.run(
+            [*WORKER, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == (-9 if crash else 0), run.stderr
+    with open(log) as f:
+        lines = [line.split() for line in f.read().splitlines()]
+    yielded = [key for word, *key in lines if word == "yield" for key in key]
+    acked = [key for word, *key in lines if word == "acked" for key in key]
+    assert yielded == [parts[0], *parts], "the killed read comes again first"
+    assert acked == parts, "every part acknowledged exactly once, in stream order"
+
+
+def test_a_part_its_receipt_does_not_vouch_for_is_never_yielded(locations) -> None:
+    parts = land_run(locations, "t1", task=1)
+    dest = open_byte_store(locations["dest"], locations["options"])
+    dest.replace(parts[1], (dest.get(parts[1]) or b"")[:-1] + b"\0")
+    reader = stream(locations, follow=False)
+    yielded = []
+    with pytest.raises(PartMismatchError, match=parts[1]):
+        for part in reader:
+            yielded.append(part.key)
+    assert yielded == [parts[0]]
