@@ -51,7 +51,11 @@ from bench.ratios import (
     timed,
 )
 from capture_core.delivery import finalize_rollout_token_capture
-from capture_core.run.concurrency import finalize_concurrency
+
+try:
+    from capture_core.run.concurrency import finalize_concurrency
+except ImportError:  # a tree before the run layer was split (`--against` an older revision)
+    from capture_core.run.handoff import finalize_concurrency  # type: ignore[no-redef]
 from capture_core.store import TokenCaptureStore
 from capture_core.store.capture_entries import encode_entry
 from capture_core.store.nemo_gym_store import NemoGymFileStore

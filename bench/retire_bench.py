@@ -50,9 +50,18 @@ from bench.ratios import (
 )
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.protocols import TokenCaptureSnapshot
-from capture_core.run.concurrency import store_concurrency
-from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
-from capture_core.run.retirement import retire_receipt
+
+try:
+    from capture_core.run.concurrency import store_concurrency
+    from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
+    from capture_core.run.retirement import retire_receipt
+except ImportError:  # a tree before the run layer was split (`--against` an older revision)
+    from capture_core.run.handoff import (  # type: ignore[no-redef]
+        HandoffReceipt,
+        RolloutOutcome,
+        retire_receipt,
+        store_concurrency,
+    )
 from capture_core.storage import ByteStore, open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.store.nemo_gym_store import NemoGymFileStore
