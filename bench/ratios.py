@@ -293,4 +293,13 @@ def report_against(
         rr = [n / o for n, o in zip(ratios[new][i], ratios[old][i], strict=True)]
         lines.append(f"  {kind} ratio {new} / {old}: {spread(rr)}")
         lines.append(f"    {verdict(rr)}")
+    # Load only adds time, so each side's fastest repetition is its least disturbed one.
+    fastest = {
+        name: min(m.cpu for m in meas) / min(b.cpu for b in base)
+        for name, (base, meas) in samples.items()
+    }
+    lines.append(
+        f"  fastest CPU per side: {new} {fastest[new]:.3f}x, {old} {fastest[old]:.3f}x, "
+        f"{new} / {old} = {fastest[new] / fastest[old]:.3f}"
+    )
     return lines
