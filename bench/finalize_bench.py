@@ -9,8 +9,13 @@ in its layout), is finalized the same way, at the same concurrency. The three si
 alternate over the repetitions; each finalize runs on a fresh copy of its captured store (a
 freeze is done once). Peak RSS is measured in a fresh
 process that finalizes one rollout. Prints medians, ranges and ratios; asserts nothing.
+Every side is timed in wall and CPU seconds (`bench.ratios`); both ratios print with their
+spread. With `--against REV`, it instead finalizes the same workload with this tree's
+`capture_core` and `REV`'s, each in its own long-lived process that captured its own store,
+alternated with an orjson parse in the same process, and prints each tree's finalize/parse
+and the ratio of the two (`--against .` runs this tree against itself: the A/A spread).
 Usage: .venv/bin/python -m bench.finalize_bench [--preset many|long|all] [--rollouts N]
-       [--repetitions R] [--dir D] [--concurrency C]
+       [--repetitions R] [--dir D] [--concurrency C] [--against REV]
 """
 
 from __future__ import annotations
@@ -31,9 +36,26 @@ from dataclasses import dataclass
 import orjson
 
 from bench import filesystem
-from bench.ratios import alternate_sides, describe_seconds, median
+from bench.ratios import (
+    Sample,
+    Stopwatch,
+    TreeSides,
+    against,
+    alternate_samples,
+    composed_root,
+    describe_ratio,
+    describe_samples,
+    load,
+    report_against,
+    serve,
+    timed,
+)
 from capture_core.delivery import finalize_rollout_token_capture
-from capture_core.run.concurrency import finalize_concurrency
+
+try:
+    from capture_core.run.concurrency import finalize_concurrency
+except ImportError:  # a tree before the run layer was split (`--against` an older revision)
+    from capture_core.run.handoff import finalize_concurrency  # type: ignore[no-redef]
 from capture_core.store import TokenCaptureStore
 from capture_core.store.capture_entries import encode_entry
 from capture_core.store.nemo_gym_store import NemoGymFileStore
@@ -104,14 +126,15 @@ def full_prompt_blobs(root: str) -> list[bytes]:
     ]
 
 
-def parse_seconds(blobs: list[bytes]) -> float:
-    start = time.perf_counter()
-    for blob in blobs:
-        orjson.loads(blob)
-    return time.perf_counter() - start
+def parse_seconds(blobs: list[bytes]) -> Sample:
+    def parse() -> None:
+        for blob in blobs:
+            orjson.loads(blob)
+
+    return timed(parse)
 
 
-def finalize_seconds(root: str, records: list[dict], concurrency: int = 1) -> tuple[float, int]:
+def finalize_seconds(root: str, records: list[dict], concurrency: int = 1) -> tuple[Sample, int]:
     """Seconds to finalize `records`, `concurrency` rollouts at once (as `finalize_batch`
     does), and how many masked."""
     store = TokenCaptureStore(root)
@@ -128,9 +151,9 @@ def finalize_seconds(root: str, records: list[dict], concurrency: int = 1) -> tu
 
         return sum(await asyncio.gather(*map(one, records)))
 
-    start = time.perf_counter()
-    masked = asyncio.run(run())
-    return time.perf_counter() - start, masked
+    with Stopwatch() as watch:
+        masked = asyncio.run(run())
+    return watch.sample, masked
 
 
 def high_water_rss() -> int:
@@ -182,20 +205,13 @@ def peak_rss(root: str, record: dict) -> tuple[int, int]:
     return figures["before"], figures["after"]
 
 
-def durable_copy(source: str, target: str) -> None:
-    """Copy a file and fsync it, so a timed freeze's fsyncs never flush the copy's data."""
-    shutil.copy2(source, target)
-    fd = os.open(target, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def finalize_fresh(template: str, records: list[dict], concurrency: int = 1) -> float:
+def finalize_fresh(template: str, records: list[dict], concurrency: int = 1) -> Sample:
     """Seconds to finalize `records` from a fresh copy of the captured store `template`."""
     copy = f"{template}-run"
-    shutil.copytree(template, copy, copy_function=durable_copy)
+    shutil.copytree(template, copy)
+    # Flushed before the timed region, so a timed freeze's fsyncs never flush the copy's data;
+    # one sync, not an fsync per file (3,200 of them took about 25 s at load 20).
+    os.sync()
     try:
         return finalize_seconds(copy, records, concurrency)[0]
     finally:
@@ -225,8 +241,8 @@ def run_preset(
             f"{stored / 2**20:.1f} MiB stored, {sum(map(len, full)) / 2**20:.1f} MiB as "
             f"full-prompt JSON (captured in both layouts in {time.perf_counter() - start:.1f}s)"
         )
-        load_before = os.getloadavg()[0]
-        seconds = alternate_sides(
+        load_before = load()
+        seconds = alternate_samples(
             {
                 "parse": lambda: parse_seconds(full),
                 "tokcap": lambda: finalize_fresh(root, records, concurrency),
@@ -234,21 +250,14 @@ def run_preset(
             },
             repetitions,
         )
-        ratios = {
-            side: [t / p for t, p in zip(seconds[side], seconds["parse"], strict=True)]
-            for side in ("tokcap", "nemo_gym")
-        }
-        print(f"orjson parse, full-prompt JSON: {describe_seconds(seconds['parse'])}")
+        print(f"orjson parse, full-prompt JSON: {describe_samples(seconds['parse'])}")
         for side, name in (("tokcap", "tokcap"), ("nemo_gym", "NeMo Gym's file store")):
-            r = ratios[side]
-            print(
-                f"finalize from {name}: {describe_seconds(seconds[side])}; finalize/parse = "
-                f"{median(r):.2f}x (range {min(r):.2f}-{max(r):.2f})"
-            )
+            print(f"finalize from {name}: {describe_samples(seconds[side])}")
+            print(f"  finalize/parse: {describe_ratio(seconds[side], seconds['parse'])}")
+        print(f"tokcap / NeMo Gym: {describe_ratio(seconds['tokcap'], seconds['nemo_gym'])}")
         print(
-            f"goal: tokcap <= 2x; tokcap / NeMo Gym = "
-            f"{median(seconds['tokcap']) / median(seconds['nemo_gym']):.2f}x; load average "
-            f"(1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
+            f"goal: tokcap <= 1.5x parse; load average (1 min) {load_before:.1f} before, "
+            f"{load():.1f} after"
         )
         if key == "long":
             before, after = peak_rss_of_one_rollout(preset.shape)
@@ -262,11 +271,71 @@ def run_preset(
         shutil.rmtree(gym_root, ignore_errors=True)
 
 
+def serve_preset(
+    key: str, rollouts: int | None, space: str | None, concurrency: int | None
+) -> None:
+    """Child of `--against`: capture the preset with this process's `capture_core`, then
+    answer `parse` and `finalize` requests (`bench.ratios.serve`)."""
+    preset = PRESETS[key]
+    root = tempfile.mkdtemp(prefix=f"tokcap-bench-{key}-", dir=space)
+    try:
+        records = write_captures(root, preset, rollouts or preset.rollouts)
+        full = full_prompt_blobs(root)
+        limit = concurrency or finalize_concurrency(TokenCaptureStore(root))
+        serve(
+            {
+                "parse": lambda: parse_seconds(full),
+                "finalize": lambda: finalize_fresh(root, records, limit),
+            }
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_against(
+    rev: str,
+    key: str,
+    rollouts: int | None,
+    repetitions: int,
+    space: str | None,
+    concurrency: int | None,
+) -> None:
+    """This tree's finalize/parse against `rev`'s, alternated in one run."""
+    work = tempfile.mkdtemp(prefix="tokcap-bench-against-", dir=space)
+    args = ["--preset", key, *(["--rollouts", str(rollouts)] if rollouts else [])]
+    args += [
+        *(["--dir", space] if space else []),
+        *(["--concurrency", str(concurrency)] if concurrency else []),
+    ]
+    names = {"this tree": ".", rev if rev != "." else "this tree again": rev}
+    trees = {}
+    try:
+        for name, tree in names.items():
+            trees[name] = TreeSides(composed_root(tree, work), "bench.finalize_bench", args)
+        before = load()
+        samples = against(trees, "parse", "finalize", repetitions)
+        print(
+            f"\n== finalize {PRESETS[key].name}: finalize/parse per tree, load {before:.1f} "
+            f"before, {load():.1f} after"
+        )
+        for line in report_against(samples, *names):
+            print(line)
+    finally:
+        for tree in trees.values():
+            tree.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     logging.getLogger("capture_core").setLevel(logging.ERROR)
     if len(sys.argv) == 4 and sys.argv[1] == "--rss-child":
         peak_rss_child(sys.argv[2], orjson.loads(sys.argv[3]))
         return
+    if sys.argv[1:2] == ["--serve"]:
+        sys.argv.pop(1)
+        serving = True
+    else:
+        serving = False
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--preset", choices=["many", "long", "all"], default="all")
     parser.add_argument("--rollouts", type=int, default=None, help="override the rollout count")
@@ -280,10 +349,21 @@ def main() -> None:
         default=None,
         help="rollouts finalized at once, as finalize_batch does (1: one after another)",
     )
+    parser.add_argument(
+        "--against", help="compare finalize/parse with this revision's capture_core ('.': A/A)"
+    )
     args = parser.parse_args()
+    if serving:
+        serve_preset(args.preset, args.rollouts, args.dir, args.concurrency)
+        return
     print(filesystem.describe(args.dir or tempfile.gettempdir()))
     for key in ("many", "long") if args.preset == "all" else (args.preset,):
-        run_preset(key, args.rollouts, args.repetitions, args.dir, args.concurrency)
+        if args.against:
+            run_against(
+                args.against, key, args.rollouts, args.repetitions, args.dir, args.concurrency
+            )
+        else:
+            run_preset(key, args.rollouts, args.repetitions, args.dir, args.concurrency)
 
 
 if __name__ == "__main__":

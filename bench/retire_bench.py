@@ -11,7 +11,12 @@ unlink every file the
 capture holds, then fsync each rollout folder once (no decision, no tombstone, no
 verification), with as many threads as retirement's concurrency. Prints each side's median
 and range and tokcap's ratio to both. Asserts nothing.
+Every side is timed in wall and CPU seconds (`bench.ratios`); both ratios print with their
+spread. With `--against REV`, each tree (this one and `REV`'s `capture_core`) runs in its own
+long-lived process, its retirement alternated with NeMo Gym's store's in that process, and
+the ratio of the trees' ratios prints (`--against .`: this tree against itself, the A/A spread).
 Usage: .venv/bin/python -m bench.retire_bench [--repetitions R] [--preset many|long|all]
+       [--against REV]
 """
 
 from __future__ import annotations
@@ -22,20 +27,41 @@ import hashlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
 from bench.finalize_bench import PRESETS
-from bench.ratios import alternate_sides, describe_seconds, median
+from bench.ratios import (
+    Sample,
+    Stopwatch,
+    TreeSides,
+    against,
+    alternate_samples,
+    composed_root,
+    describe_ratio,
+    describe_samples,
+    load,
+    report_against,
+    serve,
+)
 from capture_core.delivery import finalize_rollout_token_capture
 from capture_core.protocols import TokenCaptureSnapshot
-from capture_core.run.concurrency import store_concurrency
-from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
-from capture_core.run.retirement import retire_receipt
+
+try:
+    from capture_core.run.concurrency import store_concurrency
+    from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
+    from capture_core.run.retirement import retire_receipt
+except ImportError:  # a tree before the run layer was split (`--against` an older revision)
+    from capture_core.run.handoff import (  # type: ignore[no-redef]
+        HandoffReceipt,
+        RolloutOutcome,
+        retire_receipt,
+        store_concurrency,
+    )
 from capture_core.storage import ByteStore, open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.store.nemo_gym_store import NemoGymFileStore
@@ -97,7 +123,7 @@ class OneByOne:
 
 def retire_seconds(
     key: str, rollouts: int, layout: str = "tokcap", one_by_one: bool = False
-) -> float:
+) -> Sample:
     root, snapshots = captured(key, rollouts, layout)
     store = STORES[layout](root)
     receipt = HandoffReceipt(
@@ -121,19 +147,18 @@ def retire_seconds(
     )
     part = finalized_part(store, rollouts)
     try:
-        start = time.perf_counter()
-        dest = handed_off(receipt, part)
-        source = OneByOne(store) if one_by_one else store
-        outcome = asyncio.run(retire_receipt(receipt, source, dest))
-        seconds = time.perf_counter() - start
+        with Stopwatch() as watch:
+            dest = handed_off(receipt, part)
+            source = OneByOne(store) if one_by_one else store
+            outcome = asyncio.run(retire_receipt(receipt, source, dest))
         assert len(outcome.retired) == rollouts, outcome
-        return seconds
+        return watch.sample
     finally:
         store.close_now()
         shutil.rmtree(root, ignore_errors=True)
 
 
-def raw_seconds(key: str, rollouts: int) -> float:
+def raw_seconds(key: str, rollouts: int) -> Sample:
     root, _snapshots = captured(key, rollouts)
 
     def remove(i: int) -> None:
@@ -147,24 +172,64 @@ def raw_seconds(key: str, rollouts: int) -> float:
         os.close(fd)
 
     try:
-        start = time.perf_counter()
-        with ThreadPoolExecutor(store_concurrency()) as pool:
+        with Stopwatch() as watch, ThreadPoolExecutor(store_concurrency()) as pool:
             list(pool.map(remove, range(rollouts)))
-        return time.perf_counter() - start
+        return watch.sample
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def run_against(rev: str, key: str, repetitions: int) -> None:
+    """This tree's retire / NeMo Gym's store against `rev`'s, alternated in one run."""
+    work = tempfile.mkdtemp(prefix="tokcap-retire-against-")
+    names = {"this tree": ".", rev if rev != "." else "this tree again": rev}
+    trees = {}
+    try:
+        for name, tree in names.items():
+            trees[name] = TreeSides(
+                composed_root(tree, work), "bench.retire_bench", ["--preset", key]
+            )
+        before = load()
+        samples = against(trees, "nemo_gym", "tokcap", repetitions)
+        print(
+            f"\n== retire {PRESETS[key].name}: tokcap / NeMo Gym's store per tree, load "
+            f"{before:.1f} before, {load():.1f} after"
+        )
+        for line in report_against(samples, *names):
+            print(line)
+    finally:
+        for tree in trees.values():
+            tree.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
+    serving = sys.argv[1:2] == ["--serve"]
+    if serving:
+        sys.argv.pop(1)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--preset", choices=["many", "long", "all"], default="all")
+    parser.add_argument("--against", help="compare with this revision's capture_core ('.': A/A)")
     args = parser.parse_args()
     logging.getLogger("capture_core").setLevel(logging.ERROR)
+    if serving:
+        n = PRESETS[args.preset].rollouts
+        serve(
+            {
+                "tokcap": lambda: retire_seconds(args.preset, n),
+                "nemo_gym": lambda: retire_seconds(args.preset, n, "nemo_gym"),
+            }
+        )
+        return
     for key in ("many", "long") if args.preset == "all" else (args.preset,):
+        if args.against:
+            run_against(args.against, key, args.repetitions)
+            continue
         preset = PRESETS[key]
         n = preset.rollouts
-        seconds = alternate_sides(
+        before = load()
+        seconds = alternate_samples(
             {
                 "tokcap": lambda key=key, n=n: retire_seconds(key, n),
                 "one_by_one": lambda key=key, n=n: retire_seconds(key, n, one_by_one=True),
@@ -173,20 +238,23 @@ def main() -> None:
             },
             args.repetitions,
         )
-        sides = ("tokcap", "one_by_one", "nemo_gym", "raw")
-        mine, each, gym, raw = (median(seconds[side]) for side in sides)
+        print(f"\n== retire {preset.name}, load {before:.1f} before, {load():.1f} after")
+        for side, name in (
+            ("tokcap", "tokcap"),
+            ("one_by_one", "tokcap one drop per rollout"),
+            ("nemo_gym", "NeMo Gym's file store"),
+            ("raw", "raw unlink"),
+        ):
+            print(f"{name}: {describe_samples(seconds[side])}")
         print(
-            f"retire {preset.name}, {len(seconds['raw'])} reps: tokcap "
-            f"{describe_seconds(seconds['tokcap'])}; tokcap one drop per rollout "
-            f"{describe_seconds(seconds['one_by_one'])}; NeMo Gym's file store "
-            f"{describe_seconds(seconds['nemo_gym'])}; raw unlink "
-            f"{describe_seconds(seconds['raw'])}"
+            f"tokcap / NeMo Gym (goal <= 0.8x): "
+            f"{describe_ratio(seconds['tokcap'], seconds['nemo_gym'])}"
         )
         print(
-            f"  tokcap / NeMo Gym = {mine / gym:.2f}x (goal <= 1x); one by one / NeMo Gym = "
-            f"{each / gym:.2f}x; tokcap / raw = {mine / raw:.2f}x; the reference first "
-            f"measured {REFERENCE_SECONDS[key]:.2f}s"
+            f"one by one / NeMo Gym: {describe_ratio(seconds['one_by_one'], seconds['nemo_gym'])}"
         )
+        print(f"tokcap / raw: {describe_ratio(seconds['tokcap'], seconds['raw'])}")
+        print(f"the reference first measured {REFERENCE_SECONDS[key]:.2f}s (wall)")
 
 
 if __name__ == "__main__":

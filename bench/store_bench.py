@@ -39,7 +39,18 @@ import orjson
 
 from bench import filesystem
 from bench.finalize_bench import PRESETS, stored_entry_blobs
-from bench.ratios import alternate, median
+from bench.ratios import (
+    Sample,
+    Stopwatch,
+    alternate,
+    alternate_samples,
+    describe_ratio,
+    load,
+    median,
+    ratios_of,
+    spread,
+    verdict,
+)
 from capture_core.records import TokenEntry
 from capture_core.store import TokenCaptureStore, compact
 from capture_core.store.capture_layout import call_key
@@ -62,13 +73,13 @@ def workload(rollouts: int) -> list[list[TokenEntry]]:
     ]
 
 
-def run_writers(concurrency: int, jobs: list[Callable[[], None]]) -> float:
-    """Seconds to run every job with `concurrency` threads (one job = one writer's calls)."""
-    start = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
+def run_writers(concurrency: int, jobs: list[Callable[[], None]]) -> Sample:
+    """Wall and CPU seconds to run every job with `concurrency` threads (a job: one writer's
+    calls)."""
+    with Stopwatch() as watch, ThreadPoolExecutor(concurrency) as pool:
         for future in [pool.submit(job) for job in jobs]:
             future.result()
-    return time.perf_counter() - start
+    return watch.sample
 
 
 def raw_durable_create(folder: str, name: str, data: bytes) -> None:
@@ -109,7 +120,7 @@ def hold_the_interpreter(seconds: float) -> None:
 
 def raw_seconds(
     space: str, blobs: list[list[bytes]], concurrency: int, python_seconds: float = 0.0
-) -> float:
+) -> Sample:
     folder = tempfile.mkdtemp(prefix="raw-", dir=space)
 
     def write(i: int, rollout: list[bytes]) -> None:
@@ -126,7 +137,7 @@ def put_seconds(
     rollouts: list[list[TokenEntry]],
     concurrency: int,
     keep: list[bytes] | None = None,
-) -> float:
+) -> Sample:
     root = tempfile.mkdtemp(prefix="store-", dir=space)
     store = TokenCaptureStore(root)
 
@@ -151,27 +162,36 @@ def bench_local(
     per_rollout = len(flat) // len(rollouts)
     blobs = [flat[i : i + per_rollout] for i in range(0, len(flat), per_rollout)]
     puts = len(flat)
-    ratio = alternate(
-        lambda: raw_seconds(space, blobs, concurrency),
-        lambda: put_seconds(space, rollouts, concurrency),
+    before = load()
+    sides = alternate_samples(
+        {
+            "raw": lambda: raw_seconds(space, blobs, concurrency),
+            "put": lambda: put_seconds(space, rollouts, concurrency),
+        },
         repetitions,
     )
     ref_puts, ref_raw = REFERENCE[concurrency]
     ref_ratio = ref_raw / ref_puts
+    wall, _cpu = ratios_of(sides["put"], sides["raw"])
     print(
-        f"local put, concurrency {concurrency:>2}: {puts / median(ratio.measured):6.0f} puts/s; "
-        f"raw durable creates {puts / median(ratio.baseline):6.0f}/s; "
-        f"time put/raw = {ratio.describe()} (goal <= {GOALS[concurrency]}x)"
+        f"local put, concurrency {concurrency:>2}: "
+        f"{puts / median([s.wall for s in sides['put']]):6.0f} puts/s; raw durable creates "
+        f"{puts / median([s.wall for s in sides['raw']]):6.0f}/s; CPU per put "
+        f"{median([s.cpu for s in sides['put']]) / puts * 1e6:.0f} us, per raw create "
+        f"{median([s.cpu for s in sides['raw']]) / puts * 1e6:.0f} us; load {before:.1f}"
+    )
+    print(
+        f"  put/raw (goal <= {GOALS[concurrency]}x): {describe_ratio(sides['put'], sides['raw'])}"
     )
     print(
         f"  reference: {ref_puts:.0f} puts/s beside raw {ref_raw:.0f}/s, i.e. {ref_ratio:.2f}x "
         f"raw; scaled by this run's raw, puts/s over the reference = "
-        f"{ref_ratio / ratio.median:.2f}x"
+        f"{ref_ratio / median(wall):.2f}x"
     )
     encoding = encoding_cpu_seconds(rollouts)
     floor = alternate(
-        lambda: raw_seconds(space, blobs, concurrency),
-        lambda: raw_seconds(space, blobs, concurrency, encoding),
+        lambda: raw_seconds(space, blobs, concurrency).wall,
+        lambda: raw_seconds(space, blobs, concurrency, encoding).wall,
         repetitions,
     )
     print(
@@ -196,11 +216,11 @@ store = TokenCaptureStore(tempfile.mkdtemp(prefix="store-", dir=sys.argv[3]))
 def capture(entries):
     for entry in entries:
         store.put_now(entry)
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 with ThreadPoolExecutor(int(sys.argv[4])) as pool:
     for future in [pool.submit(capture, r) for r in rollouts]:
         future.result()
-print(json.dumps(time.perf_counter() - start))
+print(json.dumps([time.perf_counter() - start, time.process_time() - cpu]))
 """
 
 
@@ -218,8 +238,8 @@ def tree_of(commit: str, into: str) -> str:
     return tree
 
 
-def child_put_seconds(tree: str, entries: str, space: str, concurrency: int) -> float:
-    """Seconds of the puts by `tree`'s capture store, in a fresh process."""
+def child_put_seconds(tree: str, entries: str, space: str, concurrency: int) -> Sample:
+    """Wall and CPU seconds of the puts alone by `tree`'s capture store, in a fresh process."""
     env = {**os.environ, "PYTHONPATH": tree}
     out = subprocess.run(
         [sys.executable, "-c", _PUT_CHILD, tree, entries, space, str(concurrency)],
@@ -229,7 +249,8 @@ def child_put_seconds(tree: str, entries: str, space: str, concurrency: int) -> 
         cwd=tree,  # `python -c` puts the working folder first on the path
         text=True,
     ).stdout
-    return float(out.strip().splitlines()[-1])
+    wall, cpu = orjson.loads(out.strip().splitlines()[-1])
+    return Sample(wall, cpu)
 
 
 def bench_against(
@@ -242,16 +263,25 @@ def bench_against(
     with open(entries, "wb") as f:
         f.write(b"\n\n".join(b"\n".join(orjson.dumps(e.wire_dump()) for e in r) for r in rollouts))
     puts = sum(len(r) for r in rollouts)
-    ratio = alternate(
-        lambda: child_put_seconds(old, entries, space, concurrency),
-        lambda: child_put_seconds(here, entries, space, concurrency),
+    before = load()
+    sides = alternate_samples(
+        {
+            "old": lambda: child_put_seconds(old, entries, space, concurrency),
+            "new": lambda: child_put_seconds(here, entries, space, concurrency),
+        },
         repetitions,
     )
     print(
-        f"local put, concurrency {concurrency:>2}: this tree {puts / median(ratio.measured):6.0f} "
-        f"puts/s, {commit} {puts / median(ratio.baseline):6.0f} puts/s; time this/that = "
-        f"{ratio.describe()} (goal <= 1x), load {os.getloadavg()[0]:.1f}"
+        f"local put, concurrency {concurrency:>2}: this tree "
+        f"{puts / median([s.wall for s in sides['new']]):6.0f} puts/s, CPU "
+        f"{median([s.cpu for s in sides['new']]) / puts * 1e6:.0f} us/put; {commit} "
+        f"{puts / median([s.wall for s in sides['old']]):6.0f} puts/s, CPU "
+        f"{median([s.cpu for s in sides['old']]) / puts * 1e6:.0f} us/put; "
+        f"load {before:.1f} before, {load():.1f} after"
     )
+    wall, cpu = ratios_of(sides["new"], sides["old"])
+    print(f"  time this/that (goal <= 1x): wall {spread(wall)}; CPU {spread(cpu)}")
+    print(f"    CPU: {verdict(cpu)}")
 
 
 def bench_s3(rollouts: list[list[TokenEntry]]) -> None:
@@ -270,7 +300,8 @@ def bench_s3(rollouts: list[list[TokenEntry]]) -> None:
                 concurrency, [(lambda r=r, s=store: [s.put_now(e) for e in r]) for r in rollouts]
             )
             print(
-                f"s3 (moto) put, concurrency {concurrency:>2}: {len(entries) / seconds:8.0f} puts/s"
+                f"s3 (moto) put, concurrency {concurrency:>2}: "
+                f"{len(entries) / seconds.wall:8.0f} puts/s"
             )
 
 
