@@ -49,11 +49,12 @@ def test_finalize_and_retire_task_runs_name_each_batch_in_one_style(tmp_path, pr
         rollouts, dest=dest, run_id="names", batch_size=2, **source, return_state=True
     )
     assert state.is_failed()
-    names = task_run_names(state, 10)
+    names = task_run_names(state, 12)
     assert_one_style(names)
     assert names == sorted(
         [
             f"check store {FAILING_FREEZE_SOURCE} and destination {dest}",
+            f"check store {FAILING_FREEZE_SOURCE} holds captures of {rollouts}",
             f"plan batches of 2 from {rollouts}",
             f"claim run id names at {dest}",
             f"prepare receipt storage at {dest}",
