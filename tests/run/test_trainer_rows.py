@@ -144,8 +144,10 @@ def test_row_groups_stay_within_the_token_budget(monkeypatch) -> None:
 
 def test_both_decodings_of_a_part_give_the_same_table(monkeypatch) -> None:
     """Pyarrow's threads give a chunk per row group, the calling thread one per column:
-    the same rows, values, types and order either way."""
+    the same rows, values, types and order either way (a large part's scanner path; a small
+    part is read by the file reader whatever the threads)."""
     monkeypatch.setattr(trainer_rows, "ROW_GROUP_TOKENS", 10)
+    monkeypatch.setattr(trainer_rows, "SMALL_PART_BYTES", 0)
     chains = [[item([i, i + 1, i + 2], [7, 8, i], [-0.5, -0.25, -0.125])] for i in range(5)]
     data = batch_rows([(i, record(c, _ng_rollout_index=i), False) for i, c in enumerate(chains)])
     threaded, single = read_rows(data), read_rows(data, use_threads=False)
