@@ -35,6 +35,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def shown_url(url: str) -> str:
+    """`url` as messages, logs and captures name it: without the user and password an
+    `http://user:pass@host` URL carries (they are the engine's key)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    host, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{host.rpartition('@')[2]}{slash}{path}"
+
+
 @dataclass(frozen=True)
 class GatewaySettings:
     """One gateway's settings.
@@ -62,14 +72,14 @@ class GatewaySettings:
     def __post_init__(self) -> None:
         if not self.engine.startswith(("http://", "https://")):
             raise InvalidInputError(
-                f"engine {self.engine!r} is not an http(s) URL; give the engine's base URL, "
-                "such as http://127.0.0.1:8000"
+                f"engine {shown_url(self.engine)!r} is not an http(s) URL; give the engine's "
+                "base URL, such as http://127.0.0.1:8000"
             )
         object.__setattr__(self, "engine", self.engine.rstrip("/"))
         if self.engine.endswith("/v1"):
             raise InvalidInputError(
-                f"engine {self.engine!r} ends in /v1, so calls would go to /v1/v1/...; give "
-                f"the engine's base URL, {self.engine.removesuffix('/v1')!r}"
+                f"engine {self.engine_shown!r} ends in /v1, so calls would go to /v1/v1/...; "
+                f"give the engine's base URL, {self.engine_shown.removesuffix('/v1')!r}"
             )
         if not is_loopback(self.host) and not self.api_key:
             raise InvalidInputError(
@@ -87,11 +97,8 @@ class GatewaySettings:
 
     @property
     def engine_shown(self) -> str:
-        """The engine URL as messages, logs and captures name it: without the user and
-        password an `http://user:pass@host` URL carries (they are the engine's key)."""
-        scheme, _, rest = self.engine.partition("://")
-        host, slash, path = rest.partition("/")
-        return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
+        """The engine URL as messages, logs and captures name it (`shown_url`)."""
+        return shown_url(self.engine)
 
     @property
     def replica_name(self) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from capture_core.errors import InvalidInputError
 from capture_core.store import TokenCaptureStore
 from tests.support.fake_engine import FakeEngine
 from tests.support.gateway_process import ROOT, GatewayProcess, post, stream_events
@@ -190,3 +191,16 @@ def test_credentials_in_the_engine_url_reach_no_answer_log_or_capture(
         assert secret not in gateway.stderr()
     finally:
         fake.stop()
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://user:s3cret@engine:8000", "user:s3cret@engine:8000", "http://user:s3cret@engine/v1"],
+)
+def test_a_refused_engine_url_is_named_without_its_credentials(url: str) -> None:
+    from capture_core.gateway.settings import GatewaySettings
+
+    with pytest.raises(InvalidInputError) as refused:
+        GatewaySettings(engine=url)
+    assert "s3cret" not in str(refused.value) and "engine" in str(refused.value)
