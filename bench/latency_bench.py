@@ -36,7 +36,7 @@ from bench.scaling_bench import (
     wait_for,
     wait_for_workers,
 )
-from capture_core.run.inbox import run_completed
+from capture_core.operator.run_status import run_completed
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import rollout_record, synthetic_rollout

@@ -31,11 +31,11 @@ import orjson
 
 from bench import filesystem
 from bench.ratios import Ratio, alternate_sides, median
+from capture_core.operator.run_report import RunSummary
 from capture_core.run.batch_finalize import finalize_batch
 from capture_core.run.part_upload import handoff_batch
 from capture_core.run.retirement import retire_receipt
 from capture_core.run.rollout_io import plan_rollout_file, read_batch
-from capture_core.run.run_report import RunSummary
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout

@@ -35,7 +35,8 @@ import httpx
 import orjson
 import psutil
 
-from capture_core.run.inbox import run_completed, run_id_for_file
+from capture_core.operator.run_status import run_completed
+from capture_core.run.inbox import run_id_for_file
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout

@@ -39,7 +39,7 @@ from bench.scaling_bench import (
     wait_for,
     wait_for_workers,
 )
-from capture_core.run.inbox import run_completed
+from capture_core.operator.run_status import run_completed
 from capture_core.storage import open_byte_store
 
 FILE_DEPLOYMENT, RETRIGGERS = "inbox-file", "retrigger-failed"

@@ -2,7 +2,7 @@
 
 The shipped automation `tokcap-mask-fraction-alert` (deployments/automations.yaml) fires
 on the event, so such a run shows up under Automations and in the event feed. Whether the
-alert is due is decided with the report (`capture_core.run.run_outcome`), so the report says
+alert is due is decided with the report (`capture_core.operator.run_outcome`), so the report says
 whether it fired.
 """
 
@@ -11,8 +11,13 @@ from __future__ import annotations
 from prefect import get_run_logger
 from prefect.events import emit_event
 
-from capture_core.run.run_outcome import MASK_ALERT_EVENT, mask_alert_due, mask_rate, mask_rate_line
-from capture_core.run.run_report import RunSummary
+from capture_core.operator.run_outcome import (
+    MASK_ALERT_EVENT,
+    mask_alert_due,
+    mask_rate,
+    mask_rate_line,
+)
+from capture_core.operator.run_report import RunSummary
 
 MASK_ALERT = MASK_ALERT_EVENT
 

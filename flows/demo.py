@@ -19,7 +19,7 @@ import time
 
 import orjson
 
-from capture_core.run.mask_reasons import reason_kind, witness_words
+from capture_core.operator.mask_reasons import reason_kind, witness_words
 from capture_core.run.run_layout import LedgerLine, read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore

@@ -4,7 +4,7 @@
 batch off durably (its receipt is the upload task's persisted result) and only then retires.
 Re-running a run id is safe: batches with a receipt are reported as already handed off and
 never finalized again. Flows hold no storage logic of their own: tasks do every side effect,
-and `capture_core.run.run_progress` keeps the run's tally, mask gate and ledger diffs.
+and `capture_core.operator.run_progress` keeps the run's tally, mask gate and ledger diffs.
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ from capture_core.builder import BUILDERS
 from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.config import public_storage_options
 from capture_core.errors import CaptureStoreError
-from capture_core.rows.row_cursor import validate_consumer_name
-from capture_core.run.capture_source import SourceSpec, check_separate_locations
-from capture_core.run.inbox import Claim
-from capture_core.run.mask_reasons import infrastructure_counts
-from capture_core.run.receipt import receipt_key
-from capture_core.run.run_layout import ROW_FORMATS, validate_run_id
-from capture_core.run.run_progress import (
+from capture_core.operator.mask_reasons import infrastructure_counts
+from capture_core.operator.run_progress import (
     Lookahead,
     MaskGate,
     RunTally,
     group_batch_errors,
     retire_counts,
 )
-from capture_core.run.run_report import RunSummary, plural, tokcap_command
+from capture_core.operator.run_report import RunSummary, plural, tokcap_command
+from capture_core.rows.row_cursor import validate_consumer_name
+from capture_core.run.capture_source import SourceSpec, check_separate_locations
+from capture_core.run.inbox import Claim
+from capture_core.run.receipt import receipt_key
+from capture_core.run.run_layout import ROW_FORMATS, validate_run_id
 from capture_core.run.task_groups import (
     DEFAULT_MAX_GROUP_SIZE,
     check_max_group_size,

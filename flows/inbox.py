@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.config import public_storage_options
 from capture_core.errors import ClaimLostError
+from capture_core.operator.run_status import run_completed
 from capture_core.run.capture_source import check_separate_locations
 from capture_core.run.inbox import (
     Claim,
@@ -41,7 +42,6 @@ from capture_core.run.inbox import (
     read_claim,
     release_claim,
     replaced_file,
-    run_completed,
     run_id_for_file,
     take_claim,
 )
@@ -125,9 +125,14 @@ def claim_file(
     max_attempts: int,
     storage_options: dict[str, Any] | None = None,
 ) -> ClaimDecision:
-    """Claim the file's next attempt, unless a live pass holds it or attempts ran out."""
+    """Claim the file's next attempt, unless a live pass holds it, attempts ran out or the
+    run completed meanwhile (the claim is then released as ended)."""
     byte_store = open_byte_store(dest, storage_options)
-    return take_claim(byte_store, run_id, owner, token, lease_seconds, max_attempts)
+    decision = take_claim(byte_store, run_id, owner, token, lease_seconds, max_attempts)
+    if decision.claim is None or not run_completed(byte_store, run_id):
+        return decision
+    release_claim(byte_store, decision.claim, ok=True)
+    return ClaimDecision(status="done", attempts=decision.attempts)
 
 
 @tokcap_task("release-claim", "release attempt {claim.number} of run {claim.run_id}")

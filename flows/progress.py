@@ -1,6 +1,6 @@
 """A finalize run's progress, batch by batch: in the run's logs, on the console, in the UI.
 
-Each batch done is one line (`capture_core.run.run_pace`), logged at INFO on the flow-run
+Each batch done is one line (`capture_core.operator.run_pace`), logged at INFO on the flow-run
 logger (the run's logs keep it beside the tasks' per-batch lines) and on `tokcap.progress`,
 which the CLI shows on its console (`tokcap.flows.cli.progress_line`) whatever Prefect's log level,
 and written into the description of the run's progress artifact.
@@ -14,9 +14,9 @@ from collections.abc import Collection, Sequence
 from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from capture_core.operator.run_pace import BatchProgress, RunPace
 from capture_core.run.receipt import receipt_key
 from capture_core.run.rollout_io import BatchPlan
-from capture_core.run.run_pace import BatchProgress, RunPace
 
 PROGRESS_LOGGER = "tokcap.progress"
 PROGRESS_FIELD = "tokcap_progress"

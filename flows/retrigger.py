@@ -19,8 +19,8 @@ from prefect import State, flow, get_run_logger
 from prefect.states import Failed
 
 from capture_core.config import public_storage_options
+from capture_core.operator.run_progress import RetriggerReport, ledger_changes
 from capture_core.run.capture_source import check_separate_locations
-from capture_core.run.run_progress import RetriggerReport, ledger_changes
 from tokcap.flows.finalize import RunFailedError, finalize_run
 from tokcap.flows.inbox import FileSettings, check_inbox_file, retry_file
 from tokcap.tasks.flow_runs import RETRIGGER_FLOW, RetriedRun, read_retried_run

@@ -18,6 +18,11 @@ from prefect.utilities.annotations import quote
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.errors import ClaimLostError
+from capture_core.operator.run_progress import (
+    Lookahead,
+    MaskGate,
+    RunTally,
+)
 from capture_core.run.batch_finalize import FinalizedBatch
 from capture_core.run.capture_source import SourceSpec
 from capture_core.run.crash_points import crash_point
@@ -25,11 +30,6 @@ from capture_core.run.inbox import Claim
 from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
 from capture_core.run.retirement import RetireOutcome
 from capture_core.run.rollout_io import BatchPlan
-from capture_core.run.run_progress import (
-    Lookahead,
-    MaskGate,
-    RunTally,
-)
 from tokcap.tasks.batches import (
     describe_batch,
     finalize_batch,

@@ -16,6 +16,8 @@ from prefect.artifacts import create_table_artifact
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
 from capture_core.errors import RetirementFailedError, TransientStoreError
+from capture_core.operator.run_progress import RETIREMENTS_FAILED
+from capture_core.operator.run_report import masked_line, plural
 from capture_core.run import batch_finalize
 from capture_core.run.batch_finalize import FinalizedBatch, input_error
 from capture_core.run.capture_source import SourceSpec
@@ -33,8 +35,6 @@ from capture_core.run.receipt import (
 )
 from capture_core.run.retirement import RetireOutcome, retire_receipt
 from capture_core.run.rollout_io import BatchPlan, RolloutFilePlan, plan_rollout_file, read_batch
-from capture_core.run.run_progress import RETIREMENTS_FAILED
-from capture_core.run.run_report import masked_line, plural
 from capture_core.storage import open_byte_store
 from tokcap.tasks.common import TRANSIENT_RETRIES, ensure_claim, run_async, tokcap_task
 from tokcap.tasks.receipts import (

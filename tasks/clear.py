@@ -8,9 +8,9 @@ from typing import Any
 from prefect import get_run_logger
 
 from capture_core.consumer import rollout_ids_of
+from capture_core.operator.run_report import plural
 from capture_core.run import capture_source
 from capture_core.run.rollout_io import read_records
-from capture_core.run.run_report import plural
 from tokcap.tasks.common import tokcap_task
 
 

@@ -6,10 +6,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from capture_core.operator.run_index import refresh_summary
 from capture_core.run.capture_source import SourceSpec, check_destination, check_source
 from capture_core.run.inbox import Claim
 from capture_core.run.rollout_io import RolloutFilePlan
-from capture_core.run.run_index import refresh_summary
 from capture_core.run.run_layout import MANIFEST, LedgerLine, RunLayout, RunManifest, run_location
 from capture_core.run.store_check import check_store_for_run
 from capture_core.storage import open_byte_store

@@ -4,11 +4,12 @@ Every import counts, also one inside a function. capture_core's layers point one
 storage imports no other layer; store imports storage; builder imports neither; run may
 import builder, store and storage; rows (the trainer's side) may import run's handoff modules
 (`ROWS_MAY_IMPORT_RUN`), and the run modules `RUN_MAY_IMPORT_ROWS` names may import the row
-writer or cursor back; the gateway may import store and storage; each may use the vocabulary
-(records, ids, protocols, errors). No layer imports the seed API (consumer, delivery, config,
-dataset, the package root) or the test kit. capture_core imports no Prefect, tasks or flows;
-tasks import no flows; nothing in the product imports tests or bench. No import circle
-anywhere.
+writer back; the operator's views (`capture_core.operator`) may import run, rows and what
+they build on, and nothing below imports them; the gateway may import store and storage;
+each may use the vocabulary (records, ids, protocols, errors). No layer imports the seed
+API (consumer, delivery, config, dataset, the package root) or the test kit. capture_core
+imports no Prefect, tasks or flows; tasks import no flows; nothing in the product imports
+tests or bench. No import circle anywhere.
 Inside the run layer, each module imports only the run modules `RUN_MAY_IMPORT` declares.
 """
 
@@ -32,7 +33,7 @@ FORBIDDEN = {
     "flows": {"tests", "bench"},
 }
 VOCABULARY = {"records", "ids", "protocols", "errors"}
-LAYERS = {"storage", "store", "builder", "run", "rows", "gateway"}
+LAYERS = {"storage", "store", "builder", "run", "rows", "operator", "gateway"}
 API = {"consumer", "delivery", "config", "dataset", ""}  # "" is the package root
 MAY_IMPORT = {
     "storage": {"storage", "errors"},
@@ -40,6 +41,8 @@ MAY_IMPORT = {
     "builder": {"builder"} | VOCABULARY,
     "run": {"run", "rows", "builder", "store", "storage"} | VOCABULARY,
     "rows": {"rows", "run", "builder", "storage"} | VOCABULARY,
+    # The operator's views read what the handoff and the rows wrote; nothing below reads them.
+    "operator": {"operator", "run", "rows", "builder", "store", "storage"} | VOCABULARY,
     # The capture gateway writes through the store's API; nothing below imports it.
     "gateway": {"gateway", "store", "storage"} | VOCABULARY,
     **{name: VOCABULARY for name in VOCABULARY},
@@ -53,10 +56,9 @@ RUN_MAY_IMPORT: dict[str, set[str]] = {
     "crash_points": set(),
     "concurrency": set(),
     "finalize": set(),
-    "mask_reasons": set(),
+    "ledger_versions": set(),
     "task_groups": set(),
     "rollout_io": {"task_groups"},
-    "run_pace": set(),
     "run_layout": {"rollout_io", "task_groups"},  # the manifest's group cap default
     "receipt": {"rollout_io", "run_layout"},
     # The batch path: finalize, hand off, read back as certified, retire by receipt.
@@ -65,21 +67,15 @@ RUN_MAY_IMPORT: dict[str, set[str]] = {
         "finalize",
         "receipt",
         "rollout_io",
+        "ledger_versions",
         "run_layout",
-        "version_tally",
     },
     "part_upload": {"batch_finalize", "crash_points", "receipt"},
     "verified_read": {"receipt"},
     "retire_verdict": {"finalize", "receipt"},
     "retirement": {"concurrency", "crash_points", "receipt", "retire_verdict", "verified_read"},
-    # A run's accounts and readers: they read what the batch path wrote, never the reverse.
-    "run_outcome": {"mask_reasons"},
-    "version_tally": {"run_layout"},
-    "run_report": {"mask_reasons", "run_layout", "run_outcome", "version_tally"},
-    "run_progress": {"mask_reasons", "receipt", "retirement", "run_layout", "run_report"},
-    "run_status": {"receipt", "run_layout", "run_report"},
-    "run_index": {"receipt", "run_layout", "run_outcome", "run_report"},
-    "inbox": {"rollout_io", "run_layout", "run_report"},
+    # Claims on the inbox's files; whether a claimed run is complete is the caller's view.
+    "inbox": {"rollout_io", "run_layout"},
     "capture_source": {"crash_points"},
     "store_check": {"capture_source", "finalize", "rollout_io", "run_layout"},
 }
@@ -102,10 +98,9 @@ RUN_MAY_IMPORT_ROWS: dict[str, set[str]] = {
     # The handoff writes a batch's rows part beside its records part.
     "batch_finalize": {"trainer_rows"},
     "part_upload": {"trainer_rows"},
-    # A run's status shows each consumer's acknowledgements.
-    "run_status": {"row_cursor"},
 }
-"""The only edges from run into rows: the row writer, and the cursor for a run's status."""
+"""The only edges from run into rows: the row writer beside the records part. (The
+operator's views, `capture_core.operator`, read the cursors from above.)"""
 
 
 def module_name(path: Path) -> str:

@@ -25,9 +25,9 @@ from capture_core.protocols import TokenCaptureSnapshot, TokenSource
 from capture_core.run import run_layout
 from capture_core.run.concurrency import finalize_concurrency
 from capture_core.run.finalize import BuildOptions, finalize_record, plain_rollout_id
+from capture_core.run.ledger_versions import version_figures
 from capture_core.run.receipt import RolloutOutcome, receipt_key
 from capture_core.run.rollout_io import BatchPlan, ParsedLine
-from capture_core.run.version_tally import version_figures
 from capture_core.storage.io_pool import io_pool
 
 

@@ -29,7 +29,6 @@ from pydantic import BaseModel
 from capture_core.errors import ClaimLostError, UnreadableManifestError
 from capture_core.run.rollout_io import file_fingerprint, file_sha256
 from capture_core.run.run_layout import RunLayout
-from capture_core.run.run_report import summarize
 from capture_core.storage import ByteStore, open_byte_store
 
 logger = logging.getLogger(__name__)
@@ -47,13 +46,6 @@ class InboxEntry(BaseModel):
 
     url: str
     run_id: str
-
-
-def run_completed(dest: ByteStore, run_id: str) -> bool:
-    layout = RunLayout(dest, run_id)
-    ledger = layout.read_ledger()
-    complete = ledger is not None and summarize(run_id, ledger).complete
-    return complete and dest.exists(layout.manifest_key)
 
 
 def replaced_file(
@@ -111,7 +103,8 @@ class ClaimDecision(BaseModel):
 
     `claimed`: this pass holds `claim` and must finalize the file, then `release_claim`.
     `held`: another live pass (`held_by`) holds it; leave the file to that pass.
-    `done`: the run completed meanwhile. `given_up`: `attempts` reached the limit.
+    `done`: the run completed meanwhile (judged by the caller after claiming, from the run's
+    report: the claim is then released as ended). `given_up`: `attempts` reached the limit.
     """
 
     status: Literal["claimed", "held", "done", "given_up"]
@@ -185,9 +178,6 @@ def take_claim(
                 attempts=claim.number + 1,
                 held_by=winner.owner if winner else "an unreadable claim",
             )
-    if run_completed(dest, run_id):
-        release_claim(dest, claim, ok=True)
-        return ClaimDecision(status="done", attempts=claim.number + 1)
     return ClaimDecision(status="claimed", attempts=claim.number + 1, claim=claim)
 
 

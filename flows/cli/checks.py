@@ -19,6 +19,8 @@ from typing import Any
 
 from capture_core.config import public_storage_options
 from capture_core.errors import OverlappingLocationsError, is_transient
+from capture_core.operator.run_report import RunSummary
+from capture_core.operator.run_status import RunStatus, ledger_summary, run_status
 from capture_core.rows.row_cursor import validate_consumer_name
 from capture_core.run.capture_source import (
     check_destination,
@@ -33,8 +35,6 @@ from capture_core.run.run_layout import (
     RunManifest,
     validate_run_id,
 )
-from capture_core.run.run_report import RunSummary
-from capture_core.run.run_status import RunStatus, ledger_summary, run_status
 from capture_core.run.store_check import check_store_for_run
 from capture_core.storage import misspelled_url, open_byte_store, url_scheme
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
+from capture_core.operator.run_report import plural
 from capture_core.run.capture_source import check_separate_locations, is_class_spec
-from capture_core.run.run_report import plural
 from capture_core.storage import open_byte_store
 from tokcap.flows.cli.checks import (
     UsageError,

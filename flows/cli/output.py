@@ -8,10 +8,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from capture_core.operator.run_outcome import mask_rate_line, outcome_line, reason_lines
+from capture_core.operator.run_report import plural, stopped_counts, tokcap_command, trace_counts
+from capture_core.operator.version_tally import version_lines
 from capture_core.run.capture_source import is_class_spec
-from capture_core.run.run_outcome import mask_rate_line, outcome_line, reason_lines
-from capture_core.run.run_report import plural, stopped_counts, tokcap_command, trace_counts
-from capture_core.run.version_tally import version_lines
 from tokcap.flows.cli.checks import status_of_run
 from tokcap.flows.runners import script
 
@@ -88,7 +88,7 @@ def print_consumers(consumers: list[Any], gate: str | None) -> None:
 
 
 def print_status(status: Any, dest: str, options: bool, interrupted: bool = False) -> None:
-    """A run as its destination shows it (`capture_core.run.run_status`): the ledger's
+    """A run as its destination shows it (`capture_core.operator.run_status`): the ledger's
     summary when there is one, each consumer, then what the run still needs and the one
     command that does it. `interrupted`: this command just stopped the run."""
     manifest = status.manifest

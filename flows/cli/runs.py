@@ -43,7 +43,7 @@ def check_runs_args(args: argparse.Namespace) -> None:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """Print the runs (a table, or JSON) and, when some are left out, how many."""
-    from capture_core.run.run_index import list_runs
+    from capture_core.operator.run_index import list_runs
     from capture_core.storage import open_byte_store
 
     dest = open_byte_store(args.dest, args.options or None)

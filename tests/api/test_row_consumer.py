@@ -20,9 +20,10 @@ import orjson
 import pytest
 
 from capture_core.dataset import AlreadyAcknowledgedError, PartMismatchError, RowConsumer
+from capture_core.operator.run_status import run_completed
 from capture_core.rows.row_cursor import ACK_CRASH_POINTS, read_stored_receipt, receipt_keys
 from capture_core.rows.trainer_rows import read_rows
-from capture_core.run.inbox import run_completed, run_id_for_file
+from capture_core.run.inbox import run_id_for_file
 from capture_core.run.run_layout import RunLayout, read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore

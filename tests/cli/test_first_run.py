@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from capture_core.errors import CaptureRetiredError
+from capture_core.operator.run_report import reason_category
 from capture_core.run.run_layout import read_ledger, read_manifest
-from capture_core.run.run_report import reason_category
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, synthetic_rollout

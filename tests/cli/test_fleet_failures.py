@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from capture_core.operator.mask_reasons import reason_kind
+from capture_core.operator.run_report import reason_category
 from capture_core.protocols import TokenCaptureSnapshot
-from capture_core.run.mask_reasons import reason_kind
-from capture_core.run.run_report import reason_category
 from capture_core.store import TokenCaptureStore
 from tests.support.pipeline_helpers import (
     dest_records,

@@ -14,9 +14,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from capture_core.run.run_index import record_summary
+from capture_core.operator.run_index import record_summary
+from capture_core.operator.run_report import summarize
 from capture_core.run.run_layout import LEDGER, SUMMARY, LedgerLine
-from capture_core.run.run_report import summarize
 from capture_core.storage import open_byte_store
 from tests.conftest import make_bucket
 from tests.support.claimed_runs import claimed_layout

@@ -24,7 +24,8 @@ import yaml
 from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 
-from capture_core.run.inbox import run_completed, run_id_for_file
+from capture_core.operator.run_status import run_completed
+from capture_core.run.inbox import run_id_for_file
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from tests.conftest import make_bucket

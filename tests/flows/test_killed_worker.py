@@ -25,7 +25,8 @@ import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
 
-from capture_core.run.inbox import read_claim, run_completed
+from capture_core.operator.run_status import run_completed
+from capture_core.run.inbox import read_claim
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore

@@ -23,7 +23,8 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterStartTime
 
-from capture_core.run.inbox import attempts, read_claim, run_completed, run_id_for_file
+from capture_core.operator.run_status import run_completed
+from capture_core.run.inbox import attempts, read_claim, run_id_for_file
 from capture_core.run.run_layout import read_ledger
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prefect.events.schemas.automations import AutomationCore
 
-from capture_core.run.run_outcome import MASK_ALERT_AUTOMATION, MASK_ALERT_EVENT
+from capture_core.operator.run_outcome import MASK_ALERT_AUTOMATION, MASK_ALERT_EVENT
 from tests.support.pipeline_helpers import REPO
 from tokcap.flows.automations import load_definitions
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from capture_core.operator.run_status import run_status
 from capture_core.records import TokenEntry
 from capture_core.run.run_layout import RunLayout, read_ledger
-from capture_core.run.run_status import run_status
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout

@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from capture_core.errors import ClaimLostError
+from capture_core.operator.run_report import RunSummary, summarize
 from capture_core.run.inbox import (
     Claim,
     claim_is_live,
@@ -30,7 +31,6 @@ from capture_core.run.inbox import (
     take_claim,
 )
 from capture_core.run.run_layout import RunLayout, read_ledger
-from capture_core.run.run_report import RunSummary, summarize
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from tests.support.pipeline_helpers import (

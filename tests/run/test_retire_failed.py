@@ -12,9 +12,10 @@ import re
 
 import pytest
 
-from capture_core.run.inbox import run_completed, run_id_for_file
+from capture_core.operator.run_report import markdown_report, summarize
+from capture_core.operator.run_status import run_completed
+from capture_core.run.inbox import run_id_for_file
 from capture_core.run.run_layout import read_ledger
-from capture_core.run.run_report import markdown_report, summarize
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from tests.support.pipeline_helpers import (

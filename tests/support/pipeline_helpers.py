@@ -11,10 +11,10 @@ from typing import Any
 import orjson
 
 from capture_core.errors import StoreUnavailableError
+from capture_core.operator.run_report import RunSummary
 from capture_core.protocols import TokenCaptureSnapshot
 from capture_core.records import TokenEntry
 from capture_core.run.rollout_io import split_lines
-from capture_core.run.run_report import RunSummary
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.synthetic import RolloutShape, rollout_record, synthetic_rollout

@@ -17,8 +17,8 @@ from capture_core.builder.terminal import (
 from capture_core.builder.terminal_witnesses import check_strict_chain
 from capture_core.consumer import trajectories_from_source
 from capture_core.delivery import finalize_rollout_token_capture, mask_reason
+from capture_core.operator.run_report import reason_category
 from capture_core.records import TokenEntry
-from capture_core.run.run_report import reason_category
 from capture_core.store import TokenCaptureStore
 from tests.builder.terminal.test_witnesses import message, tool_result
 from tests.support.token_calls import deep_rollout, shallow_stack, token_call

@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from capture_core.run.batch_finalize import finalize_batch
-from capture_core.run.finalize import finalize_rollout
-from capture_core.run.receipt import HandoffReceipt
-from capture_core.run.rollout_io import BatchPlan, ParsedLine
-from capture_core.run.run_progress import ledger_lines
-from capture_core.run.run_report import (
+from capture_core.operator.run_progress import ledger_lines
+from capture_core.operator.run_report import (
     markdown_report,
     reason_category,
     summarize,
     summary_table,
 )
+from capture_core.run.batch_finalize import finalize_batch
+from capture_core.run.finalize import finalize_rollout
+from capture_core.run.receipt import HandoffReceipt
+from capture_core.run.rollout_io import BatchPlan, ParsedLine
 from capture_core.store import TokenCaptureStore
 from capture_core.testing.agent_captures import CaptureMix, agent_rollout, write_capture
 

@@ -10,9 +10,10 @@ from typing import Any
 
 import orjson
 
+from capture_core.operator.run_report import markdown_report, summarize, summary_table
+from capture_core.operator.version_tally import NO_PROVENANCE
+from capture_core.run.ledger_versions import version_figures
 from capture_core.run.run_layout import LedgerLine, encode_ledger
-from capture_core.run.run_report import markdown_report, summarize, summary_table
-from capture_core.run.version_tally import NO_PROVENANCE, version_figures
 from tokcap.flows.cli.output import print_summary
 
 

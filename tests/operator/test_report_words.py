@@ -12,10 +12,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from capture_core.run.mask_reasons import DOCS, KINDS, OTHER, abstention_words, reason_kind
+from capture_core.operator.mask_reasons import DOCS, KINDS, OTHER, abstention_words, reason_kind
+from capture_core.operator.run_outcome import mask_rate_line, outcome_line, reason_lines
+from capture_core.operator.run_report import markdown_report, reason_category, summarize
 from capture_core.run.run_layout import LedgerLine
-from capture_core.run.run_outcome import mask_rate_line, outcome_line, reason_lines
-from capture_core.run.run_report import markdown_report, reason_category, summarize
 from tests.support.build_result_cases import GOLDEN
 
 REPO = Path(__file__).resolve().parents[2]

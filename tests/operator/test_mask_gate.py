@@ -11,9 +11,9 @@ import re
 
 import pytest
 
+from capture_core.operator.run_progress import MaskGate
 from capture_core.run.receipt import RolloutOutcome
 from capture_core.run.run_layout import read_ledger
-from capture_core.run.run_progress import MaskGate
 from capture_core.storage import open_byte_store
 from capture_core.store import TokenCaptureStore
 from tests.support.pipeline_helpers import dest_records, make_batch, rollout_ids, write_rollouts

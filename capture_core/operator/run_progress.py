@@ -17,12 +17,13 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, Field
 
 from capture_core.builder.trace_envelope import MAIN_CHAIN
-from capture_core.run.mask_reasons import (
+from capture_core.operator.mask_reasons import (
     ReasonKind,
     infrastructure_counts,
     kind_counts,
     kinds_of,
 )
+from capture_core.operator.run_report import RunSummary, locate, reason_category, spans, summarize
 from capture_core.run.receipt import (
     HandoffReceipt,
     RolloutOutcome,
@@ -31,7 +32,6 @@ from capture_core.run.receipt import (
 )
 from capture_core.run.retirement import RetireOutcome
 from capture_core.run.run_layout import LedgerLine
-from capture_core.run.run_report import RunSummary, locate, reason_category, spans, summarize
 
 Item = TypeVar("Item")
 Started = TypeVar("Started")

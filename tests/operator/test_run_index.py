@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture_core.run.receipt import retirement_key
-from capture_core.run.run_index import (
+from capture_core.operator.run_index import (
     COMPLETE,
     INCOMPLETE,
     INTERRUPTED,
@@ -21,8 +20,9 @@ from capture_core.run.run_index import (
     record_summary,
     refresh_summary,
 )
+from capture_core.operator.run_report import summarize
+from capture_core.run.receipt import retirement_key
 from capture_core.run.run_layout import LedgerLine, RunLayout
-from capture_core.run.run_report import summarize
 from capture_core.storage import ByteStore, open_byte_store
 from tests.support.claimed_runs import claimed_layout
 

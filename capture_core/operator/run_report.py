@@ -16,21 +16,21 @@ from pydantic import BaseModel, Field
 
 from capture_core.builder.terminal import UNATTRIBUTED
 from capture_core.builder.trace_envelope import MAIN_CHAIN
-from capture_core.run import version_tally as versions
-from capture_core.run.mask_reasons import (
+from capture_core.operator import version_tally as versions
+from capture_core.operator.mask_reasons import (
     abstention_words,
     infrastructure_kind,
     kinds_of,
     reason_kind,
 )
-from capture_core.run.run_layout import LEDGER, RECORDS, LedgerLine, run_location
-from capture_core.run.run_outcome import (
+from capture_core.operator.run_outcome import (
     mask_rate_line,
     outcome_line,
     reason_lines,
     reasons_footer,
     verdict,
 )
+from capture_core.run.run_layout import LEDGER, RECORDS, LedgerLine, run_location
 
 
 class RunSummary(BaseModel):

@@ -20,10 +20,10 @@ import orjson
 from pydantic import BaseModel, Field, ValidationError
 
 from capture_core.errors import InvalidInputError, UnreadableManifestError
+from capture_core.operator.run_outcome import mask_rate
+from capture_core.operator.run_report import RunSummary, plural, summarize
 from capture_core.run.receipt import RECEIPT_KEY, RETIREMENT_KEY
 from capture_core.run.run_layout import MANIFEST, SUMMARY, RunLayout, RunManifest, validate_run_id
-from capture_core.run.run_outcome import mask_rate
-from capture_core.run.run_report import RunSummary, plural, summarize
 from capture_core.storage import ByteStore
 
 TOP_REASONS = 3

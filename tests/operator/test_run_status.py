@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from capture_core.operator.run_report import RunSummary, summarize
+from capture_core.operator.run_status import HandoffProgress, count_acknowledged, run_state
 from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
 from capture_core.run.run_layout import LedgerLine
-from capture_core.run.run_report import RunSummary, summarize
-from capture_core.run.run_status import HandoffProgress, count_acknowledged, run_state
 
 
 def progress(rollouts: int) -> HandoffProgress:

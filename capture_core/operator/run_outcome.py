@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from capture_core.run.mask_reasons import DOCS, infrastructure_counts, kinds_of
+from capture_core.operator.mask_reasons import DOCS, infrastructure_counts, kinds_of
 
 
 class RunSummary(Protocol):
-    """The counts these lines read (`capture_core.run.run_report.RunSummary` has them)."""
+    """The counts these lines read (`capture_core.operator.run_report.RunSummary` has them)."""
 
     run_id: str
     rollouts: int

@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from capture_core.errors import UnreadableReceiptError
+from capture_core.operator.run_report import RunSummary, locate, summarize
 from capture_core.rows.row_cursor import (
     ConsumerProgress,
     acknowledged_receipts,
@@ -26,10 +27,19 @@ from capture_core.rows.row_cursor import (
 )
 from capture_core.run.receipt import HandoffReceipt
 from capture_core.run.run_layout import LedgerLine, RunLayout, RunManifest
-from capture_core.run.run_report import RunSummary, locate, summarize
+from capture_core.storage import ByteStore
 from capture_core.storage.io_pool import io_pool
 
 State = Literal["ok", "failed", "started"]
+
+
+def run_completed(dest: ByteStore, run_id: str) -> bool:
+    """Whether the run ended complete: its manifest stands and its ledger reports every
+    rollout handed off, and retired or masked, with nothing waiting for a consumer."""
+    layout = RunLayout(dest, run_id)
+    ledger = layout.read_ledger()
+    complete = ledger is not None and summarize(run_id, ledger).complete
+    return complete and dest.exists(layout.manifest_key)
 
 
 class HandoffProgress(BaseModel):

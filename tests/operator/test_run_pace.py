@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from capture_core.run.run_pace import RunPace, duration
+from capture_core.operator.run_pace import RunPace, duration
 
 
 class Clock:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
-from capture_core.run.retirement import RetireOutcome
-from capture_core.run.run_layout import LedgerLine
-from capture_core.run.run_progress import (
+from capture_core.operator.run_progress import (
     Lookahead,
     MaskGate,
     RunTally,
@@ -13,6 +10,9 @@ from capture_core.run.run_progress import (
     ledger_lines,
     retire_counts,
 )
+from capture_core.run.receipt import HandoffReceipt, RolloutOutcome
+from capture_core.run.retirement import RetireOutcome
+from capture_core.run.run_layout import LedgerLine
 
 
 def outcome(line: int, masked: bool = False, can_retire: bool = True) -> RolloutOutcome:
