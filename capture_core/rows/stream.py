@@ -7,10 +7,13 @@ and stops). Acknowledgements are `RowConsumer`'s own create-only objects, one pe
 and consumer name, so retirement after that consumer and the inbox's retire pass honour
 them unchanged, and a restarted stream yields every unacknowledged part again.
 
-Order: parts are yielded by the run's claim time (its manifest's `started_at`), then run
-id, then batch. A poll yields the parts it finds after every part of earlier polls, so a
-run claimed earlier but handed off later comes after what was already yielded; on a restart
-the unacknowledged parts come again in that same key order.
+Order: parts are yielded in handoff order, by the time their receipt records both parts
+were verified (`HandoffReceipt.handed_off_at`; a receipt written before tokcap recorded it
+counts as handed off when its run was claimed, the manifest's `started_at`), then run id,
+then batch. The key is in the receipt, so every rank and every restart sees the same order.
+A poll yields the parts it finds after every part of earlier polls, so a part found late (a
+handing-off clock behind the others) comes after what was already yielded, never skipped;
+on a restart the unacknowledged parts come again in key order.
 
 Ranks: each part is read by exactly one of `world_size` ranks, recorded create-only beside
 its acknowledgement (`<run>/consumers/<name>/part-...-<digest>.rank`) before any rank reads
@@ -66,7 +69,7 @@ def rank_key(run_id: str, consumer: str, part: str) -> str:
 
 @dataclass(frozen=True)
 class Pending:
-    """A part found by a poll: its order key, its run's consumer and its receipt."""
+    """A part found by a poll: its order key (handoff time, run, batch), run and receipt."""
 
     order: tuple[float, str, int]
     run_id: str
@@ -216,7 +219,8 @@ class RowStream:
                 if consumer.cursor.acknowledged(receipt) is not None:
                     self.settled.add(receipt.rows.key)
                     continue
-                unranked.append(Pending((started, run_id, receipt.batch), run_id, receipt))
+                handed_off = started if receipt.handed_off_at is None else receipt.handed_off_at
+                unranked.append(Pending((handed_off, run_id, receipt.batch), run_id, receipt))
         ranks = self._ranks(unranked)
         self.settled.update(key for key, rank in ranks.items() if rank != self.rank)
         found = [p for p in unranked if ranks[_rows_key(p)] == self.rank]

@@ -72,6 +72,25 @@ def test_a_stream_follows_runs_as_they_land_and_resumes_what_was_not_acknowledge
     assert sorted(other) == sorted(first + later), "another name reads every run anew"
 
 
+def test_parts_come_in_handoff_order_not_claim_order_on_every_rank_and_restart(
+    locations,
+) -> None:
+    first = land_run(locations, "handed-off-first", task=1)
+    # Claimed an hour before the other run, handed off after it: a long-running run.
+    late = land_run(locations, "claimed-first", task=2, started_at=time.time() - 3600)
+    handoff_order = first + late
+    assert [p.key for p in stream(locations, follow=False)] == handoff_order
+    ranks = [stream(locations, "ranked", rank=r, world_size=2, follow=False) for r in (0, 1)]
+    for reader in ranks:
+        keys = [part.key for part in reader]
+        assert keys == [k for k in handoff_order if k in keys], "each rank in handoff order"
+    reader = stream(locations, follow=False)
+    for part in reader:
+        if part.key in late:
+            reader.ack(part.key)
+    assert [p.key for p in stream(locations, follow=False)] == first, "a restart: same order"
+
+
 def test_two_ranks_read_disjoint_parts_and_a_world_size_change_waits_for_the_drain(
     locations,
 ) -> None:
