@@ -171,3 +171,30 @@ def test_a_part_its_receipt_does_not_vouch_for_is_never_yielded(locations) -> No
         for part in reader:
             yielded.append(part.key)
     assert yielded == [parts[0]]
+
+
+@pytest.mark.integrity
+def test_a_part_that_does_not_verify_stops_the_stream_by_name_or_is_held_never_skipped(
+    locations, caplog
+) -> None:
+    bad = land_run(locations, "h1", task=1)
+    good = land_run(locations, "h2", task=2)
+    dest = open_byte_store(locations["dest"], locations["options"])
+    original = dest.get(bad[0]) or b""
+    dest.replace(bad[0], original[:-1] + b"\0")
+    with pytest.raises(PartMismatchError) as stopped:
+        list(stream(locations, follow=False))
+    message = str(stopped.value)
+    for named in (bad[0], "run h1", "rank 0 of 1", "Restore", "on_unverified='hold'"):
+        assert named in message, f"{named!r} missing from: {message}"
+    reader = stream(locations, follow=False, on_unverified="hold")
+    read = [part.key for part in reader]
+    assert read == bad[1:] + good, "every other part, in handoff order; the bad one never"
+    assert list(reader.held) == [bad[0]] and "sha256" in reader.held[bad[0]]
+    assert any(bad[0] in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+    for key in read:
+        reader.ack(key)
+    assert reader.pending() == [bad[0]], "held, never acknowledged: its captures are kept"
+    dest.replace(bad[0], original)
+    again = stream(locations, follow=False, on_unverified="hold")
+    assert [part.key for part in again] == [bad[0]] and again.held == {}, "restored: read"
