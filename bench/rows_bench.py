@@ -9,9 +9,12 @@ For one batch of synthetic agent rollouts finalized from a local store:
   Parquet: one pass of `RowConsumer` (receipt listed and read, cursor checked, part read,
   its sha256 checked on a thread of its own while pyarrow decodes it with its default
   threading), then each row group's list values as arrays, views of what pyarrow decoded;
-  "one thread" is the same consumer verifying first, then decoding on the iterating thread.
-  JSON: the same rows' JSON lines file read from the same disk, each line parsed with orjson
-  into lists, then each row's three arrays made by the fastest conversion measured. The
+  "one thread" is the same consumer verifying first, then decoding on the iterating thread;
+  "trained columns" reads only the token ids, log probs and loss mask (`columns=`), as a
+  trainer training on those does (the other columns are verified with the part, never
+  decompressed). JSON: the same rows' JSON lines file read from the same disk, each line
+  parsed with orjson into lists, then each row's three arrays made by the fastest
+  conversion measured. The
   goal figure is the median of the per-pair ratios of wall seconds (what a trainer waits
   for), process CPU beside;
 - read every token, the work figure: the same from the part's bytes in memory, on one
@@ -28,7 +31,8 @@ For one batch of synthetic agent rollouts finalized from a local store:
 Goals: bytes at most 0.35x, a trainer's read at least 10x faster, writing rows adds at most
 15%. Prints the load, medians, ranges and ratios; asserts nothing.
 The trainer's read is measured on a large part and on a small one (`--small-rollouts`, about
-34k tokens), where a part's fixed costs weigh most.
+34k tokens), where a part's fixed costs weigh most, followed by the CPU seconds of each
+step of its read alone (listing, receipt, ack, bytes, digest, footer, decode, arrays).
 Usage: .venv/bin/python -m bench.rows_bench [--rollouts N] [--turns T] [--repetitions R]
 """
 
@@ -49,11 +53,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.parquet as pq
 from prefect.results import ResultRecord, ResultRecordMetadata
 from prefect.serializers import JSONSerializer
 
 from bench.ratios import alternate_sides, describe_seconds, median
 from capture_core.dataset import RowConsumer
+from capture_core.rows.row_cursor import read_stored_receipt, receipt_keys
 from capture_core.rows.trainer_rows import batch_rows, read_rows, record_rows
 from capture_core.run.batch_finalize import FinalizedBatch, finalize_batch
 from capture_core.run.part_upload import handoff_batch
@@ -234,10 +240,12 @@ def trainer_reads(finalized: FinalizedBatch, as_json: bytes, dest: str, pairs: i
         f.write(as_json)
     threaded = RowConsumer(dest, "bench", "bench")
     single = RowConsumer(dest, "bench", "bench", use_threads=False)
+    trained = RowConsumer(dest, "bench", "bench", columns=COLUMNS)
     sides = {
         "JSON lines file": lambda: json_file_tokens(path),
         "consumer": lambda: consumer_tokens(threaded),
         "consumer, one thread": lambda: consumer_tokens(single),
+        "consumer, trained columns": lambda: consumer_tokens(trained),
     }
     clocks = Clocks()
     alternate_sides({side: clocks.timed(side, fn, warm=True) for side, fn in sides.items()}, pairs)
@@ -251,7 +259,7 @@ def print_trainer_read(label: str, trainer: Clocks) -> None:
             f"a trainer's read, {label}, {side}: wall {trainer.seconds('wall', side)}, "
             f"CPU {trainer.seconds('cpu', side)}"
         )
-    for side in ("consumer", "consumer, one thread"):
+    for side in ("consumer", "consumer, one thread", "consumer, trained columns"):
         goal = " (the goal figure, goal >= 10x)" if side == "consumer" else ""
         print(
             f"  {label}, {side} faster than the JSON lines file: wall "
@@ -270,6 +278,43 @@ def small_read(work: str, rollouts: int, shape: RolloutShape, pairs: int) -> Non
     tokens = len(read_rows(finalized.rows or b"").column("token_ids").combine_chunks().flatten())
     trainer = trainer_reads(finalized, json_rows(finalized), f"{work}/small-read", pairs)
     print_trainer_read(f"small part ({tokens:,} tokens)", trainer)
+    print_stages(f"{work}/small-read", pairs)
+
+
+def read_stages(dest: str) -> dict[str, Callable[[], object]]:
+    """Each step of the consumer's read of the run's one part, alone, on the calling thread:
+    where a small part's read time goes."""
+    consumer = RowConsumer(dest, "bench", "bench")
+    layout = consumer.layout
+    (key,) = receipt_keys(layout)
+    receipt = read_stored_receipt(layout, key)
+    assert receipt.rows is not None
+    data = layout.dest.get(receipt.rows.key) or b""
+    table = read_rows(data, use_threads=False)
+    return {
+        "list receipts": lambda: receipt_keys(layout),
+        "read and check the receipt": lambda: read_stored_receipt(layout, key),
+        "look for the ack": lambda: consumer.cursor.acknowledged(receipt),
+        "read the part's bytes": lambda: layout.dest.get(receipt.rows.key if receipt.rows else ""),
+        "sha256 of the part": lambda: hashlib.sha256(data).hexdigest(),
+        "parse the footer": lambda: pq.ParquetFile(pa.BufferReader(data)).metadata,
+        "decode every column": lambda: read_rows(data, use_threads=False),
+        "decode every column but weight_version": lambda: read_rows(
+            data, use_threads=False, skip=("weight_version",)
+        ),
+        "decode the trained columns": lambda: read_rows(data, use_threads=False, columns=COLUMNS),
+        "trained columns as numpy arrays": lambda: table_tokens(table),
+    }
+
+
+def print_stages(dest: str, repetitions: int) -> None:
+    """The CPU seconds of each step of a part's read (`read_stages`), the calling thread's."""
+    clocks = Clocks(time.thread_time)
+    stages = read_stages(dest)
+    alternate_sides({s: clocks.timed(s, fn, warm=True) for s, fn in stages.items()}, repetitions)
+    for stage in stages:
+        cpu = [seconds * 1e3 for seconds in clocks.cpu[stage]]
+        print(f"  step: {stage}: CPU {median(cpu):.3f} ms (range {min(cpu):.3f}-{max(cpu):.3f})")
 
 
 def load() -> str:

@@ -111,6 +111,8 @@ class RowConsumer:
     ("keep" or "mask") says what masking does with tokens of unknown version; a part holding
     one is refused until it is said, and a part whose trainable tokens are all of unknown
     version is logged once (a warning) and flagged (`RowPart.all_versions_unknown`).
+    `columns` decodes only those columns of each part (and the ones staleness masking
+    reads): the others are verified with the part's bytes but never decompressed.
     """
 
     def __init__(
@@ -124,7 +126,9 @@ class RowConsumer:
         max_weight_lag: int | None = None,
         *,
         unknown_version: UnknownVersion | None = None,
+        columns: Sequence[str] | None = None,
     ) -> None:
+        self.columns = None if columns is None else tuple(columns)
         self.staleness = _staleness_setting(current_weight_version, max_weight_lag)
         self.unknown_version = _unknown_version_setting(unknown_version, self.staleness)
         self.reported: set[str] = set()
@@ -153,7 +157,7 @@ class RowConsumer:
             receipt = read_stored_receipt(self.layout, key)
             if self._acknowledged(receipt):
                 continue
-            yield self.verified(receipt)
+            yield self.verified(receipt, self.columns)
 
     def pending(self) -> list[str]:
         """Receipt names of the batches this consumer has not acknowledged."""

@@ -7,10 +7,13 @@ and stops). Acknowledgements are `RowConsumer`'s own create-only objects, one pe
 and consumer name, so retirement after that consumer and the inbox's retire pass honour
 them unchanged, and a restarted stream yields every unacknowledged part again.
 
-Order: parts are yielded by the run's claim time (its manifest's `started_at`), then run
-id, then batch. A poll yields the parts it finds after every part of earlier polls, so a
-run claimed earlier but handed off later comes after what was already yielded; on a restart
-the unacknowledged parts come again in that same key order.
+Order: parts are yielded in handoff order, by the time their receipt records both parts
+were verified (`HandoffReceipt.handed_off_at`; a receipt written before tokcap recorded it
+counts as handed off when its run was claimed, the manifest's `started_at`), then run id,
+then batch. The key is in the receipt, so every rank and every restart sees the same order.
+A poll yields the parts it finds after every part of earlier polls, so a part found late (a
+handing-off clock behind the others) comes after what was already yielded, never skipped;
+on a restart the unacknowledged parts come again in key order.
 
 Ranks: each part is read by exactly one of `world_size` ranks, recorded create-only beside
 its acknowledgement (`<run>/consumers/<name>/part-...-<digest>.rank`) before any rank reads
@@ -19,7 +22,13 @@ balancing their rows bytes (the part's tokens, compressed) over that window; a r
 in a race is read back, so every rank agrees on every part, and a part's rank never changes.
 Each rank acknowledges its own parts, so a slow rank blocks nobody. A rank record names its
 `world_size`: a stream of another size is refused while any part recorded under the old one
-is unacknowledged (drain every rank first). This module does not import Prefect.
+is unacknowledged (drain every rank first).
+
+A part or receipt that does not verify stops the stream by default, naming the part, its
+run, the consumer's rank and what to do: a trainer never trains on a hole and never skips a
+part unannounced. `on_unverified="hold"` reads the other parts instead: the bad one is
+logged as an error, listed in `held`, left unacknowledged (retirement keeps its captures)
+and checked again on every poll. This module does not import Prefect.
 """
 
 from __future__ import annotations
@@ -29,12 +38,18 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from capture_core.errors import InvalidInputError, RowsNotWrittenError
+from capture_core.errors import (
+    CaptureStoreError,
+    InvalidInputError,
+    PartMismatchError,
+    RowsNotWrittenError,
+    UnreadableReceiptError,
+)
 from capture_core.rows.row_consumer import RowConsumer, RowPart, UnknownVersion
 from capture_core.rows.row_cursor import Acknowledgement, read_stored_receipt, receipt_keys
 from capture_core.run.receipt import HandoffReceipt
@@ -44,6 +59,10 @@ from capture_core.storage import ByteStore, open_byte_store
 logger = logging.getLogger("capture_core.dataset")  # the public face: its name stays
 
 DEFAULT_POLL_SECONDS = 2.0
+OnUnverified = Literal["raise", "hold"]
+ON_UNVERIFIED: tuple[OnUnverified, ...] = ("raise", "hold")
+"""What a stream does at a part or receipt that does not verify: stop there (raise, the
+default), or hold it back, logged and listed in `held`, and read the others."""
 
 
 class RankRecord(BaseModel):
@@ -66,7 +85,7 @@ def rank_key(run_id: str, consumer: str, part: str) -> str:
 
 @dataclass(frozen=True)
 class Pending:
-    """A part found by a poll: its order key, its run's consumer and its receipt."""
+    """A part found by a poll: its order key (handoff time, run, batch), run and receipt."""
 
     order: tuple[float, str, int]
     run_id: str
@@ -109,7 +128,9 @@ class RowStream:
     unique across runs. `ack(key)` acknowledges one. `columns` reads only those columns
     (the ones staleness masking needs are read as well); without it every column is read but
     `weight_version`, unless staleness masking needs it. Staleness settings are
-    `RowConsumer`'s; `current_weight_version` may be set while streaming.
+    `RowConsumer`'s; `current_weight_version` may be set while streaming. `on_unverified`
+    says what a part or receipt that does not verify does: stop the stream ("raise") or wait
+    in `held`, unacknowledged, while the others are read ("hold").
     """
 
     def __init__(
@@ -127,7 +148,17 @@ class RowStream:
         unknown_version: UnknownVersion | None = None,
         columns: Sequence[str] | None = None,
         use_threads: bool = True,
+        on_unverified: OnUnverified = "raise",
     ) -> None:
+        if on_unverified not in ON_UNVERIFIED:
+            raise InvalidInputError(
+                f"on_unverified is {on_unverified!r}; use 'raise' (stop at a part that does "
+                "not verify) or 'hold' (read the others; it waits, unacknowledged)"
+            )
+        self.on_unverified = on_unverified
+        self.held: dict[str, str] = {}
+        """Parts (or receipts) held back because they do not verify, with why; a held part
+        is checked again on every poll and leaves this once it verifies."""
         self.dest_url, self.options = dest, storage_options
         self.dest: ByteStore = open_byte_store(dest, storage_options)
         self.name = name
@@ -165,12 +196,36 @@ class RowStream:
             found = self._poll()
             for pending in found:
                 consumer = self.runs[pending.run_id]
-                part = consumer.verified(pending.receipt, self.columns, self._skipped())
+                try:
+                    part = consumer.verified(pending.receipt, self.columns, self._skipped())
+                except PartMismatchError as exc:
+                    self._unverified(_rows_key(pending), exc)
+                    continue
+                self.held.pop(part.key, None)
                 self.yielded.add(part.key)
                 yield replace(part, run_id=pending.run_id)
             if not self.follow:
                 return
             time.sleep(self.poll_seconds)
+
+    def _unverified(self, key: str, exc: CaptureStoreError) -> None:
+        """Stop at a part or receipt that does not verify, or hold it (`on_unverified`)."""
+        if self.on_unverified == "raise":
+            raise type(exc)(
+                f"{exc}. Consumer {self.name} (rank {self.rank} of {self.world_size}) stops "
+                "here: parts come in handoff order and none is skipped unannounced. Restore "
+                "it and iterate again (the stream resumes at it), or build the stream with "
+                "on_unverified='hold' to read the other parts while this one waits, "
+                "unacknowledged (its captures are kept)"
+            ) from exc
+        if key not in self.held:
+            logger.error(
+                "%s is held, not yielded: %s. It stays unacknowledged (its captures are kept) "
+                "and is checked again on every poll; restore it to read it",
+                key,
+                exc,
+            )
+        self.held[key] = str(exc)
 
     def _skipped(self) -> tuple[str, ...]:
         """`weight_version` is decoded only for staleness masking or when asked for."""
@@ -209,14 +264,19 @@ class RowStream:
                 self.runs[run_id] = self._consumer(run_id)
             consumer = self.runs[run_id]
             for key in receipt_keys(consumer.layout):
-                receipt = self._receipt(consumer, key)
+                try:
+                    receipt = self._receipt(consumer, key)
+                except UnreadableReceiptError as exc:
+                    self._unverified(consumer.layout.receipt_key(key), exc)
+                    continue
                 assert receipt.rows is not None
                 if receipt.rows.key in self.settled:
                     continue
                 if consumer.cursor.acknowledged(receipt) is not None:
                     self.settled.add(receipt.rows.key)
                     continue
-                unranked.append(Pending((started, run_id, receipt.batch), run_id, receipt))
+                handed_off = started if receipt.handed_off_at is None else receipt.handed_off_at
+                unranked.append(Pending((handed_off, run_id, receipt.batch), run_id, receipt))
         ranks = self._ranks(unranked)
         self.settled.update(key for key, rank in ranks.items() if rank != self.rank)
         found = [p for p in unranked if ranks[_rows_key(p)] == self.rank]

@@ -407,13 +407,15 @@ def read_rows(
     A part smaller than `SMALL_PART_BYTES` is read by the file reader alone (with threads
     when asked): the scanner's set-up costs such a part more than it saves. `columns`
     decodes only those (a projection: the others are never decompressed); `skip` leaves
-    those out of every column the part has.
+    those out of every column the part has. The file reader parses the footer once for both.
     """
     names = None if columns is None else list(columns)
-    if names is None and skip:
-        names = [n for n in pq.read_schema(pa.BufferReader(data)).names if n not in skip]
-    if len(data) < SMALL_PART_BYTES:  # the file reader, still threaded: less set-up
-        return pq.ParquetFile(pa.BufferReader(data)).read(columns=names, use_threads=use_threads)
-    if use_threads:
+    scanned = use_threads and len(data) >= SMALL_PART_BYTES
+    if scanned:
+        if names is None and skip:
+            names = [n for n in pq.read_schema(pa.BufferReader(data)).names if n not in skip]
         return pq.read_table(pa.BufferReader(data), columns=names)
-    return pq.ParquetFile(pa.BufferReader(data)).read(columns=names, use_threads=False)
+    reader = pq.ParquetFile(pa.BufferReader(data))  # the footer, parsed once
+    if names is None and skip:
+        names = [n for n in reader.schema_arrow.names if n not in skip]
+    return reader.read(columns=names, use_threads=use_threads)

@@ -9,6 +9,7 @@ returns the `HandoffReceipt` that names them. This module does not import Prefec
 from __future__ import annotations
 
 import hashlib
+import time
 from concurrent import futures
 
 from capture_core.errors import HandoffConflictError, TransientStoreError
@@ -75,4 +76,5 @@ def handoff_batch(run_id: str, finalized: FinalizedBatch, dest: ByteStore) -> Ha
         records=sum(1 for o in finalized.outcomes if o.emitted),
         rollouts=finalized.outcomes,
         rows=rows,
+        handed_off_at=time.time(),
     )

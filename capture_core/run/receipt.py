@@ -54,6 +54,9 @@ class HandoffReceipt(BaseModel):
     records: int
     rollouts: list[RolloutOutcome]
     rows: RowsPart | None = None
+    handed_off_at: float | None = None
+    """When both parts were verified (seconds since the epoch, the handing-off process's
+    clock): the handoff order a `RowStream` yields parts in. `None` on older receipts."""
 
 
 RECEIPT_KEY = re.compile(r"batch-[0-9]{5,}-[0-9a-f]{16}")

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from capture_core.dataset import (
+    RowConsumer,
     RowStream,
     importance_mask,
     truncated_importance_weights,
@@ -32,6 +33,11 @@ def parts(tmp_path) -> list[pa.Table]:
     )
     projected = RowStream(where["dest"], "p", follow=False, columns=["token_ids", "reward"])
     assert {tuple(p.table.column_names) for p in projected} == {("token_ids", "reward")}
+    one_run = RowConsumer(where["dest"], "c1", "p", columns=["token_ids", "reward"])
+    whole = RowConsumer(where["dest"], "c1", "whole")
+    for part, full in zip(one_run, whole, strict=True):  # RowConsumer projects the same way
+        assert part.table.column_names == ["token_ids", "reward"]
+        assert part.table.equals(full.table.select(["token_ids", "reward"]))
     tables = []
     wanted = ["token_ids", "generation_logprobs", "loss_mask", "weight_version"]
     for n, part in enumerate(RowStream(where["dest"], "t", follow=False, columns=wanted)):

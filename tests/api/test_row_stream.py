@@ -72,6 +72,25 @@ def test_a_stream_follows_runs_as_they_land_and_resumes_what_was_not_acknowledge
     assert sorted(other) == sorted(first + later), "another name reads every run anew"
 
 
+def test_parts_come_in_handoff_order_not_claim_order_on_every_rank_and_restart(
+    locations,
+) -> None:
+    first = land_run(locations, "handed-off-first", task=1)
+    # Claimed an hour before the other run, handed off after it: a long-running run.
+    late = land_run(locations, "claimed-first", task=2, started_at=time.time() - 3600)
+    handoff_order = first + late
+    assert [p.key for p in stream(locations, follow=False)] == handoff_order
+    ranks = [stream(locations, "ranked", rank=r, world_size=2, follow=False) for r in (0, 1)]
+    for reader in ranks:
+        keys = [part.key for part in reader]
+        assert keys == [k for k in handoff_order if k in keys], "each rank in handoff order"
+    reader = stream(locations, follow=False)
+    for part in reader:
+        if part.key in late:
+            reader.ack(part.key)
+    assert [p.key for p in stream(locations, follow=False)] == first, "a restart: same order"
+
+
 def test_two_ranks_read_disjoint_parts_and_a_world_size_change_waits_for_the_drain(
     locations,
 ) -> None:
@@ -152,3 +171,30 @@ def test_a_part_its_receipt_does_not_vouch_for_is_never_yielded(locations) -> No
         for part in reader:
             yielded.append(part.key)
     assert yielded == [parts[0]]
+
+
+@pytest.mark.integrity
+def test_a_part_that_does_not_verify_stops_the_stream_by_name_or_is_held_never_skipped(
+    locations, caplog
+) -> None:
+    bad = land_run(locations, "h1", task=1)
+    good = land_run(locations, "h2", task=2)
+    dest = open_byte_store(locations["dest"], locations["options"])
+    original = dest.get(bad[0]) or b""
+    dest.replace(bad[0], original[:-1] + b"\0")
+    with pytest.raises(PartMismatchError) as stopped:
+        list(stream(locations, follow=False))
+    message = str(stopped.value)
+    for named in (bad[0], "run h1", "rank 0 of 1", "Restore", "on_unverified='hold'"):
+        assert named in message, f"{named!r} missing from: {message}"
+    reader = stream(locations, follow=False, on_unverified="hold")
+    read = [part.key for part in reader]
+    assert read == bad[1:] + good, "every other part, in handoff order; the bad one never"
+    assert list(reader.held) == [bad[0]] and "sha256" in reader.held[bad[0]]
+    assert any(bad[0] in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+    for key in read:
+        reader.ack(key)
+    assert reader.pending() == [bad[0]], "held, never acknowledged: its captures are kept"
+    dest.replace(bad[0], original)
+    again = stream(locations, follow=False, on_unverified="hold")
+    assert [part.key for part in again] == [bad[0]] and again.held == {}, "restored: read"

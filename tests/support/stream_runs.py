@@ -24,10 +24,16 @@ from tests.support.pipeline_helpers import make_batch, write_rollouts
 
 
 def land_run(
-    locations: dict, run_id: str, task: int, rollouts: int = 4, batch_size: int = 2
+    locations: dict,
+    run_id: str,
+    task: int,
+    rollouts: int = 4,
+    batch_size: int = 2,
+    started_at: float | None = None,
 ) -> list[str]:
     """Capture `rollouts` rollouts of task `task`, claim run `run_id` and hand off its
-    batches with rows; return its rows part keys in batch order."""
+    batches with rows; return its rows part keys in batch order. `started_at`: the claim
+    time its manifest records (now by default; earlier for a run claimed long ago)."""
     options = locations["options"]
     records = make_batch(TokenCaptureStore(locations["store"], options), rollouts, task=task)
     url = locations["rollouts"].replace("rollouts.jsonl", f"{run_id}.jsonl")
@@ -46,7 +52,7 @@ def land_run(
             batch_size=batch_size,
             batches=len(plan.batches),
             rows="parquet",
-            started_at=time.time(),
+            started_at=time.time() if started_at is None else started_at,
         )
     )
     keys = []
