@@ -6,8 +6,6 @@ that never returned) is a lost call, reported as a reason, never silently skippe
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 from pydantic import ValidationError
 
@@ -99,13 +97,6 @@ def parse_stored_entry(rollout_id: str, key: str, name: str, data: bytes) -> Sto
         stored = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise _unreadable(rollout_id, key, str(exc)) from exc
-    return parse_stored_object(rollout_id, key, name, data, stored)
-
-
-def parse_stored_object(
-    rollout_id: str, key: str, name: str, data: bytes, stored: Any
-) -> StoredEntry:
-    """`parse_stored_entry` of bytes already parsed into `stored`."""
     if not isinstance(stored, dict):
         raise _unreadable(rollout_id, key, "not a JSON object")
     try:

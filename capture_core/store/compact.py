@@ -302,8 +302,6 @@ class EncodedEntry:
     digest: str | None
     parent: str | None = None
     known: Known | None = None
-    body: dict[str, Any] | None = None
-    """The object `data` encodes, before its seal (`parsed_but_ids`)."""
 
     @property
     def identity(self) -> tuple[bytes, str | None]:
@@ -370,13 +368,12 @@ class Draft:
         digest = digest_text(self._state_at(len(prompt))) if self._prompt_raw is not None else None
         if digest is None or self._gen_raw is None:
             # Stored whole, never a parent.
-            body = _body(rest, digest, None, 0, prompt)
-            return EncodedEntry(seal(encode_json(body)), rest, digest, body=body)
+            return EncodedEntry(_sealed(rest, digest, None, 0, prompt), rest, digest)
         shared = parent.length if parent is not None else 0
         parent_key = parent.call_key if parent is not None else None
-        body = _body(rest, digest, parent_key, shared, prompt[shared:] if shared else prompt)
+        data = _sealed(rest, digest, parent_key, shared, prompt[shared:] if shared else prompt)
         known = known_of(self.call_key, len(prompt), digest, self._gen_raw)
-        return EncodedEntry(seal(encode_json(body)), rest, digest, parent_key, known, body)
+        return EncodedEntry(data, rest, digest, parent_key, known)
 
     def _state_at(self, end: int) -> Any:
         """The sha256 state after the prompt's first `end` tokens, from the nearest one kept."""
@@ -393,37 +390,12 @@ def _length(candidate: Known) -> int:
     return candidate.length
 
 
-def _body(
+def _sealed(
     rest: dict[str, Any], digest: str | None, parent: str | None, shared: int, tail: Any
-) -> dict[str, Any]:
+) -> bytes:
     block = {"h": digest, "a": parent, "n": shared, "d": tail}
-    return {**_pack(rest), "schema_version": STORED_SCHEMA_VERSION, _PROMPT: block}
-
-
-_GENERATION = _SHORT["generation_token_ids"]
-
-
-def parsed_but_ids(encoded: EncodedEntry) -> dict[str, Any] | None:
-    """What `orjson.loads(encoded.data)` gives, but for the token ids of the prompt block and
-    of the generation, which are the encoded object's own lists, not their parsed copies;
-    `None` without the object. Everything else really went through the encoding and back
-    (log probs, content items, versions, scalars), at a fraction of parsing the ids.
-
-    A list keeps its length through the encoding, as each item encodes to one JSON value, and
-    parses as a list; so where only those two ids lists' types and lengths are read (a sealed
-    read's judgement, `checked_entries.construct_sealed_entry`), this object and the parsed
-    bytes get the same verdict. Where their ids are read (full validation), parse the bytes.
-    """
-    body = encoded.body
-    if body is None:
-        return None
-    without = {key: value for key, value in body.items() if key != _GENERATION}
-    without[_PROMPT] = {key: value for key, value in body[_PROMPT].items() if key != "d"}
-    parsed = orjson.loads(encode_json(without))
-    if _GENERATION in body:
-        parsed[_GENERATION] = body[_GENERATION]
-    parsed[_PROMPT]["d"] = body[_PROMPT]["d"]
-    return parsed
+    body = encode_json({**_pack(rest), "schema_version": STORED_SCHEMA_VERSION, _PROMPT: block})
+    return seal(body)
 
 
 def stored_identity(data: bytes) -> tuple[bytes, str | None] | None:

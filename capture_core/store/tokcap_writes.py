@@ -28,7 +28,6 @@ from capture_core.store import capture_entries, compact, parent_index, retiremen
 from capture_core.store import capture_layout as layout
 from capture_core.store.base import CaptureStore
 from capture_core.store.capture_layout import call_key
-from capture_core.store.checked_entries import construct_sealed_entry
 from capture_core.store.stored_json import encode_json
 
 SETTLE_SECONDS = 5.0
@@ -58,7 +57,7 @@ class TokcapWrites(CaptureStore):
             encoded = self._encode(rollout_id, compact.Draft(record, name, prompt_ids))
         except (TypeError, ValueError, OverflowError) as exc:  # checked, yet not encodable
             raise self.refused(record, InvalidRecordError(f"cannot be encoded: {exc}")) from exc
-        self._judge(rollout_id, key, name, record, encoded)
+        self._judge(rollout_id, key, name, record, encoded.data)
         if self._fence(rollout_id):
             existing = self._settled(key)
             if existing is not None and compact.same_call(existing, encoded.identity, stamped):
@@ -75,52 +74,18 @@ class TokcapWrites(CaptureStore):
             return
         self._refuse_conflict(rollout_id, record.model_call_id, existing)
 
-    def _judge(
-        self,
-        rollout_id: str,
-        key: str,
-        name: str,
-        record: TokenEntry,
-        encoded: compact.EncodedEntry,
-    ) -> None:
+    def _judge(self, rollout_id: str, key: str, name: str, record: TokenEntry, data: bytes) -> None:
         """Refuse, storing nothing, bytes a freeze would not read: the put passes the exact
         bytes it is about to store, after mapping and stamping, through the reader's own
         judgement (`capture_entries.read_entry`), so an accepted put never reads back as an
-        unreadable capture.
-
-        The sealed read (`construct_sealed_entry`) reads of the two id lists only their types
-        and lengths, which the encoding keeps, so it judges first the encoded object with
-        everything but those ids parsed back (`compact.parsed_but_ids`): accepted there, the
-        parsed bytes are accepted too. Anything else is judged on the parsed bytes.
-        """
-        if self._sealed_read_accepts(rollout_id, key, name, record, encoded):
-            return
-        stored = capture_entries.parse_stored_entry(rollout_id, key, name, encoded.data)
+        unreadable capture."""
+        stored = capture_entries.parse_stored_entry(rollout_id, key, name, data)
         if stored.prompt is None:  # a delta: its prefix is the parent's, the digest binds it
             stored.prompt = record.prompt_token_ids
         try:
             capture_entries.read_entry(stored)
         except InvalidRecordError as exc:
             raise self.unreadable(record, exc) from exc
-
-    @staticmethod
-    def _sealed_read_accepts(
-        rollout_id: str, key: str, name: str, record: TokenEntry, encoded: compact.EncodedEntry
-    ) -> bool:
-        """Whether a sealed read takes the encoded object as it is (`_judge`); `False` when
-        it does not, or cannot tell: then the bytes are parsed and judged in full."""
-        parsed = compact.parsed_but_ids(encoded)
-        if parsed is None:
-            return False
-        try:
-            stored = capture_entries.parse_stored_object(
-                rollout_id, key, name, encoded.data, parsed
-            )
-            prompt = record.prompt_token_ids if stored.prompt is None else stored.prompt
-            fields = {**stored.fields, "prompt_token_ids": prompt}
-            return construct_sealed_entry(fields) is not None
-        except Exception:  # any doubt: the full judgement below settles it
-            return False
 
     def _encode(self, rollout_id: str, draft: compact.Draft) -> compact.EncodedEntry:
         """The entry as a delta against its longest stored parent (docs/store.md).

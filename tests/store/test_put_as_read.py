@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
 from capture_core.errors import InvalidRecordError
 from capture_core.records import TokenEntry
 from capture_core.records.provenance import INPUT_ALIASES, PROVENANCE_FIELDS
-from capture_core.store import TokenCaptureStore, capture_entries, compact
-from capture_core.store.capture_layout import call_key
+from capture_core.store import TokenCaptureStore
 from capture_core.store.nemo_gym_store import NemoGymFileStore
 from tests.support.backends import ALL_BACKENDS, store_location
 from tests.support.reliability_figures import record_case
@@ -368,80 +367,3 @@ def _versions_carried(entry: TokenEntry, later: dict[str, Any]) -> dict[str, Any
         if field in NAMES and value is not None and carried[field] is None:
             carried[field] = value
     return carried
-
-
-# -- the judgement that does not parse the ids back agrees with the one that does ------------
-
-LOG_PROB = st.one_of(
-    st.floats(max_value=0.0),
-    st.sampled_from([math.nan, math.inf, -math.inf]),
-    st.floats(min_value=-1e39, max_value=-3.4e38),
-    st.integers(min_value=-5, max_value=0),
-    st.booleans(),
-    st.none(),
-)
-ASSIGNABLE = st.fixed_dictionaries(
-    {},
-    optional={
-        "created_at": st.one_of(st.floats(allow_nan=True), st.integers(0, 9), st.just("7.5")),
-        "model": st.one_of(st.text(max_size=3), st.integers(0, 3)),
-        "token_item_index": st.one_of(st.none(), st.integers(-1, 3), st.just("0")),
-        "output_items": st.lists(
-            st.one_of(st.just({"type": "message"}), st.integers()), max_size=2
-        ),
-        "response_id": st.one_of(st.none(), st.just(""), st.just("resp"), st.integers(0, 3)),
-        "replica": st.one_of(st.none(), st.just("a"), st.integers(0, 2)),
-    },
-)
-
-
-@settings(max_examples=150, deadline=None)
-@example(({}, {}), [-0.5], [4], {"created_at": math.nan}, False)  # stored as null: refused
-@example(({}, {}), [-0.5], [4], {"created_at": math.inf}, True)
-@example(({}, {"output_versions": [3]}), [-0.5], [4], {"created_at": 2.0}, False)
-@given(
-    form=provenance_forms(),
-    log_probs=st.lists(LOG_PROB, min_size=1, max_size=4),
-    generated=st.lists(st.integers(min_value=0, max_value=2**63 - 1), min_size=1, max_size=4),
-    extras=ASSIGNABLE,
-    as_mapping=st.booleans(),
-)
-def test_the_judgement_without_the_ids_parsed_never_accepts_what_the_bytes_get_refused(
-    tmp_path_factory: pytest.TempPathFactory,
-    form: tuple[dict[str, Any], dict[str, Any]],
-    log_probs: list[Any],
-    generated: list[int],
-    extras: dict[str, Any],
-    as_mapping: bool,
-) -> None:
-    """A put first judges its encoded object with everything but the two id lists parsed
-    back; whenever that accepts, judging the parsed bytes in full (the reader's read) accepts
-    too, for any log probs, field types and provenance a put lets through its checks."""
-    built, later = form
-    store = TokenCaptureStore(str(tmp_path_factory.mktemp("judge")))
-    fields = {**BASE, "generation_token_ids": generated, "generation_log_probs": log_probs}
-    entry: Any = TokenEntry.model_construct(**fields, **built)
-    entry = (
-        {**fields, **built, **later, **extras} if as_mapping else assigned(entry, **later, **extras)
-    )
-    try:
-        record, prompt_ids, _stamped = store.storable(entry)
-        name = call_key(record.model_call_id)
-        key = f"{record.rollout_id}/e/{name}"
-        encoded = compact.Draft(record, name, prompt_ids).encode(None)
-    except (InvalidRecordError, TypeError, ValueError, OverflowError):
-        return  # refused before any judgement
-    if not store._sealed_read_accepts(record.rollout_id, key, name, record, encoded):
-        return
-    stored = capture_entries.parse_stored_entry(record.rollout_id, key, name, encoded.data)
-    stored.prompt = stored.prompt if stored.prompt is not None else record.prompt_token_ids
-    capture_entries.read_entry(stored)  # raises if the full judgement refuses
-
-
-def test_a_plain_put_is_judged_without_parsing_its_ids(tmp_path: Path) -> None:
-    """The common put takes the cheaper judgement (else it would cost a full parse)."""
-    store = TokenCaptureStore(str(tmp_path / "store"))
-    record, prompt_ids, _stamped = store.storable(TokenEntry(**BASE))
-    name = call_key(record.model_call_id)
-    encoded = compact.Draft(record, name, prompt_ids).encode(None)
-    assert store._sealed_read_accepts("r1", f"r1/e/{name}", name, record, encoded)
