@@ -85,11 +85,56 @@ def construct_sealed_entry(fields: dict[str, Any]) -> TokenEntry | None:
     """
     if not as_validated(fields):
         return None
-    entry = TokenEntry.model_construct(set(fields), **fields)
+    entry = _constructed(fields)
     try:
         check_entry_consistency(entry)
     except (ValueError, TypeError):
         return None
+    return entry
+
+
+def _plain_default(info: Any) -> Any:
+    """A field's default when it is one immutable value, shared by every entry; else
+    `_FACTORY` (a default factory, or a value `get_default` would copy)."""
+    if info.default_factory is None and type(info.default) in (type(None), int, float, str):
+        return info.default
+    return _FACTORY
+
+
+_FACTORY = object()
+_FIELDS: tuple[tuple[str, Any, Any], ...] = tuple(
+    (name, info, _plain_default(info)) for name, info in TokenEntry.__pydantic_fields__.items()
+)
+# `_constructed` is `model_construct` without its alias lookups: none of these fields has one.
+_CONSTRUCT_EXACT = (
+    all(info.alias is None and info.validation_alias is None for _name, info, _d in _FIELDS)
+    and not TokenEntry.__pydantic_post_init__
+    and not TokenEntry.__pydantic_root_model__
+    and TokenEntry.model_config.get("extra") == "allow"
+)
+
+
+def _constructed(fields: dict[str, Any]) -> TokenEntry:
+    """`TokenEntry.model_construct(set(fields), **fields)`, the same object (its `__dict__` in
+    field order with the defaults of fields not given, its fields set, its extras in their
+    order), built without the per-field alias lookups and default copies: a read builds one
+    per stored entry. Falls back to `model_construct` should the model ever gain an alias."""
+    if not _CONSTRUCT_EXACT:
+        return TokenEntry.model_construct(set(fields), **fields)
+    values = dict(fields)
+    own: dict[str, Any] = {}
+    for name, info, default in _FIELDS:
+        if name in values:
+            own[name] = values.pop(name)
+        elif default is not _FACTORY:
+            own[name] = default
+        elif not info.is_required():
+            own[name] = info.get_default(call_default_factory=True, validated_data=own)
+    entry = TokenEntry.__new__(TokenEntry)
+    object.__setattr__(entry, "__dict__", own)
+    object.__setattr__(entry, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(entry, "__pydantic_extra__", values)
+    object.__setattr__(entry, "__pydantic_private__", None)
     return entry
 
 
