@@ -140,9 +140,10 @@ async def forward(ctx: GatewayContext, admitted: Admitted, request: Request) -> 
 
 
 async def finish(
-    ctx: GatewayContext, admitted: Admitted, answer: Mapping[str, Any]
+    ctx: GatewayContext, admitted: Admitted, answer: Mapping[str, Any], answer_bytes: int
 ) -> list[TokenEntry]:
-    """Every choice's entry, stamped and stored durably; raises `CallFailed` otherwise."""
+    """Every choice's entry, stamped and stored durably; raises `CallFailed` otherwise.
+    `answer_bytes` (the engine's answer as it came) is counted once all are stored."""
     try:
         calls = choice_calls(admitted.dialect, answer, admitted.prepared.prompt_ids)
     except EngineAnswerError as exc:
@@ -170,6 +171,7 @@ async def finish(
                 "was not stored",
                 "store_failed",
             ) from None
+    ctx.metrics.bytes_stored.inc(answer_bytes)
     return entries
 
 
@@ -233,7 +235,7 @@ async def unstreamed(ctx: GatewayContext, admitted: Admitted, request: Request) 
             raise CallFailed(502, "the engine's answer is not JSON", "unusable_answer") from None
         if not isinstance(answer, dict):
             raise CallFailed(502, "the engine's answer is not a JSON object", "unusable_answer")
-        await finish(ctx, admitted, answer)
+        await finish(ctx, admitted, answer, len(body))
     except CallFailed as failed:
         return await failed_call(ctx, admitted, failed)
     except httpx.TimeoutException as exc:

@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import anyio
-import orjson
 
 from capture_core.gateway.answers import ChoiceCall
 from capture_core.gateway.metrics import GatewayMetrics
@@ -84,11 +83,10 @@ class CaptureWriter:
             await self.store.begin_call(rollout_id, call_id)
 
     async def put(self, entry: TokenEntry) -> None:
-        """Write one entry durably; its latency and size go to the metrics."""
+        """Write one entry durably; its latency goes to the metrics."""
         started = time.perf_counter()
         await self.store.put(entry)
         self.metrics.write_seconds.observe(time.perf_counter() - started)
-        self.metrics.bytes_stored.inc(len(orjson.dumps(entry.wire_dump())))
 
     async def lose(self, rollout_id: str, call_ids: list[str], cause: str, detail: str) -> None:
         """Report every call lost with its cause; shielded, so it completes even when the

@@ -9,11 +9,13 @@ when the gateway has no key of its own, the client's `Authorization` header as i
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
 
 from capture_core.errors import TokcapError
+from capture_core.gateway.dialects import PATHS
 from capture_core.gateway.settings import GatewaySettings
 
 FORWARDED_HEADERS = ("content-type", "accept", "user-agent", "x-request-id")
@@ -27,6 +29,14 @@ class AnswerTooLargeError(TokcapError):
     """The engine's answer passed the gateway's bound on answer bytes."""
 
 
+def _basic_auth(url: httpx.URL) -> str | None:
+    """The `Authorization: Basic` value of a user and password in the engine URL, if any."""
+    if not (url.username or url.password):
+        return None
+    pair = f"{url.username}:{url.password}".encode()
+    return "Basic " + base64.b64encode(pair).decode("ascii")
+
+
 class Engine:
     """One engine behind the gateway, with one connection pool."""
 
@@ -35,15 +45,28 @@ class Engine:
         self.max_answer_bytes = settings.max_answer_bytes
         self._engine_key = settings.engine_api_key
         self._pass_client_key = not settings.api_key
-        self.client = httpx.AsyncClient(
-            base_url=settings.engine,
-            timeout=httpx.Timeout(settings.engine_timeout, connect=10.0, pool=None),
+        self._base = settings.engine
+        self._urls: dict[str, httpx.URL] = {}
+        self._timeout = httpx.Timeout(settings.engine_timeout, connect=10.0, pool=None).as_dict()
+        self._transport = httpx.AsyncHTTPTransport(
             limits=httpx.Limits(
                 max_connections=None,
                 max_keepalive_connections=64,
                 keepalive_expiry=KEEPALIVE_SECONDS,
-            ),
+            )
         )
+        self.client = httpx.AsyncClient(base_url=settings.engine, transport=self._transport)
+        self._basic = _basic_auth(httpx.URL(settings.engine))
+
+    def _url(self, path: str) -> httpx.URL:
+        """The engine URL of a path, parsed once for the captured paths (`PATHS`: a fixed
+        few, so the cache stays small)."""
+        url = self._urls.get(path)
+        if url is None:
+            url = httpx.URL(self._base + path)
+            if path in PATHS:
+                self._urls[path] = url
+        return url
 
     def headers(self, incoming: Mapping[str, str]) -> dict[str, str]:
         """The request headers the engine gets."""
@@ -52,6 +75,8 @@ class Engine:
             out["authorization"] = f"Bearer {self._engine_key}"
         elif self._pass_client_key and "authorization" in incoming:
             out["authorization"] = incoming["authorization"]
+        if self._basic:  # a user and password in the engine URL win, as httpx's client has it
+            out["authorization"] = self._basic
         return out
 
     async def open(
@@ -64,13 +89,23 @@ class Engine:
         answer came; the request is then sent once more, on a new connection (the engine
         sampled nothing for the first, and only an answer is ever captured).
         """
-        url = f"{path}?{query}" if query else path
-        request = self.client.build_request(method, url, headers=dict(headers), content=body)
+        url = self._url(path) if not query else httpx.URL(f"{self._base}{path}?{query}")
         try:
-            return await self.client.send(request, stream=True)
+            return await self._send(method, url, headers, body)
         except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
-            request = self.client.build_request(method, url, headers=dict(headers), content=body)
-            return await self.client.send(request, stream=True)
+            return await self._send(method, url, headers, body)
+
+    async def _send(
+        self, method: str, url: httpx.URL, headers: Mapping[str, str], body: bytes
+    ) -> httpx.Response:
+        """One request straight to the connection pool: the client's cookies, redirects,
+        auth and URL joining are work a proxy to one engine never needs, on every call."""
+        request = httpx.Request(
+            method, url, headers=headers, content=body, extensions={"timeout": self._timeout}
+        )
+        response = await self._transport.handle_async_request(request)
+        response.request = request
+        return response
 
     async def read(self, response: httpx.Response) -> bytes:
         """The whole body of a response, refused past `max_answer_bytes`."""

@@ -57,7 +57,7 @@ class GatewayMetrics:
         )
         self.bytes_stored = Counter(
             "tokcap_gateway_captured_bytes",
-            "JSON bytes of the captured calls written (the store's compact encoding is smaller).",
+            "Bytes of the engine answers captured (the store's compact encoding is smaller).",
             registry=self.registry,
         )
         for cause in CAUSES:

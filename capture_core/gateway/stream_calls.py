@@ -74,12 +74,14 @@ async def relay(
     """The client's events; the capture is stored before `[DONE]`, or the calls are lost."""
     settled = False  # the calls are stored or reported lost: nothing left to record
     assembly = StreamAssembly(admitted.dialect)
+    received = 0
     try:
         try:
             async for data in sse_events(ctx.engine.lines(response)):
                 if data == DONE:
                     assembly.done = True
                     break
+                received += len(data)
                 chunk = _chunk(ctx, data)
                 assembly.add(chunk)
                 yield _event(orjson.dumps(strip_added(chunk, admitted.prepared, chunk=True)))
@@ -97,7 +99,7 @@ async def relay(
                     "had a finish_reason, so their generations may be cut short",
                     "engine_dropped",
                 )
-            await finish(ctx, admitted, assembly.answer())
+            await finish(ctx, admitted, assembly.answer(), received)
         except httpx.TimeoutException as exc:
             raise timed_out(ctx, exc) from None
         except httpx.HTTPError as exc:
