@@ -37,6 +37,10 @@ def _basic_auth(url: httpx.URL) -> str | None:
     return "Basic " + base64.b64encode(pair).decode("ascii")
 
 
+def _text(line: bytearray) -> str:
+    return line.removesuffix(b"\r").decode("utf-8", "replace")
+
+
 class Engine:
     """One engine behind the gateway, with one connection pool."""
 
@@ -121,16 +125,26 @@ class Engine:
         return b"".join(parts)
 
     async def lines(self, response: httpx.Response) -> AsyncIterator[str]:
-        """A streamed body's lines, refused once their total passes `max_answer_bytes`."""
-        size = 0
-        async for line in response.aiter_lines():
-            size += len(line) + 1
+        """A streamed body's lines (ends `\n` or `\r\n`), refused once the bytes received
+        pass `max_answer_bytes`: counted as they arrive, so a line that never ends is
+        refused at the limit too, and never held whole in memory past it."""
+        size, buffer = 0, bytearray()
+        async for part in response.aiter_bytes():
+            size += len(part)
             if size > self.max_answer_bytes:
                 raise AnswerTooLargeError(
                     f"the engine's streamed answer passed the gateway's limit of "
-                    f"{self.max_answer_bytes} bytes (--max-answer-bytes); ask for fewer tokens"
+                    f"{self.max_answer_bytes} bytes (--max-answer-bytes) before its end; ask "
+                    "for fewer tokens"
                 )
-            yield line
+            buffer += part
+            start = 0
+            while (end := buffer.find(b"\n", start)) != -1:
+                yield _text(buffer[start:end])
+                start = end + 1
+            del buffer[:start]
+        if buffer:
+            yield _text(buffer)
 
     async def health(self) -> str | None:
         """`None` when the engine answers its health check with 2xx, else why not."""

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -139,6 +140,26 @@ def test_a_generation_past_the_limit_fails_the_call_naming_it(
         assert refused.status_code == 413
         message = refused.json()["error"]["message"]
     assert "4000 bytes" in message
+    snapshot = TokenCaptureStore(root).freeze_now(rollout)
+    assert snapshot.incomplete and not snapshot.entries
+    assert any("answer_too_large" in reason for reason in snapshot.incomplete_reasons)
+
+
+@pytest.mark.integrity
+def test_a_streamed_line_that_never_ends_fails_the_call_at_the_limit(
+    bounded: tuple[GatewayProcess, str], engine: FakeEngine, rollout: str
+) -> None:
+    """An engine event without a newline is counted as its bytes arrive: the call fails at
+    the limit, naming it, rather than the gateway holding the line until it ends (never)."""
+    gateway, root = bounded
+    engine.set(endless_line=True)
+    url = gateway.session(rollout) + "/chat/completions"
+    started = time.monotonic()
+    with httpx.stream("POST", url, json={**CHAT, "stream": True}, timeout=20) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert time.monotonic() - started < 20
+    assert "[DONE]" not in events
+    assert "4000 bytes" in json.loads(events[-1])["error"]["message"]
     snapshot = TokenCaptureStore(root).freeze_now(rollout)
     assert snapshot.incomplete and not snapshot.entries
     assert any("answer_too_large" in reason for reason in snapshot.incomplete_reasons)
