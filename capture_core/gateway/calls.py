@@ -11,10 +11,12 @@ This module imports only `errors`, `records`, `store` and `gateway`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 from pydantic import ValidationError
@@ -48,6 +50,22 @@ class GatewayContext:
     engine: Engine
     versions: VersionReader
     metrics: GatewayMetrics
+    cut_by_shutdown: bool = False
+    """Set once the gateway stops and its grace period ran out: a call cancelled from then
+    on was cut by the shutdown (cause `gateway_shutdown`), not by its client."""
+
+    def shutdown_cut(self) -> None:
+        self.cut_by_shutdown = True
+
+    def cut_cause(self) -> tuple[str, str]:
+        """The cause and detail of a call stopped before it settled."""
+        if self.cut_by_shutdown:
+            return (
+                "gateway_shutdown",
+                f"the gateway stopped and its grace period of {self.settings.shutdown_grace:g} "
+                "s ran out before the call finished",
+            )
+        return "client_disconnected", "the client closed the stream"
 
 
 class CallFailed(TokcapError):
@@ -217,7 +235,18 @@ def _entries(
 
 
 async def unstreamed(ctx: GatewayContext, admitted: Admitted, request: Request) -> Response:
-    """Forward, read, capture, answer: the whole of an unstreamed captured call."""
+    """Forward, read, capture, answer: the whole of an unstreamed captured call. A client
+    that hangs up does not stop it; a shutdown that cuts it records it lost."""
+    try:
+        return await _unstreamed(ctx, admitted, request)
+    except asyncio.CancelledError:
+        cause, detail = ctx.cut_cause()
+        with anyio.CancelScope(shield=True):
+            await lose(ctx, admitted, cause, detail)
+        raise
+
+
+async def _unstreamed(ctx: GatewayContext, admitted: Admitted, request: Request) -> Response:
     try:
         response = await forward(ctx, admitted, request)
         try:

@@ -21,6 +21,7 @@ CAUSES = (
     "store_failed",
     "version_source",
     "unobserved_path",
+    "gateway_shutdown",
 )
 """Why a call was lost; each is also the `cause` of its log line."""
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -7,7 +7,8 @@ after every choice's `finish_reason`, stores every choice's entry durably, then 
 `[DONE]`. A stream that ends any other way records its calls lost and ends with an error
 event instead of `[DONE]`, so no client takes an uncaptured or partial generation for a
 whole one: the engine broke off or restarted, the answer passed its limit, the client hung
-up (the engine's request is then aborted by closing its connection).
+up or a stopping gateway's grace period ran out (the engine's request is then aborted by
+closing its connection).
 This module imports only `gateway`.
 """
 
@@ -126,7 +127,7 @@ async def relay(
         with anyio.CancelScope(shield=True):
             await response.aclose()  # aborts the engine's request when it is still running
             if not settled:
-                await lose(ctx, admitted, "client_disconnected", "the client closed the stream")
+                await lose(ctx, admitted, *ctx.cut_cause())
 
 
 def _chunk(ctx: GatewayContext, data: str) -> dict:

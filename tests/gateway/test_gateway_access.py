@@ -188,6 +188,40 @@ def test_sigterm_lets_the_call_in_flight_finish_then_exits_0(
 
 
 @pytest.mark.integrity
+@pytest.mark.parametrize("stream", [False, True])
+def test_calls_a_sigterm_cuts_after_its_grace_are_recorded_lost_to_the_shutdown(
+    engine: FakeEngine, tmp_path: Any, rollout: str, stream: bool
+) -> None:
+    root = str(tmp_path / "store")
+    gateway = GatewayProcess(engine.url, root, "--shutdown-grace", "1").start()
+    engine.set(chunk_delay=0.5, reply_tokens=100) if stream else engine.set(delay=60)
+    url = gateway.session(rollout) + "/chat/completions"
+    body = {**CHAT, "stream": stream}
+    answers: list[Any] = []
+
+    def call() -> None:
+        try:
+            with httpx.stream("POST", url, json=body, timeout=90) as response:
+                answers.append([line for line in response.iter_lines() if line])
+        except httpx.HTTPError as exc:  # the cut connection
+            answers.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    wait_until(lambda: engine.seen()["requests"], 30, "the engine to get the call")
+    assert gateway.proc is not None
+    gateway.proc.send_signal(signal.SIGTERM)
+    assert gateway.proc.wait(timeout=60) == 0
+    caller.join(timeout=60)
+    assert answers and "data: [DONE]" not in (answers[0] if isinstance(answers[0], list) else [])
+    snapshot = TokenCaptureStore(root).freeze_now(rollout)
+    assert snapshot.incomplete and not snapshot.entries
+    reasons = " ".join(snapshot.incomplete_reasons)
+    assert "gateway_shutdown" in reasons and "client_disconnected" not in reasons
+    assert "cause=gateway_shutdown" in gateway.stderr()
+
+
+@pytest.mark.integrity
 def test_credentials_in_the_engine_url_reach_no_answer_log_or_capture(
     tmp_path: Any, rollout: str
 ) -> None:
