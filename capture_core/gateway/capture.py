@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,8 +31,10 @@ logger = logging.getLogger("tokcap.gateway")
 
 
 def new_call_ids(count: int) -> list[str]:
-    """Fresh model call ids for one request: one per choice it asks for."""
-    base = f"gw-{uuid.uuid4().hex}"
+    """Fresh model call ids for one request: one per choice it asks for. 64 random bits name
+    a call uniquely within its rollout (a clash needs billions of calls in one rollout) and
+    keep the id, stored in each entry and intent, short."""
+    base = f"gw-{secrets.token_hex(8)}"
     return [base] if count == 1 else [f"{base}-c{i}" for i in range(count)]
 
 
