@@ -178,8 +178,19 @@ def hiding_accelerators(rev: str, into: str) -> str | None:
 
 
 def rev_gateway(engine: str, store: str, rev: str, work: str) -> GatewayProcess:
-    """A gateway running `rev`'s `capture_core` (with this tree's CLI), started later."""
-    paths = [composed_root(rev, work)]
+    """A gateway running `rev`'s `capture_core` and CLI (`tokcap.flows`, `tokcap.tasks`),
+    started later."""
+    root = composed_root(rev, work)
+    if not os.path.isdir(os.path.join(root, "tokcap")):
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        archive = subprocess.run(
+            ["git", "-C", here, "archive", "--prefix=tokcap/", rev, "flows", "tasks"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", root], input=archive, check=True)
+        open(os.path.join(root, "tokcap", "__init__.py"), "w").close()
+    paths = [root]
     hidden = hiding_accelerators(rev, work)
     if hidden is not None:
         paths.append(hidden)

@@ -278,8 +278,9 @@ async def _unstreamed(ctx: GatewayContext, admitted: Admitted, request: Request)
     ctx.metrics.calls.labels(dialect=admitted.dialect, outcome="captured").inc(
         len(admitted.call_ids)
     )
-    answer = strip_added(answer, admitted.prepared)
-    return Response(orjson.dumps(answer), response.status_code, media_type="application/json")
+    if admitted.prepared.top or admitted.prepared.choice:  # fields the gateway asked for
+        body = orjson.dumps(strip_added(answer, admitted.prepared))
+    return Response(body, response.status_code, media_type="application/json")
 
 
 def timed_out(ctx: GatewayContext, exc: Exception) -> CallFailed:
