@@ -12,8 +12,9 @@ This module imports only `errors`, `records`, `store` and `gateway`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -41,6 +42,30 @@ from capture_core.gateway.versions import VersionReader, engine_provenance
 from capture_core.records import TokenEntry, describe_validation_error
 
 
+class InFlight:
+    """The captured calls running now, so a stopping gateway lets each one cut by the
+    shutdown record its loss before the store is closed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.count += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    async def settled(self, timeout: float) -> None:
+        """Wait until no call runs, at most `timeout` seconds."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+
+
 @dataclass
 class GatewayContext:
     """What every handler shares: settings, store writer, engine, versions, metrics."""
@@ -50,6 +75,7 @@ class GatewayContext:
     engine: Engine
     versions: VersionReader
     metrics: GatewayMetrics
+    in_flight: InFlight = field(default_factory=InFlight)
     cut_by_shutdown: bool = False
     """Set once the gateway stops and its grace period ran out: a call cancelled from then
     on was cut by the shutdown (cause `gateway_shutdown`), not by its client."""
@@ -237,6 +263,7 @@ def _entries(
 async def unstreamed(ctx: GatewayContext, admitted: Admitted, request: Request) -> Response:
     """Forward, read, capture, answer: the whole of an unstreamed captured call. A client
     that hangs up does not stop it; a shutdown that cuts it records it lost."""
+    ctx.in_flight.enter()
     try:
         return await _unstreamed(ctx, admitted, request)
     except asyncio.CancelledError:
@@ -244,6 +271,8 @@ async def unstreamed(ctx: GatewayContext, admitted: Admitted, request: Request) 
         with anyio.CancelScope(shield=True):
             await lose(ctx, admitted, cause, detail)
         raise
+    finally:
+        ctx.in_flight.leave()
 
 
 async def _unstreamed(ctx: GatewayContext, admitted: Admitted, request: Request) -> Response:

@@ -76,6 +76,7 @@ async def relay(
     settled = False  # the calls are stored or reported lost: nothing left to record
     assembly = StreamAssembly(admitted.dialect)
     received = 0
+    ctx.in_flight.enter()
     try:
         try:
             async for data in sse_events(ctx.engine.lines(response)):
@@ -124,10 +125,13 @@ async def relay(
                 await lose(ctx, admitted, failed.cause, failed.message)
         yield _event(error_body(failed.status, failed.message))
     finally:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()  # aborts the engine's request when it is still running
-            if not settled:
-                await lose(ctx, admitted, *ctx.cut_cause())
+        try:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()  # aborts the engine's request when it is still running
+                if not settled:
+                    await lose(ctx, admitted, *ctx.cut_cause())
+        finally:
+            ctx.in_flight.leave()
 
 
 def _chunk(ctx: GatewayContext, data: str) -> dict:
