@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -84,7 +85,7 @@ def serve(
         "timeout_graceful_shutdown": settings.shutdown_grace,
         "timeout_keep_alive": KEEPALIVE_SECONDS,
         "lifespan": "on",
-        "loop": "uvloop",
+        "loop": "asyncio" if sys.platform == "win32" else "uvloop",  # uvloop has no Windows
         "http": "httptools",
     }
     app = create_app(settings, store)
