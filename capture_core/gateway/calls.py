@@ -11,10 +11,13 @@ This module imports only `errors`, `records`, `store` and `gateway`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 from pydantic import ValidationError
@@ -39,6 +42,30 @@ from capture_core.gateway.versions import VersionReader, engine_provenance
 from capture_core.records import TokenEntry, describe_validation_error
 
 
+class InFlight:
+    """The captured calls running now, so a stopping gateway lets each one cut by the
+    shutdown record its loss before the store is closed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.count += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    async def settled(self, timeout: float) -> None:
+        """Wait until no call runs, at most `timeout` seconds."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+
+
 @dataclass
 class GatewayContext:
     """What every handler shares: settings, store writer, engine, versions, metrics."""
@@ -48,6 +75,23 @@ class GatewayContext:
     engine: Engine
     versions: VersionReader
     metrics: GatewayMetrics
+    in_flight: InFlight = field(default_factory=InFlight)
+    cut_by_shutdown: bool = False
+    """Set once the gateway stops and its grace period ran out: a call cancelled from then
+    on was cut by the shutdown (cause `gateway_shutdown`), not by its client."""
+
+    def shutdown_cut(self) -> None:
+        self.cut_by_shutdown = True
+
+    def cut_cause(self) -> tuple[str, str]:
+        """The cause and detail of a call stopped before it settled."""
+        if self.cut_by_shutdown:
+            return (
+                "gateway_shutdown",
+                f"the gateway stopped and its grace period of {self.settings.shutdown_grace:g} "
+                "s ran out before the call finished",
+            )
+        return "client_disconnected", "the client closed the stream"
 
 
 class CallFailed(TokcapError):
@@ -140,9 +184,10 @@ async def forward(ctx: GatewayContext, admitted: Admitted, request: Request) -> 
 
 
 async def finish(
-    ctx: GatewayContext, admitted: Admitted, answer: Mapping[str, Any]
+    ctx: GatewayContext, admitted: Admitted, answer: Mapping[str, Any], answer_bytes: int
 ) -> list[TokenEntry]:
-    """Every choice's entry, stamped and stored durably; raises `CallFailed` otherwise."""
+    """Every choice's entry, stamped and stored durably; raises `CallFailed` otherwise.
+    `answer_bytes` (the engine's answer as it came) is counted once all are stored."""
     try:
         calls = choice_calls(admitted.dialect, answer, admitted.prepared.prompt_ids)
     except EngineAnswerError as exc:
@@ -170,6 +215,7 @@ async def finish(
                 "was not stored",
                 "store_failed",
             ) from None
+    ctx.metrics.bytes_stored.inc(answer_bytes)
     return entries
 
 
@@ -215,7 +261,21 @@ def _entries(
 
 
 async def unstreamed(ctx: GatewayContext, admitted: Admitted, request: Request) -> Response:
-    """Forward, read, capture, answer: the whole of an unstreamed captured call."""
+    """Forward, read, capture, answer: the whole of an unstreamed captured call. A client
+    that hangs up does not stop it; a shutdown that cuts it records it lost."""
+    ctx.in_flight.enter()
+    try:
+        return await _unstreamed(ctx, admitted, request)
+    except asyncio.CancelledError:
+        cause, detail = ctx.cut_cause()
+        with anyio.CancelScope(shield=True):
+            await lose(ctx, admitted, cause, detail)
+        raise
+    finally:
+        ctx.in_flight.leave()
+
+
+async def _unstreamed(ctx: GatewayContext, admitted: Admitted, request: Request) -> Response:
     try:
         response = await forward(ctx, admitted, request)
         try:
@@ -233,7 +293,7 @@ async def unstreamed(ctx: GatewayContext, admitted: Admitted, request: Request) 
             raise CallFailed(502, "the engine's answer is not JSON", "unusable_answer") from None
         if not isinstance(answer, dict):
             raise CallFailed(502, "the engine's answer is not a JSON object", "unusable_answer")
-        await finish(ctx, admitted, answer)
+        await finish(ctx, admitted, answer, len(body))
     except CallFailed as failed:
         return await failed_call(ctx, admitted, failed)
     except httpx.TimeoutException as exc:
@@ -247,8 +307,9 @@ async def unstreamed(ctx: GatewayContext, admitted: Admitted, request: Request) 
     ctx.metrics.calls.labels(dialect=admitted.dialect, outcome="captured").inc(
         len(admitted.call_ids)
     )
-    answer = strip_added(answer, admitted.prepared)
-    return Response(orjson.dumps(answer), response.status_code, media_type="application/json")
+    if admitted.prepared.top or admitted.prepared.choice:  # fields the gateway asked for
+        body = orjson.dumps(strip_added(answer, admitted.prepared))
+    return Response(body, response.status_code, media_type="application/json")
 
 
 def timed_out(ctx: GatewayContext, exc: Exception) -> CallFailed:

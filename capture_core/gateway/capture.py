@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import anyio
-import orjson
 
 from capture_core.gateway.answers import ChoiceCall
 from capture_core.gateway.metrics import GatewayMetrics
@@ -32,8 +31,10 @@ logger = logging.getLogger("tokcap.gateway")
 
 
 def new_call_ids(count: int) -> list[str]:
-    """Fresh model call ids for one request: one per choice it asks for."""
-    base = f"gw-{uuid.uuid4().hex}"
+    """Fresh model call ids for one request: one per choice it asks for. 64 random bits name
+    a call uniquely within its rollout (a clash needs billions of calls in one rollout) and
+    keep the id, stored in each entry and intent, short."""
+    base = f"gw-{secrets.token_hex(8)}"
     return [base] if count == 1 else [f"{base}-c{i}" for i in range(count)]
 
 
@@ -84,11 +85,10 @@ class CaptureWriter:
             await self.store.begin_call(rollout_id, call_id)
 
     async def put(self, entry: TokenEntry) -> None:
-        """Write one entry durably; its latency and size go to the metrics."""
+        """Write one entry durably; its latency goes to the metrics."""
         started = time.perf_counter()
         await self.store.put(entry)
         self.metrics.write_seconds.observe(time.perf_counter() - started)
-        self.metrics.bytes_stored.inc(len(orjson.dumps(entry.wire_dump())))
 
     async def lose(self, rollout_id: str, call_ids: list[str], cause: str, detail: str) -> None:
         """Report every call lost with its cause; shielded, so it completes even when the

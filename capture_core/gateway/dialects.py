@@ -62,7 +62,9 @@ def prepare(dialect: str, body: Mapping[str, Any]) -> Prepared:
 
     Raises `InvalidInputError` (a 400 to the client) for a request whose ids cannot be
     captured exactly: a `stream` that is not a boolean, completions with `echo` (its log
-    probs would cover the prompt too), a generate request without a list of prompt ids.
+    probs would cover the prompt too), chat with `echo` or with `top_logprobs` but no
+    `logprobs` (`_refuse_uncapturable_chat`), a generate request without a list of prompt
+    ids.
     """
     forward = dict(body)
     stream = forward.get("stream")
@@ -81,6 +83,7 @@ def prepare(dialect: str, body: Mapping[str, Any]) -> Prepared:
         top.append("prompt_token_ids")
         choice.append("token_ids")
     if dialect == CHAT:
+        _refuse_uncapturable_chat(forward)
         if forward.get("logprobs") is not True:
             forward["logprobs"] = True
             forward["top_logprobs"] = 0
@@ -100,6 +103,26 @@ def prepare(dialect: str, body: Mapping[str, Any]) -> Prepared:
             choice.append("prompt_token_ids")
         choices = _count(forward.get("n"), "n") * _prompts(forward.get("prompt"))
     return Prepared(forward, tuple(top), tuple(choice), _bounded(choices), stream)
+
+
+def _refuse_uncapturable_chat(body: Mapping[str, Any]) -> None:
+    """A chat request the gateway cannot pass on as the client sent it: `echo: true` puts
+    the last message's text before the generation in the answer's content, so the captured
+    message would hold text the generated ids never said; `top_logprobs` above 0 without
+    `logprobs: true` is one the engine refuses (vLLM answers 400), and the gateway, which
+    sets `logprobs` itself, would answer it instead."""
+    if body.get("echo"):
+        raise InvalidInputError(
+            "echo: true is not supported for capture (the answer's content would begin with "
+            "the last message's text, which the generated token ids do not say); send the "
+            "request without echo"
+        )
+    top = body.get("top_logprobs")
+    if top not in (None, 0) and body.get("logprobs") is not True:
+        raise InvalidInputError(
+            f"top_logprobs ({top!r}) needs logprobs: true, as the engine requires; set "
+            "logprobs: true or leave top_logprobs out"
+        )
 
 
 def _bounded(calls: int) -> int:

@@ -21,6 +21,7 @@ CAUSES = (
     "store_failed",
     "version_source",
     "unobserved_path",
+    "gateway_shutdown",
 )
 """Why a call was lost; each is also the `cause` of its log line."""
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -57,7 +58,7 @@ class GatewayMetrics:
         )
         self.bytes_stored = Counter(
             "tokcap_gateway_captured_bytes",
-            "JSON bytes of the captured calls written (the store's compact encoding is smaller).",
+            "Bytes of the engine answers captured (the store's compact encoding is smaller).",
             registry=self.registry,
         )
         for cause in CAUSES:

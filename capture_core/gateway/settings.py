@@ -19,6 +19,9 @@ DEFAULT_MAX_ANSWER_BYTES = 64 * 1024 * 1024
 """An engine answer (a streamed one summed over its events) larger than this fails the call."""
 DEFAULT_ENGINE_TIMEOUT = 600.0
 """Seconds an engine may take to answer (or between two streamed events) before the call is lost."""
+DEFAULT_SHUTDOWN_GRACE = 30.0
+"""Seconds a stopping gateway lets calls in flight finish before it cuts them (recorded lost,
+cause `gateway_shutdown`)."""
 API_KEY_ENV = "TOKCAP_GATEWAY_API_KEY"
 """The environment variable a gateway's own key may come from instead of `--api-key`."""
 ENGINE_API_KEY_ENV = "TOKCAP_ENGINE_API_KEY"
@@ -68,6 +71,7 @@ class GatewaySettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
     engine_timeout: float = DEFAULT_ENGINE_TIMEOUT
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
 
     def __post_init__(self) -> None:
         if not self.engine.startswith(("http://", "https://")):
@@ -94,6 +98,8 @@ class GatewaySettings:
                 raise InvalidInputError(f"{name} must be a positive number of bytes")
         if self.engine_timeout <= 0:
             raise InvalidInputError("engine_timeout must be a positive number of seconds")
+        if self.shutdown_grace <= 0:
+            raise InvalidInputError("shutdown_grace must be a positive number of seconds")
 
     @property
     def engine_shown(self) -> str:

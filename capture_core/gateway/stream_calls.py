@@ -7,7 +7,8 @@ after every choice's `finish_reason`, stores every choice's entry durably, then 
 `[DONE]`. A stream that ends any other way records its calls lost and ends with an error
 event instead of `[DONE]`, so no client takes an uncaptured or partial generation for a
 whole one: the engine broke off or restarted, the answer passed its limit, the client hung
-up (the engine's request is then aborted by closing its connection).
+up or a stopping gateway's grace period ran out (the engine's request is then aborted by
+closing its connection).
 This module imports only `gateway`.
 """
 
@@ -74,12 +75,15 @@ async def relay(
     """The client's events; the capture is stored before `[DONE]`, or the calls are lost."""
     settled = False  # the calls are stored or reported lost: nothing left to record
     assembly = StreamAssembly(admitted.dialect)
+    received = 0
+    ctx.in_flight.enter()
     try:
         try:
             async for data in sse_events(ctx.engine.lines(response)):
                 if data == DONE:
                     assembly.done = True
                     break
+                received += len(data)
                 chunk = _chunk(ctx, data)
                 assembly.add(chunk)
                 yield _event(orjson.dumps(strip_added(chunk, admitted.prepared, chunk=True)))
@@ -97,7 +101,7 @@ async def relay(
                     "had a finish_reason, so their generations may be cut short",
                     "engine_dropped",
                 )
-            await finish(ctx, admitted, assembly.answer())
+            await finish(ctx, admitted, assembly.answer(), received)
         except httpx.TimeoutException as exc:
             raise timed_out(ctx, exc) from None
         except httpx.HTTPError as exc:
@@ -121,10 +125,13 @@ async def relay(
                 await lose(ctx, admitted, failed.cause, failed.message)
         yield _event(error_body(failed.status, failed.message))
     finally:
-        with anyio.CancelScope(shield=True):
-            await response.aclose()  # aborts the engine's request when it is still running
-            if not settled:
-                await lose(ctx, admitted, "client_disconnected", "the client closed the stream")
+        try:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()  # aborts the engine's request when it is still running
+                if not settled:
+                    await lose(ctx, admitted, *ctx.cut_cause())
+        finally:
+            ctx.in_flight.leave()
 
 
 def _chunk(ctx: GatewayContext, data: str) -> dict:

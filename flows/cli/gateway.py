@@ -21,6 +21,7 @@ from capture_core.gateway.settings import (
     DEFAULT_HOST,
     DEFAULT_MAX_ANSWER_BYTES,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_SHUTDOWN_GRACE,
     ENGINE_API_KEY_ENV,
     GatewaySettings,
 )
@@ -110,6 +111,13 @@ def add_gateway_command(commands: Any, add_storage: Callable[..., None], store_h
         default=DEFAULT_ENGINE_TIMEOUT,
         help=f"seconds an engine may be silent (default {DEFAULT_ENGINE_TIMEOUT:g})",
     )
+    gateway.add_argument(
+        "--shutdown-grace",
+        type=seconds,
+        default=DEFAULT_SHUTDOWN_GRACE,
+        help="seconds calls in flight may finish after SIGTERM before they are cut and recorded "
+        f"lost (default {DEFAULT_SHUTDOWN_GRACE:g})",
+    )
     add_storage(gateway, source=False)
 
 
@@ -136,6 +144,7 @@ def check_gateway_args(args: argparse.Namespace) -> None:
             max_body_bytes=args.max_body_bytes,
             max_answer_bytes=args.max_answer_bytes,
             engine_timeout=args.engine_timeout,
+            shutdown_grace=args.shutdown_grace,
         )
     except InvalidInputError as exc:
         flag = "--engine" if str(exc).startswith("engine") else "--host"

@@ -267,3 +267,48 @@ def test_a_request_for_more_calls_than_the_limit_is_refused_naming_it(
     assert "1024" in answer.json()["error"]["message"]
     assert engine.seen()["requests"] == []
     assert TokenCaptureStore(store_root).freeze_now(rollout).version == 0  # nothing written
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_request_with_echo_is_refused_naming_it(
+    gateway: GatewayProcess, engine: FakeEngine, store_root: str, rollout: str, stream: bool
+) -> None:
+    body = {**CHAT, "echo": True, "stream": stream}
+    answer = post(gateway.session(rollout) + "/chat/completions", body)
+    assert answer.status_code == 400
+    assert "echo" in answer.json()["error"]["message"]
+    assert engine.seen()["requests"] == []
+    assert TokenCaptureStore(store_root).read_entries(rollout) == []
+
+
+@pytest.mark.integrity
+def test_top_logprobs_without_logprobs_is_refused_as_the_engine_refuses_it(
+    gateway: GatewayProcess, engine: FakeEngine, store_root: str, rollout: str
+) -> None:
+    body = {**CHAT, "top_logprobs": 3}
+    straight = post(f"{engine.url}/v1/chat/completions", body)
+    engine.set()  # forget the direct request
+    answer = post(gateway.session(rollout) + "/chat/completions", body)
+    assert answer.status_code == straight.status_code == 400
+    assert "top_logprobs" in answer.json()["error"]["message"]
+    assert engine.seen()["requests"] == []
+    assert TokenCaptureStore(store_root).read_entries(rollout) == []
+
+
+def test_top_logprobs_the_client_asked_for_come_back_and_the_capture_is_the_sampled_ones(
+    gateway: GatewayProcess, engine: FakeEngine, store_root: str, rollout: str
+) -> None:
+    for body in ({**CHAT, "top_logprobs": 0}, {**CHAT, "logprobs": True, "top_logprobs": 3}):
+        engine.set()
+        answer = post(gateway.session(rollout) + "/chat/completions", body)
+        assert answer.status_code == 200
+        assert answer.json() == direct(engine, "/chat/completions", body)
+    forwarded = engine.seen()["requests"][0]["body"]
+    assert forwarded["logprobs"] is True and forwarded["top_logprobs"] == 3
+    full = direct(engine, "/chat/completions", {**body, "return_token_ids": True})
+    content = full["choices"][0]["logprobs"]["content"]
+    assert all(len(c["top_logprobs"]) == 3 for c in content)
+    assert [e.generation_log_probs for e in entries(store_root, rollout)] == [
+        [c["logprob"] for c in content]
+    ] * 2

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -144,6 +145,26 @@ def test_a_generation_past_the_limit_fails_the_call_naming_it(
     assert any("answer_too_large" in reason for reason in snapshot.incomplete_reasons)
 
 
+@pytest.mark.integrity
+def test_a_streamed_line_that_never_ends_fails_the_call_at_the_limit(
+    bounded: tuple[GatewayProcess, str], engine: FakeEngine, rollout: str
+) -> None:
+    """An engine event without a newline is counted as its bytes arrive: the call fails at
+    the limit, naming it, rather than the gateway holding the line until it ends (never)."""
+    gateway, root = bounded
+    engine.set(endless_line=True)
+    url = gateway.session(rollout) + "/chat/completions"
+    started = time.monotonic()
+    with httpx.stream("POST", url, json={**CHAT, "stream": True}, timeout=20) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert time.monotonic() - started < 20
+    assert "[DONE]" not in events
+    assert "4000 bytes" in json.loads(events[-1])["error"]["message"]
+    snapshot = TokenCaptureStore(root).freeze_now(rollout)
+    assert snapshot.incomplete and not snapshot.entries
+    assert any("answer_too_large" in reason for reason in snapshot.incomplete_reasons)
+
+
 def test_sigterm_lets_the_call_in_flight_finish_then_exits_0(
     engine: FakeEngine, tmp_path: Any, rollout: str
 ) -> None:
@@ -164,6 +185,40 @@ def test_sigterm_lets_the_call_in_flight_finish_then_exits_0(
     assert events[-1] == "[DONE]"
     (entry,) = TokenCaptureStore(root).freeze_now(rollout).entries
     assert len(entry.generation_token_ids) == 40
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("stream", [False, True])
+def test_calls_a_sigterm_cuts_after_its_grace_are_recorded_lost_to_the_shutdown(
+    engine: FakeEngine, tmp_path: Any, rollout: str, stream: bool
+) -> None:
+    root = str(tmp_path / "store")
+    gateway = GatewayProcess(engine.url, root, "--shutdown-grace", "1").start()
+    engine.set(chunk_delay=0.5, reply_tokens=100) if stream else engine.set(delay=60)
+    url = gateway.session(rollout) + "/chat/completions"
+    body = {**CHAT, "stream": stream}
+    answers: list[Any] = []
+
+    def call() -> None:
+        try:
+            with httpx.stream("POST", url, json=body, timeout=90) as response:
+                answers.append([line for line in response.iter_lines() if line])
+        except httpx.HTTPError as exc:  # the cut connection
+            answers.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    wait_until(lambda: engine.seen()["requests"], 30, "the engine to get the call")
+    assert gateway.proc is not None
+    gateway.proc.send_signal(signal.SIGTERM)
+    assert gateway.proc.wait(timeout=60) == 0
+    caller.join(timeout=60)
+    assert answers and "data: [DONE]" not in (answers[0] if isinstance(answers[0], list) else [])
+    snapshot = TokenCaptureStore(root).freeze_now(rollout)
+    assert snapshot.incomplete and not snapshot.entries
+    reasons = " ".join(snapshot.incomplete_reasons)
+    assert "gateway_shutdown" in reasons and "client_disconnected" not in reasons
+    assert "cause=gateway_shutdown" in gateway.stderr()
 
 
 @pytest.mark.integrity

@@ -55,10 +55,11 @@ class Faults:
     before answering; `chunk_delay`: seconds between streamed chunks; `drop_after`: break the
     stream off after this many chunks; `versions`: labels of `weight_versions` spans
     (generate), splitting the generation evenly; `reply_tokens`: pad replies to this many
-    generated tokens; `require_key`: the engine's own key; `no_finish`: a stream whose chunks
-    carry no `finish_reason` (it still ends in `[DONE]`); `emptied`: generated ids and log probs
-    as empty lists (a router that blanks them) while the text stays; `bad_index`: streamed
-    choices whose `index` is not a number."""
+    generated tokens; `endless_line`: a stream whose first event never ends (bytes without a
+    newline until the client goes away); `require_key`: the engine's own key; `no_finish`: a
+    stream whose chunks carry no `finish_reason` (it still ends in `[DONE]`); `emptied`:
+    generated ids and log probs as empty lists (a router that blanks them) while the text
+    stays; `bad_index`: streamed choices whose `index` is not a number."""
 
     missing: str | None = None
     status: int | None = None
@@ -70,6 +71,7 @@ class Faults:
     require_key: str | None = None
     unhealthy: bool = False
     no_finish: bool = False
+    endless_line: bool = False
     emptied: bool = False
     bad_index: bool = False
 
@@ -101,12 +103,32 @@ def generation(body: dict[str, Any], choice: int, faults: Faults) -> tuple[list[
     return [*encode(text), END], {"role": "assistant", "content": text}
 
 
-def chat_logprobs(ids: list[int]) -> dict[str, Any]:
-    content = [
-        {"token": decode([t]) or "<s>", "logprob": log_prob(t, i), "bytes": [], "top_logprobs": []}
-        for i, t in enumerate(ids)
-    ]
+def chat_logprobs(ids: list[int], top: int = 0) -> dict[str, Any]:
+    """vLLM's chat log probs: one entry per token, with `top` alternatives (the token itself
+    first, then made-up ones less likely)."""
+    content = []
+    for i, t in enumerate(ids):
+        token, value = decode([t]) or "<s>", log_prob(t, i)
+        alternatives = [{"token": token, "logprob": value, "bytes": []}]
+        alternatives += [
+            {"token": f"alt{k}", "logprob": value - k, "bytes": []} for k in range(1, top)
+        ]
+        content.append(
+            {"token": token, "logprob": value, "bytes": [], "top_logprobs": alternatives[:top]}
+        )
     return {"content": content}
+
+
+TOP_LOGPROBS_REFUSAL = {
+    "error": {
+        "message": "when using `top_logprobs`, `logprobs` must be set to true. "
+        "(parameter=top_logprobs)",
+        "type": "BadRequestError",
+        "param": "top_logprobs",
+        "code": 400,
+    }
+}
+"""vLLM 0.32's answer to a chat request with `top_logprobs` above 0 and no `logprobs`."""
 
 
 def chat_answer(body: dict[str, Any], faults: Faults) -> dict[str, Any]:
@@ -118,7 +140,7 @@ def chat_answer(body: dict[str, Any], faults: Faults) -> dict[str, Any]:
         choice["message"].setdefault("tool_calls", [])
         choice["message"]["reasoning_content"] = None
         if body.get("logprobs") and faults.missing != "logprobs":
-            choice["logprobs"] = chat_logprobs(ids)
+            choice["logprobs"] = chat_logprobs(ids, body.get("top_logprobs") or 0)
         else:
             choice["logprobs"] = None
         choice["token_ids"] = None  # vLLM's answers carry unrequested fields as null
@@ -357,6 +379,11 @@ def build_app() -> Any:
                 {"error": {"message": "engine fault", "code": faults.status}}, faults.status
             )
         path = request.url.path
+        top = body.get("top_logprobs")
+        if path.endswith("/chat/completions") and top not in (None, 0) and not body.get("logprobs"):
+            return JSONResponse(TOP_LOGPROBS_REFUSAL, 400)
+        if faults.endless_line and body.get("stream"):
+            return StreamingResponse(endless_line(), media_type="text/event-stream")
         if not body.get("stream"):
             if path.endswith("/chat/completions"):
                 return JSONResponse(chat_answer(body, faults))
@@ -367,6 +394,12 @@ def build_app() -> Any:
             body, faults
         )
         return StreamingResponse(events(chunks, faults, seen), media_type="text/event-stream")
+
+    async def endless_line():
+        yield "data: "
+        while True:  # 1.6 MB/s: enough to pass any test's limit, little for an unbounded reader
+            yield "x" * 16384
+            await asyncio.sleep(0.01)
 
     async def events(chunks: list[dict[str, Any]], faults: Faults, seen: Seen):
         finished = False
