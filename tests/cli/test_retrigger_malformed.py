@@ -26,3 +26,21 @@ def test_retrigger_of_a_malformed_line_says_the_input_must_change(
         assert "cannot complete until its input changes" in said, said[-2000:]
         assert f"{run_inputs['rollouts']} has 1 malformed line(s) (line 5:" in said, said[-2000:]
         assert "finalize them as a new run" in said, said[-2000:]
+
+
+def test_an_automatic_retrigger_of_a_malformed_line_ends_the_chain(
+    run_inputs: dict[str, str],
+) -> None:
+    """The automation retriggers `Failed`, never `NeedsAttention`: the chain stops at once."""
+    from tokcap.flows.finalize import finalize_run
+    from tokcap.flows.retrigger import NEEDS_ATTENTION, retrigger_failed
+
+    with open(run_inputs["rollouts"], "a") as out:
+        out.write("not json\n")
+    store, dest = run_inputs["store"], run_inputs["dest"]
+    first = finalize_run(run_inputs["rollouts"], store, dest, "bad-auto", return_state=True)
+    assert first.is_failed(), first
+    state = retrigger_failed(dest, "bad-auto", store, retrigger=1, return_state=True)
+    assert state.is_failed() and state.name == NEEDS_ATTENTION, state
+    assert "cannot complete until its input changes" in state.message, state.message
+    assert "line 5:" in state.message, state.message

@@ -1,23 +1,23 @@
 """A killed run's retrigger holds no worker while the dead run's claim lapses.
 
 On the session's Prefect server: the shipped `inbox-file` and `retrigger-failed` deployments
-(a copy of `prefect.yaml` on this module's pool, a claim lease of 120 s and a 3-second
+(a copy of `prefect.yaml` on this module's pool, a claim lease of 180 s and a 3-second
 retrigger delay), the shipped automations applied, ONE real process worker with `--limit 1`,
 as deployments/README.md starts it. A submitted file's run stalls after its first receipt;
 its worker and flow-run process are SIGKILLed and a new worker takes the pool. The test marks
 the dead run Crashed through the API, as the shipped automation tokcap-crash-silent-runs does
 after 90 s without heartbeats (tests/flows/test_killed_worker.py covers that wait), so the
 shipped trigger starts the retrigger while the dead run's claim is still live. A file
-submitted once that retrigger started completes before the dead claim lapses (the retrigger
-is a Scheduled flow run of `retrigger-failed`, naming the run, until then), and the killed
-file still completes exactly once, under its claim. Every wait is a deadline.
+submitted once that retrigger started gets the only worker: its run starts before the dead
+claim lapses (a retrigger waiting in the worker would hold the slot until then), while the
+retrigger is a Scheduled flow run of `retrigger-failed` naming the run. The killed file
+still completes exactly once, under its claim. Every wait is a deadline.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 POOL = "tokcap-killed-worker"  # deployable_yaml's pool; this module removes it afterwards
 FILE_RUNS, RETRIGGERS = "finalize-inbox-file/inbox-file", "retrigger-failed/retrigger-failed"
-LEASE = 120.0  # outlives the retrigger's start and the next file's whole run, on a loaded box
+LEASE = 180.0  # outlives the retrigger's start and the next file's start, on a loaded machine
 
 
 @pytest.fixture()
@@ -129,11 +129,16 @@ def test_a_file_submitted_after_a_kill_does_not_wait_for_the_dead_claim(
     started = lambda: [r for r in deployment_runs(RETRIGGERS, killed_run) if r.start_time]  # noqa: E731
     wait_until(lambda: bool(started()), 120, "the retrigger to start", 1)
     next_run = submit(paths, "next.jsonl", 2, 52)
-    wait_until(lambda: run_completed(open_byte_store(dest), next_run), 300, "the next file", 1)
-    assert time.time() < held.lapses_at, "the next file waited for the dead run's claim"
-    scheduled = [r for r in deployment_runs(RETRIGGERS, killed_run) if r.state.is_scheduled()]
-    assert len(scheduled) == 1, [r.state for r in deployment_runs(RETRIGGERS, killed_run)]
+    wait_until(lambda: run_completed(open_byte_store(dest), next_run), 600, "the next file", 1)
+    (next_file,) = deployment_runs(FILE_RUNS, next_run)
+    runs = deployment_runs(RETRIGGERS, killed_run)
+    seen = [(r.state.name, r.start_time, r.expected_start_time) for r in runs]
+    lapse = datetime.datetime.fromtimestamp(held.lapses_at, datetime.UTC)
+    assert next_file.start_time < lapse, f"the next file waited for the dead claim: {seen}"
+    scheduled = [r for r in runs if r.parameters.get("waited_on")]  # maybe started by now
+    assert len(scheduled) == 1, seen
     (later,) = scheduled
+    assert later.start_time is not None or later.state.is_scheduled(), later.state
     assert later.parameters["failed_run"] == str(crashed.id)
     assert later.parameters["rollouts"] == crashed.parameters["rollouts"]
     at = later.expected_start_time.timestamp()
@@ -152,4 +157,4 @@ def test_a_file_submitted_after_a_kill_does_not_wait_for_the_dead_claim(
     second = read_claim(layout.dest, killed_run, 1)
     assert second is not None and str(later.id) in second.owner, "under the file's claim"
     assert read_claim(layout.dest, killed_run, 2) is None, "taken over once"
-    assert started()[0].start_time < datetime.datetime.fromtimestamp(held.lapses_at, datetime.UTC)
+    assert min(r.start_time for r in started()) < lapse
