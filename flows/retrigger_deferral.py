@@ -54,7 +54,8 @@ def claim_plan(held: HeldClaim | None, waited_on: str | None) -> str:
 
 def defer_retrigger(run_id: str, held: HeldClaim) -> State | None:
     """Schedule this retrigger again at the claim's lapse and end it, or `None` when it was
-    not started from a deployment (a person's own process may wait: it holds no worker).
+    not started from a deployment (a person's own process may wait: it holds no worker) or
+    the server refused the scheduled run (the caller then waits, as before).
 
     Retriggers of one run that saw the same claim share one scheduled run (the idempotency
     key), so they never race. The scheduled run keeps this run's `retrigger` count: it is
@@ -65,14 +66,23 @@ def defer_retrigger(run_id: str, held: HeldClaim) -> State | None:
         return None
     parameters = {**runtime.flow_run.parameters, "waited_on": held.key}
     at = datetime.datetime.fromtimestamp(held.lapses_at + SKEW_SECONDS, datetime.UTC)
-    scheduled = run_deployment(
-        deployment,
-        parameters=parameters,
-        scheduled_time=at,
-        timeout=0,
-        as_subflow=False,
-        idempotency_key=f"retrigger-{run_id}-{held.key}",
-    )
+    try:
+        scheduled = run_deployment(
+            deployment,
+            parameters=parameters,
+            scheduled_time=at,
+            timeout=0,
+            as_subflow=False,
+            idempotency_key=f"retrigger-{run_id}-{held.key}",
+        )
+    except Exception as exc:  # e.g. a deployment made before `waited_on` existed
+        get_run_logger().warning(
+            "run %s: could not schedule the retrigger at the claim's lapse (%s); waiting for "
+            "it here instead. Deploy retrigger-failed again to free the worker",
+            run_id,
+            exc,
+        )
+        return None
     message = (
         f"run {run_id}: its file is still claimed by {held.owner} (attempt {held.number + 1}), "
         f"which renews it no more; the claim lapses at {at:%H:%M:%S} UTC. The retrigger is "
