@@ -2,14 +2,19 @@
 
 A real `prefect server start` (SQLite) runs in a subprocess with the shipped `prefect.yaml`
 deployed on a bench pool (its inbox settings as shipped, but `--batch-size`, so a file has
-several batches) and the shipped automations applied; two process workers poll every
-`--poll-seconds` (Prefect's default 10 s). No inbox schedule runs: the pass is deleted, so
-only the automations can finish the file. Per repetition a file is submitted; once its run
-handed off its first batch, the worker running it and its flow-run process are SIGKILLed
-(a new worker replaces it). Timed from the kill: the run marked Crashed (heartbeats every
-30 s, 90 s of silence), the retrigger started (a minute later), the file complete (handed
-off and retired: `run_completed`), which also waits for the dead run's claim to lapse
-(`claim_lease_seconds`, 300 s as shipped, or `--lease`). Asserts nothing.
+several batches) and the shipped automations applied; one process worker with `--limit 1`
+(as deployments/README.md starts it) polls every `--poll-seconds` (Prefect's default 10 s).
+No inbox schedule runs: the pass is deleted, so only the automations can finish the file.
+First one file runs alone: a run's own time. Per repetition a file is submitted; once its
+run handed off its first batch, the worker and the flow-run process are SIGKILLed (a new
+worker replaces it) and a second file is submitted at once ("right after the kill"); a
+third is submitted once the killed file's retrigger started ("meanwhile"). Timed from the
+kill: the run marked Crashed (heartbeats every 30 s, 90 s of silence), the retrigger
+started (a minute later), the killed file complete (handed off and retired:
+`run_completed`; its claim lapses `claim_lease_seconds` after the kill, 300 s as shipped,
+or `--lease`); and each other file from its submit to its completion, beside the run's own
+time: a retrigger that held the only worker while the claim lapsed delays them. Asserts
+nothing.
 Usage: .venv/bin/python -m bench.zombie_bench [--reps N] [--rollouts R] [--batch-size B]
 """
 
@@ -30,7 +35,7 @@ from typing import Any
 import psutil
 import yaml
 
-from bench.latency_bench import apply_automations, workspace, write_file
+from bench.latency_bench import apply_automations, submit_and_wait, workspace, write_file
 from bench.scaling_bench import (
     INBOX,
     POOL,
@@ -143,28 +148,36 @@ def runs_of(deployment: str, run_id: str) -> list[Any]:
     return [r for r in found if r.parameters.get("run_id") == run_id]
 
 
-def kill_mid_file(work: str, source: str, workers: Workers) -> dict[str, float]:
-    """Submit, kill the run's worker after its first receipt; seconds from the kill to each
-    step of the recovery."""
+def kill_mid_file(work: str, sources: list[str], workers: Workers) -> dict[str, float]:
+    """Submit, kill the run's worker after its first receipt, submit a file right after the
+    kill and one once the retrigger started; seconds from the kill to each step of the
+    recovery, and from each other file's submit to its completion."""
     from tokcap.flows.submit import submit_files
     from tokcap.tasks.receipts import list_receipt_keys
 
-    (submitted,) = submit_files(os.path.join(work, "inbox"), [source])
+    killed_file, after_kill, meanwhile = sources
+    (submitted,) = submit_files(os.path.join(work, "inbox"), [killed_file])
     assert submitted.announced, "the bench's server did not accept the event"
     dest, run_id = os.path.join(work, "dest"), submitted.run_id
     wait_for(lambda: list_receipt_keys(dest, run_id, None), 600, "the first receipt")
     workers.kill_busy()
     killed, killed_at = time.perf_counter(), datetime.now().astimezone()
+    next_file, _ = submit_and_wait(work, after_kill)
+    started = lambda: [r for r in runs_of(RETRIGGERS, run_id) if r.start_time]  # noqa: E731
+    wait_for(lambda: bool(started()), 1800, f"the retrigger of {run_id} to start")
+    waiting_file, _ = submit_and_wait(work, meanwhile)
     done = open_byte_store(dest)
     wait_for(lambda: run_completed(done, run_id), 1800, f"{run_id} to complete")
     complete = time.perf_counter() - killed
     (original,) = runs_of(FILE_DEPLOYMENT, run_id)
-    (retrigger,) = runs_of(RETRIGGERS, run_id)
+    first = min(started(), key=lambda r: r.start_time)
     assert original.state.is_crashed(), original.state
     return {
         "crashed": (original.state.timestamp - killed_at).total_seconds(),
-        "retrigger started": (retrigger.start_time - killed_at).total_seconds(),
+        "retrigger started": (first.start_time - killed_at).total_seconds(),
         "complete": complete,
+        "file submitted right after the kill: submit -> complete": next_file,
+        "file submitted once the retrigger started: submit -> complete": waiting_file,
     }
 
 
@@ -179,7 +192,7 @@ def main() -> None:
     logging.getLogger("capture_core").setLevel(logging.ERROR)
     work = workspace("zombie", args.poll_seconds)
     try:
-        sources = [write_file(work, i, args.rollouts, "zombie") for i in range(args.reps)]
+        sources = [write_file(work, i, args.rollouts, "zombie") for i in range(3 * args.reps + 1)]
         print(
             f"{args.reps} files x {args.rollouts} rollouts, batches of {args.batch_size}, claim "
             f"lease {args.lease:g} s, workers poll every {args.poll_seconds:g} s; "
@@ -189,11 +202,14 @@ def main() -> None:
             os.environ["PREFECT_API_URL"] = api
             deploy(dict(os.environ), work, args.batch_size, args.lease)
             apply_automations(dict(os.environ))
-            with Workers(2, dict(os.environ)) as running:
-                wait_for_workers(2)
+            with Workers(1, dict(os.environ)) as running:
+                wait_for_workers(1)
+                alone, _ = submit_and_wait(work, sources[0])
+                print(f"a file alone, submit -> complete (a run's own time): {alone:.0f} s")
                 measured = []
-                for source in sources:
-                    measured.append(kill_mid_file(work, source, running))
+                for rep in range(args.reps):
+                    files = sources[1 + 3 * rep : 4 + 3 * rep]
+                    measured.append(kill_mid_file(work, files, running))
                     print(", ".join(f"{k} {v:.0f} s" for k, v in measured[-1].items()))
                 report(measured)
     finally:
@@ -203,8 +219,9 @@ def main() -> None:
 def report(measured: list[dict[str, float]]) -> None:
     for step in measured[0]:
         values = [m[step] for m in measured]
+        name = step if ":" in step else f"kill -> {step}"
         print(
-            f"kill -> {step}: median {statistics.median(values):.0f} s, "
+            f"{name}: median {statistics.median(values):.0f} s, "
             f"min {min(values):.0f} s, max {max(values):.0f} s"
         )
     print("load average (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in os.getloadavg()))

@@ -331,18 +331,18 @@ def finalize_inbox_file(rollouts: str, run_id: str, settings: FileSettings) -> I
     return finalize_file(rollouts, settings)
 
 
-def retry_file(rollouts: str, run_id: str, settings: FileSettings) -> InboxReport:
+def retry_file(
+    rollouts: str, run_id: str, settings: FileSettings, outwait: bool = True
+) -> InboxReport:
     """Finalize a file again as its failed or crashed run would have: the same settings, the
-    same checks, under the file's claim.
-
-    A run that crashed holding the claim renews it no more; it is waited out (one lease at
-    most) and then taken over. A holder that renews meanwhile is alive: the file is left to
-    it. Raises `ValueError` for a file outside the inbox or a run id not the file's own,
-    and `InboxFailedError` when the file was not finalized.
+    same checks, under the file's claim. With `outwait`, a claim a crashed run still holds is
+    waited out (one lease at most; a renewal meanwhile leaves the file to its live holder).
+    Raises `ValueError` for a file outside the inbox or a run id not the file's own, and
+    `InboxFailedError` when the file was not finalized.
     """
     settings = settings.checked()
     check_inbox_file(rollouts, run_id, settings.inbox)
-    return finalize_file(rollouts, settings, outwait=True)
+    return finalize_file(rollouts, settings, outwait=outwait)
 
 
 def finalize_file(rollouts: str, settings: FileSettings, outwait: bool = False) -> InboxReport:

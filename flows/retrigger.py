@@ -3,7 +3,8 @@
 The shipped automation starts it for a finalize run that failed or crashed, naming that flow
 run (`failed_run`). The retrigger reads the parameters the run was started with from the
 Prefect API and re-runs the same flow with them: an inbox file's run under the file's claim
-(waiting out the claim of a run that crashed holding it), a `finalize_run` as it was called.
+(a claim a crashed run still holds is not waited out here: the retrigger is scheduled at its
+lapse, see `retrigger_deferral`), a `finalize_run` as it was called.
 Started by hand (no `failed_run`), it re-runs the run from the manifest the run recorded.
 Settings it cannot recover are never replaced by defaults: the run is left to a person.
 """
@@ -20,9 +21,11 @@ from prefect.states import Failed
 
 from capture_core.config import public_storage_options
 from capture_core.operator.run_progress import RetriggerReport, ledger_changes
+from capture_core.operator.run_report import is_malformed
 from capture_core.run.capture_source import check_separate_locations
 from tokcap.flows.finalize import RunFailedError, finalize_run
 from tokcap.flows.inbox import FileSettings, check_inbox_file, retry_file
+from tokcap.flows.retrigger_deferral import claim_plan, defer_retrigger, find_held_claim
 from tokcap.tasks.flow_runs import RETRIGGER_FLOW, RetriedRun, read_retried_run
 from tokcap.tasks.run_state import load_ledger, load_manifest
 
@@ -45,7 +48,8 @@ class Rerun:
     rollouts: str | None
     dest: str
     options: dict[str, Any]
-    call: Callable[[], Any]
+    call: Callable[..., Any]
+    claimed: bool = False  # an inbox file's run: the re-run takes the file's claim
 
 
 @flow(name="retrigger-failed", flow_run_name="retrigger {run_id}", validate_parameters=False)
@@ -59,6 +63,7 @@ def retrigger_failed(
     failed_run: str | None = None,
     retrigger: int = 0,
     max_retriggers: int = 3,
+    waited_on: str | None = None,
 ) -> RetriggerReport | State:
     """Re-run only what did not complete in a run (finalize, upload or retire) and report it.
 
@@ -75,7 +80,11 @@ def retrigger_failed(
     it fails. Parameters are checked in the body, never by Prefect before it, and a count
     past the limit, or one that is no whole number, ends `NeedsAttention` before anything
     runs: a retrigger that failed or crashed before it could count (bad parameters, a killed
-    worker) still ends the chain.
+    worker) still ends the chain. A retrigger of an inbox file whose claim a dead run still
+    holds is scheduled again at the claim's lapse and ends at once (`waited_on` names the
+    claim the scheduled one waited for). A run whose input has a malformed line cannot
+    complete by re-running: that ends `NeedsAttention` too, naming the file, the line and
+    what to do.
     """
     count, limit = _whole(retrigger), _whole(max_retriggers)
     refused = chain_ended(retrigger, max_retriggers, run_id, count, limit)
@@ -93,6 +102,9 @@ def retrigger_failed(
         by_hand = partial(manifest_rerun, dest, run_id, store, options, source_kwargs)
         located = planned_rerun(run_id, failed_run, by_hand)
         check_input(run_id, rollouts, located)
+        deferred = claim_first(located, run_id, waited_on)
+        if deferred is not None:
+            return deferred
         before = load_ledger(located.dest, run_id, located.options)
         located.call()
     except RetriggerRefusedError as exc:
@@ -106,6 +118,10 @@ def retrigger_failed(
     get_run_logger().info("retrigger %s: %s", run_id, report.describe())
     if error is None:
         return report
+    unfixable = input_to_change(run_id, located, report)
+    if unfixable is not None:
+        get_run_logger().error("%s", unfixable)
+        return Failed(name=NEEDS_ATTENTION, message=unfixable)
     message = f"retrigger of {run_id} did not complete: {error}"
     if limit < 1:
         return Failed(
@@ -209,7 +225,46 @@ def inbox_rerun(retried: RetriedRun) -> Rerun:
     except ValueError as exc:
         raise RetriggerRefusedError(str(exc)) from None
     call = partial(retry_file, called["rollouts"], called["run_id"], settings)
-    return Rerun(called["rollouts"], settings.dest, settings.storage_options or {}, call)
+    return Rerun(called["rollouts"], settings.dest, settings.storage_options or {}, call, True)
+
+
+def claim_first(rerun: Rerun, run_id: str, waited_on: str | None) -> State | None:
+    """Settle the file's claim before an inbox re-run: a claim a dead run still holds defers
+    the retrigger to its lapse (the Completed state saying when), else `None` and the re-run
+    waits for it only when the claim seen at scheduling time has not lapsed yet."""
+    if not rerun.claimed:
+        return None
+    held = find_held_claim(rerun.dest, run_id, rerun.options or None)
+    plan = claim_plan(held, waited_on)
+    if plan == "defer" and held is not None:
+        deferred = defer_retrigger(run_id, held)
+        if deferred is not None:
+            return deferred
+        plan = "outwait"  # not from a deployment: this process waits, no worker does
+    rerun.call = partial(rerun.call, outwait=plan == "outwait")
+    return None
+
+
+def input_to_change(run_id: str, rerun: Rerun, report: RetriggerReport) -> str | None:
+    """Why re-running cannot complete the run: its input has malformed lines, and the run
+    is bound to that input; `None` otherwise."""
+    try:
+        ledger = load_ledger(rerun.dest, run_id, rerun.options)
+    except Exception:
+        return None
+    bad = [line for line in ledger if is_malformed(line)]
+    if not bad:
+        return None
+    where = rerun.rollouts or "its input"
+    named = "; ".join(f"line {line.line}: {line.error or 'unreadable'}" for line in bad[:3])
+    more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+    return (
+        f"run {run_id} cannot complete until its input changes: {where} has "
+        f"{len(bad)} malformed line(s) ({named}{more}). A retrigger reads the same input, so "
+        f"it fails the same way ({report.describe()}). Fix or remove those lines and finalize "
+        "them as a new run (a new file name in the inbox, or tokcap finalize with a new "
+        f"--run-id); the other lines of run {run_id} are handed off already"
+    )
 
 
 def manifest_rerun(

@@ -181,6 +181,40 @@ def take_claim(
     return ClaimDecision(status="claimed", attempts=claim.number + 1, claim=claim)
 
 
+class HeldClaim(BaseModel):
+    """The live claim a run's file is held by: its attempt, holder, last renewal and lapse.
+
+    `key` names this claim as last renewed, so whoever saw it can tell later, by content and
+    never by clock, whether it was renewed (or replaced) since.
+    """
+
+    number: int
+    owner: str
+    renewed_at: float
+    lapses_at: float
+
+    @property
+    def key(self) -> str:
+        return f"attempt-{self.number}-renewed-{self.renewed_at!r}"
+
+
+def held_claim(dest: ByteStore, run_id: str, now: float | None = None) -> HeldClaim | None:
+    """The run's latest claim while it is live (unreleased, renewed within its lease), with
+    when it lapses unless renewed; `None` when nothing holds the file."""
+    numbers = claim_numbers(dest, run_id)
+    claim = read_claim(dest, run_id, numbers[-1]) if numbers else None
+    if claim is None or not claim_is_live(dest, claim, time.time() if now is None else now):
+        return None
+    beat = RunLayout(dest, run_id).read_attempt(claim.number, "beat")
+    renewed = max(claim.claimed_at, beat["at"] if beat else 0.0)
+    return HeldClaim(
+        number=claim.number,
+        owner=claim.owner,
+        renewed_at=renewed,
+        lapses_at=renewed + claim.lease_seconds,
+    )
+
+
 def outwait_silent_claim(
     dest: ByteStore,
     run_id: str,
