@@ -174,7 +174,10 @@ def _dest_verdict(dest: DestState, facts: FlowFacts | None, now: float) -> Verdi
         announced = facts is not None and facts.announced
         how = "placed in the inbox and announced" if announced else "placed in the inbox"
         then = "waiting for a worker" if announced else "the inbox's next pass takes it"
-        return _verdict("queued", f"file {how}, not started: {then}{unknown}")
+        unasked = (
+            "" if told else f"; could not ask Prefect whether a run took it: {_why_not(facts)}"
+        )
+        return _verdict("queued", f"file {how}, not started: {then}{unasked}")
     return None
 
 
