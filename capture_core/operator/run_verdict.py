@@ -162,14 +162,13 @@ def decide(dest: DestState, facts: FlowFacts | None, now: float | None = None) -
 def _dest_verdict(dest: DestState, facts: FlowFacts | None, now: float) -> Verdict | None:
     """The verdict when no flow run acts on the run (or the API could not be asked)."""
     told = facts is not None and facts.reachable
-    unknown = "" if told else f"; could not tell whether it is live: {_why_not(facts)}"
     if dest == "failed":
         return _verdict("failed", "its ledger shows rollouts not handed off")
     if dest == "started" or (dest == "absent" and told and facts and facts.runs):
-        reason = "no ledger yet" if dest == "started" else "no manifest recorded"
+        reason = f"could not tell whether it is live: {_why_not(facts)}"
         if told:
             reason = f"stopped, and nothing is scheduled to complete it{_silent_note(facts)}"
-        return _verdict("interrupted", reason + unknown)
+        return _verdict("interrupted", reason)
     if dest == "placed" or (facts is not None and facts.announced):
         announced = facts is not None and facts.announced
         how = "placed in the inbox and announced" if announced else "placed in the inbox"
