@@ -56,7 +56,8 @@ def read_status(args: argparse.Namespace) -> tuple[RunStatus | None, str | None,
     placed = None
     if status is None and getattr(args, "inbox", None):
         placed = inbox_file(args.inbox, args.run_id, options)
-    found = flow_facts([args.run_id])
+    ended = status is not None and status.state == "ok"  # complete: no flow run changes that
+    found = None if ended else flow_facts([args.run_id])
     verdict = run_verdict(status, placed, None if found is None else found[args.run_id])
     if verdict is None:
         hint = "" if getattr(args, "inbox", None) else "; for a submitted file add --inbox"
