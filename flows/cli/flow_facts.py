@@ -1,8 +1,9 @@
 """The Prefect API's view of tokcap runs, for `tokcap status` and `tokcap runs`.
 
-A tokcap run's flow runs carry its run id in their name (`finalize ID from ...`, `inbox file
-ID`, `retrigger ID`) and in their `run_id` parameter; they are found by name and kept by
-parameter. A running one's last sign of life is its last heartbeat event, else its start.
+A tokcap run's flow runs carry its run id in their `run_id` parameter and, once started, in
+their name (`finalize ID from ...`, `inbox file ID`, `retrigger ID`): started ones are found
+by name, those not started yet among all Scheduled and Pending runs, and kept by parameter.
+A running one's last sign of life is its last heartbeat event, else its start.
 A submitted file's event (`tokcap.inbox.file.submitted`, resource `tokcap.inbox-file.ID`)
 tells that it was announced before any flow run exists. The API is asked only when
 `PREFECT_API_URL` is set, and its health is probed first, so a server that is down costs
@@ -22,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 HEARTBEAT = "prefect.flow-run.heartbeat"
 RUNS_READ = 50  # flow runs read per tokcap run: its attempts and retriggers, newest first
+WAITING_READ = 200  # flow runs not started yet, read once per command
 
 
 def api_url() -> str | None:
@@ -64,10 +66,26 @@ def _read_all(run_ids: list[str]) -> dict[str, FlowFacts]:
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        return {run_id: _read_one(client, run_id) for run_id in run_ids}
+        waiting = _waiting_runs(client)
+        return {run_id: _read_one(client, run_id, waiting) for run_id in run_ids}
 
 
-def _read_one(client: Any, run_id: str) -> FlowFacts:
+def _waiting_runs(client: Any) -> list[Any]:
+    """Flow runs not started yet (Scheduled, Pending). A deployment's run is named by its
+    flow's `flow_run_name` only when it starts, so these are kept by parameter, not name."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    waiting = FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING])
+    where = FlowRunFilter(state=FlowRunFilterState(type=waiting))
+    return list(client.read_flow_runs(flow_run_filter=where, limit=WAITING_READ))
+
+
+def _read_one(client: Any, run_id: str, waiting: list[Any]) -> FlowFacts:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.client.schemas.sorting import FlowRunSort
 
@@ -76,6 +94,8 @@ def _read_one(client: Any, run_id: str) -> FlowFacts:
         sort=FlowRunSort.ID_DESC,
         limit=RUNS_READ,
     )
+    named = {run.id for run in found}
+    found = [*found, *(run for run in waiting if run.id not in named)]
     mine = [run for run in found if str(run.parameters.get("run_id")) == run_id]
     flows = {run.flow_id: client.read_flow(run.flow_id).name for run in mine}
     facts = [_fact(client, run, flows[run.flow_id]) for run in mine]

@@ -121,7 +121,7 @@ def test_a_run_is_running_then_interrupted_then_retriggered_in_words_and_exit_co
 
 def schedule_retrigger(run: StalledRun, crashed: str, in_seconds: float) -> str:
     """A Scheduled run of `retrigger-failed` naming the crashed flow run, as the shipped
-    automation creates (no worker serves it here); its id."""
+    automation creates it (its name not yet the flow's; no worker serves it here); its id."""
     from datetime import datetime, timedelta
 
     from prefect.client.orchestration import get_client
@@ -134,7 +134,7 @@ def schedule_retrigger(run: StalledRun, crashed: str, in_seconds: float) -> str:
     with get_client(sync_client=True) as client:
         created = client.create_flow_run(
             retrigger_failed,
-            name=f"retrigger {run.run_id}",
+            name="silver-heron",  # a deployment's run: Prefect's name until it starts
             parameters={**parameters, "failed_run": crashed, "retrigger": 1},
             state=Scheduled(scheduled_time=at),
         )
