@@ -104,7 +104,7 @@ def test_a_run_is_running_then_interrupted_then_retriggered_in_words_and_exit_co
     assert body["state"] == "retrigger-scheduled" and body["flow_run"]["id"] == retrigger
     assert runs_state(run, prefect_api) == "retrigger-scheduled"
 
-    end_needing_attention(retrigger)
+    end_needing_attention(retrigger, run.run_id)
     code, text, body = status(run, prefect_api)
     assert code == ACT and text.startswith(f"needs-attention: run {run.run_id}: "), text
     assert "settings unknown (set by a test)" in text, text
@@ -141,7 +141,9 @@ def schedule_retrigger(run: StalledRun, crashed: str, in_seconds: float) -> str:
     return str(created.id)
 
 
-def end_needing_attention(flow_run_id: str) -> None:
+def end_needing_attention(flow_run_id: str, run_id: str) -> None:
+    """The retrigger starts (taking its flow's run name, as the engine renames it) and ends
+    `NeedsAttention`, as `retrigger_failed` does for a run it cannot re-run."""
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
@@ -149,4 +151,5 @@ def end_needing_attention(flow_run_id: str) -> None:
 
     state = Failed(name="NeedsAttention", message="settings unknown (set by a test)")
     with get_client(sync_client=True) as client:
+        client.update_flow_run(UUID(flow_run_id), name=f"retrigger {run_id}")
         client.set_flow_run_state(UUID(flow_run_id), state, force=True)
