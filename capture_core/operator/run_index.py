@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field, ValidationError
 from capture_core.errors import InvalidInputError, UnreadableManifestError
 from capture_core.operator.run_outcome import mask_rate
 from capture_core.operator.run_report import RunSummary, plural, summarize
+from capture_core.operator.run_verdict import DestState, Verdict
 from capture_core.run.receipt import RECEIPT_KEY, RETIREMENT_KEY
 from capture_core.run.run_layout import MANIFEST, SUMMARY, RunLayout, RunManifest, validate_run_id
 from capture_core.storage import ByteStore
@@ -31,8 +32,12 @@ LEFT_OUT = {"errors", "malformed_line_errors", "records_prefix", "ledger"}
 """Summary fields not kept in `summary.json`: lists of texts (the ledger and the run's logs
 have them) and locations (derived from the destination)."""
 
-COMPLETE, WAITING, INCOMPLETE = "complete", "waiting for consumer", "incomplete"
-INTERRUPTED, NOT_FINISHED, UNREADABLE = "interrupted", "not finished", "unreadable manifest"
+COMPLETE, WAITING, INCOMPLETE = "complete", "complete", "failed"
+INTERRUPTED, NOT_FINISHED, UNREADABLE = "interrupted", "interrupted", "failed"
+"""The states the destination alone gives (`run_verdict.RunState` words): a run whose
+captures wait for its consumer is complete (its details say how many wait); an unreadable
+manifest is a failure a person must look at."""
+DEST_STATES: dict[str, DestState] = {"failed": "failed", "interrupted": "started"}
 
 
 class LedgerSummary(BaseModel):
@@ -206,6 +211,7 @@ def _incomplete_note(summary: RunSummary) -> str:
         (summary.retire_failed, "retirement", "failed"),
         (summary.malformed_lines, "malformed line", ""),
         (summary.duplicate_lines, "duplicate id line", ""),
+        (summary.awaiting_consumer, "capture", "waiting for the consumer"),
     ]
     return ", ".join(f"{plural(n, noun)} {what}".strip() for n, noun, what in counts if n)
 
@@ -224,7 +230,7 @@ def row_without_ledger(layout: RunLayout, manifest: RunManifest) -> RunRow:
         batches_retired=len(retired),
         note=(
             f"{handed}/{plural(manifest.batches, 'batch', 'batches')} handed off, "
-            f"{len(retired)} retired; no ledger yet (stopped, or running now)"
+            f"{len(retired)} retired; no ledger yet"
         ),
     )
 
@@ -299,6 +305,22 @@ def _complete_row(
     return row_from_summary(manifest, LedgerSummary(summary=summary, written_at=0.0)).model_copy(
         update={"updated_at": manifest.started_at}
     )
+
+
+def dest_state(row: RunRow) -> DestState:
+    """What the destination alone says of the row's run, as `run_verdict.decide` takes it."""
+    return DEST_STATES.get(row.state, "ok")
+
+
+def with_verdict(row: RunRow, verdict: Verdict) -> RunRow:
+    """The row in the state `verdict` gives it; its reason leads the details when the run
+    is not complete."""
+    note = (
+        row.note
+        if verdict.state == COMPLETE
+        else "; ".join(filter(None, [verdict.reason, row.note]))
+    )
+    return row.model_copy(update={"state": verdict.state, "note": note})
 
 
 def table(rows: Sequence[RunRow]) -> list[dict[str, str]]:

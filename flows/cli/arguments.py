@@ -173,7 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--json",
         action="store_true",
-        help="print the run's manifest, summary and row consumers as JSON",
+        help="print the run's state, manifest, summary and row consumers as JSON",
+    )
+    status.add_argument(
+        "--inbox",
+        help="the inbox `tokcap submit` placed the run's file in: a file not started yet "
+        "is then reported queued",
     )
     add_storage(status, source=False)
 
@@ -254,7 +259,7 @@ def check_args(args: argparse.Namespace) -> None:
     if getattr(args, "store", None) is not None and args.command != "gateway":
         check_store(args, must_exist=args.command != "serve")
     if getattr(args, "dest", None) is not None:
-        check_dest(args, must_exist=args.command in ("retire", "retrigger", "status"))
+        check_dest(args, must_exist=args.command in ("retire", "retrigger"))
     if args.command == "serve":
         args.inbox = absolute(args.inbox)
     check_separate(args)
@@ -266,7 +271,9 @@ def check_args(args: argparse.Namespace) -> None:
         except ValueError as exc:
             raise UsageError(f"--task-runner: {exc}") from None
     check_locations_usable(args)
-    if args.command in ("retire", "retrigger", "status"):
+    if args.command == "status" and args.inbox:
+        args.inbox = absolute(args.inbox)
+    if args.command in ("retire", "retrigger"):
         known_run(args.dest, args.run_id, args.options)
     if args.command == "serve" and args.cron is not None:
         check_cron(args.cron)

@@ -9,14 +9,9 @@ import argparse
 import sys
 from typing import Any
 
-import orjson
-
-from tokcap.flows.cli.checks import status_of_run
 from tokcap.flows.cli.output import (
-    STATE_EXIT,
     print_retired,
     print_retriggered,
-    print_status,
     print_summary,
 )
 from tokcap.flows.runners import run_flow
@@ -85,17 +80,6 @@ def cmd_retrigger(args: argparse.Namespace) -> int:
     report = _run_on_run_id(retrigger_failed, args)
     print_retriggered(report)
     return 0 if not report.still_failing else 1
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    status = status_of_run(args.dest, args.run_id, args.options)
-    if args.json:
-        body = status.model_dump(include={"state", "manifest", "summary", "progress", "unreadable"})
-        body["consumers"] = [c.model_dump() for c in status.consumers]
-        print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
-    else:
-        print_status(status, args.dest, bool(args.options))
-    return STATE_EXIT[status.state]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -23,7 +23,6 @@ from tokcap.flows.cli.commands import (
     cmd_retire,
     cmd_retrigger,
     cmd_serve,
-    cmd_status,
     flow_options,
 )
 from tokcap.flows.cli.events import cmd_automations, cmd_submit
@@ -38,6 +37,7 @@ from tokcap.flows.cli.output import (
     report_lost_api,
 )
 from tokcap.flows.cli.runs import cmd_runs
+from tokcap.flows.cli.status import cmd_status
 from tokcap.flows.cli.stdout import end_quietly, reader_gone
 from tokcap.flows.cli.sweep import cmd_sweep
 from tokcap.flows.runners import (

@@ -20,7 +20,6 @@ EXIT_STARTED = 3
 """The exit status of a run that started and has not ended: still running, or interrupted
 (its worker killed, its Prefect API gone, its ledger unwritten); the printed command
 completes it. Distinct from 0 (complete), 1 (failed) and 2 (unknown run id, bad usage)."""
-STATE_EXIT = {"ok": 0, "failed": 1, "started": EXIT_STARTED}
 
 
 def print_retired(run_id: str, counts: dict[str, int]) -> None:
@@ -87,10 +86,17 @@ def print_consumers(consumers: list[Any], gate: str | None) -> None:
         print(line + (" (retirement waits for it)" if progress.name == gate else ""))
 
 
-def print_status(status: Any, dest: str, options: bool, interrupted: bool = False) -> None:
-    """A run as its destination shows it (`capture_core.operator.run_status`): the ledger's
-    summary when there is one, each consumer, then what the run still needs and the one
-    command that does it. `interrupted`: this command just stopped the run."""
+def print_status(
+    status: Any, dest: str, options: bool, interrupted: bool = False, verdict: Any = None
+) -> None:
+    """A run as its destination and the Prefect API show it: the state line first (its
+    first word is the state, `capture_core.operator.run_verdict`), the ledger's summary
+    when there is one, each consumer, how far a run that has not ended got, then the one
+    command that completes it when only a person can. `interrupted`: this command just
+    stopped the run (no verdict is read: the API is gone)."""
+    if interrupted:
+        verdict = interrupted_verdict()
+    print_verdict(status.manifest.run_id, verdict)
     manifest = status.manifest
     batches = plural(manifest.batches, "batch", "batches")
     source = f"{manifest.rollouts}, {batches}, delivery {manifest.delivery}"
@@ -103,10 +109,24 @@ def print_status(status: Any, dest: str, options: bool, interrupted: bool = Fals
         print(one_line(problem))
     if interrupted or status.state == "started":
         print(started_line(status, interrupted))
-        unless = "" if interrupted else "if it is not running, "
+    if verdict.act:
+        unless = "if nothing runs it, " if "could not tell" in verdict.reason else ""
         print(f"{unless}complete it with: {run_command(status, 'retrigger', dest, options)}")
     elif status.summary is not None and status.summary.acknowledged_unretired:
         print(acknowledged_line(status, run_command(status, "retire", dest, options)))
+
+
+def interrupted_verdict() -> Any:
+    """The verdict of a run this command just stopped: interrupted, a person completes it."""
+    from capture_core.operator.run_verdict import Verdict
+
+    reason = "this command stopped before the run ended"
+    return Verdict(state="interrupted", exit_code=1, reason=reason, act=True)
+
+
+def print_verdict(run_id: str, verdict: Any) -> None:
+    """`STATE: run ID: REASON`, the line a poller reads (its first word is the state)."""
+    print(f"{verdict.state}: run {run_id}: {one_line(verdict.reason)}")
 
 
 def run_command(status: Any, name: str, dest: str, options: bool) -> str:
@@ -129,11 +149,8 @@ def started_line(status: Any, interrupted: bool) -> str:
         ledger = "no ledger yet" if status.summary is None else "the ledger above is older"
         return f"interrupted: {handed}; {ledger}"
     if status.summary is None:
-        return f"started: {handed}, no ledger yet: still running or interrupted"
-    return (
-        f"started again: {handed}, more than this ledger shows: a later run is still running "
-        "or was interrupted"
-    )
+        return f"so far: {handed}, no ledger yet"
+    return f"so far: {handed}, more than this ledger shows (a later run has not ended)"
 
 
 def acknowledged_line(status: Any, retire: str) -> str:

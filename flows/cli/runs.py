@@ -1,7 +1,9 @@
 """`tokcap runs`: a destination's runs, newest first, one line each (`run_index`).
 
-It reads the destination only (each run's manifest and summary), never Prefect; the rest
-of the CLI (`tokcap.flows.cli`) imports this module.
+It reads the destination (each run's manifest and summary) and, for the runs shown that are
+not complete, where `PREFECT_API_URL` is set, their flow runs (`flow_facts`): each run's
+state is the word `tokcap status` gives it (`run_verdict`). The rest of the CLI
+(`tokcap.flows.cli`) imports this module.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         listing = list_runs(dest, limit=args.limit)
     finally:
         dest.close()
+    listing.runs = judged(listing.runs)
     if args.json:
         body = {"dest": args.dest, "total": listing.total, "runs": listing.runs}
         print(_json(body))
@@ -62,6 +65,22 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if left and not args.json:
         print(f"... and {left} older runs (--limit 0 shows all)", file=sys.stderr)
     return 0
+
+
+def judged(rows: list[Any]) -> list[Any]:
+    """The rows with the state `decide` gives each run that is not complete."""
+    from capture_core.operator.run_index import COMPLETE, dest_state, with_verdict
+    from capture_core.operator.run_verdict import decide
+    from tokcap.flows.cli.flow_facts import flow_facts
+
+    open_runs = [row.run_id for row in rows if row.state != COMPLETE]
+    found = flow_facts(open_runs) if open_runs else None
+    out = []
+    for row in rows:
+        facts = None if found is None else found.get(row.run_id)
+        verdict = None if row.state == COMPLETE else decide(dest_state(row), facts)
+        out.append(row if verdict is None else with_verdict(row, verdict))
+    return out
 
 
 def _json(body: dict[str, Any]) -> str:

@@ -66,7 +66,7 @@ def test_every_option_of_every_command_says_what_it_is(capsys) -> None:
         main(["status", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--run-id RUN_ID the run to show" in help_text
-    assert "--json print the run's manifest, summary and row consumers as JSON" in help_text
+    assert "--json print the run's state, manifest, summary and row consumers as JSON" in help_text
 
 
 def run_into_closed_pipe(args: list[str]) -> subprocess.CompletedProcess:
@@ -106,7 +106,8 @@ def a_finished_run(dest: str) -> None:
 def test_status_says_the_outcome_first_and_the_reason_in_words(tmp_path, capsys) -> None:
     a_finished_run(str(tmp_path / "dest"))
     assert main(["status", "--dest", str(tmp_path / "dest"), "--run-id", "r"]) == 0
-    first, second, *rest = capsys.readouterr().out.splitlines()
+    state, first, second, *rest = capsys.readouterr().out.splitlines()
+    assert state == "complete: run r: every rollout handed off"
     assert first == (
         "run r: complete: 1 of 1 rollout handed off, 1 masked (trainers skip masked records)"
     )

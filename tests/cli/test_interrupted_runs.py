@@ -1,7 +1,8 @@
 """Runs interrupted for real: a killed worker, a stopped Prefect server, an S3 outage.
 
 Each run hands off batches 0 and 1, stalls in batch 2 (`tests.support.interrupted_run`),
-and is then interrupted. `tokcap status` must call it started (exit 3), not unknown;
+and is then interrupted. `tokcap status` must call it interrupted (exit 1, once Prefect
+knows its flow run is dead), not unknown;
 `tokcap retrigger` must count as new only what it did; the interrupted command must say
 what stopped it, what was handed off, and the command that completes the run.
 """
@@ -17,6 +18,7 @@ import pytest
 from tests.support.fault_proxy import FaultPlan, fault_proxy
 from tests.support.interrupted_run import StalledRun, start_cli
 from tests.support.pipeline_helpers import dest_records, rollout_ids, run_cli
+from tests.support.prefect_api_reads import crash_running
 from tests.support.prefect_workers import kill_tree
 from tests.support.reliability_figures import record_case
 from tests.support.servers import PrefectServer
@@ -24,26 +26,32 @@ from tests.support.servers import PrefectServer
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
 
 STARTED = 3
-"""`tokcap status`'s exit status for a run that started and has not ended."""
+"""The exit status of a command the Prefect API left mid-run: something (the command below)
+will still complete it."""
+INTERRUPTED = 1
+"""`tokcap status`'s exit status for a run that stopped with nothing scheduled: a person
+runs the command it prints."""
 LOST_WITHIN = 30
 """Seconds from a stopped Prefect server to the CLI's exit (it notices within about 6 s;
 Prefect's client alone took 217 s)."""
 
 
 def assert_started_status(run: StalledRun, api_url: str) -> None:
-    """`tokcap status` of the interrupted run: started, batches 0 and 1 handed off, the
-    command that completes it, exit 3."""
+    """`tokcap status` of the interrupted run, once Prefect marked its dead flow run Crashed
+    (as the shipped silence automation does): interrupted, batches 0 and 1 handed off, the
+    command that completes it, exit 1."""
+    crash_running(run.run_id, api_url)
     batches = run.rollouts_count // 2
     status = run_cli(run.status_args(), api_url)
-    assert status.returncode == STARTED, status.stdout + status.stderr
+    assert status.returncode == INTERRUPTED, status.stdout + status.stderr
     assert "unknown run id" not in status.stderr
+    assert status.stdout.startswith(f"interrupted: run {run.run_id}: stopped"), status.stdout
     assert (
-        f"started: 2 of {batches} batches handed off (4 rollouts), no ledger yet: still "
-        "running or interrupted" in status.stdout
+        f"so far: 2 of {batches} batches handed off (4 rollouts), no ledger yet" in status.stdout
     ), status.stdout
     assert run.completing_command() in status.stdout, status.stdout
     as_json = orjson.loads(run_cli(run.status_args("--json"), api_url).stdout)
-    assert as_json["state"] == "started" and as_json["summary"] is None
+    assert as_json["state"] == "interrupted" and as_json["summary"] is None
     progress = {"batches": batches, "batches_handed_off": 2, "rollouts_handed_off": 4}
     assert as_json["progress"] == progress
 

@@ -56,6 +56,7 @@ def test_runs_lists_a_complete_and_an_interrupted_run_newest_first(
     assert [line.split()[0] for line in lines] == ["newer", "older"]
     assert re.search(r" complete +4 +\d+ \(\d+\.\d%\) +\d+ +0 +\d+\.\d", lines[0]), lines[0]
     assert " interrupted " in lines[1] and "2/2 batches handed off, 2 retired" in lines[1]
+    assert "could not tell whether it is live: no PREFECT_API_URL is set" in lines[1], lines[1]
     as_json = run_cli(["runs", "--dest", str(dest), "--json"], None)
     body = orjson.loads(as_json.stdout)
     assert body["total"] == 2 and [r["run_id"] for r in body["runs"]] == ["newer", "older"]

@@ -68,3 +68,31 @@ def eventually(read: Any, ready: Any, what: str, timeout: float = 90) -> Any:
 
     wait_until(check, timeout, what, interval=0.5)
     return box[0]
+
+
+def flow_runs_of_run(run_id: str) -> list[Any]:
+    """The flow runs whose `run_id` parameter is this tokcap run's."""
+    with get_client(sync_client=True) as client:
+        found = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=run_id))
+        )
+    return [run for run in found if run.parameters.get("run_id") == run_id]
+
+
+def crash_running(run_id: str, api_url: str | None = None) -> list[str]:
+    """Set the run's Running flow runs Crashed (on `api_url`, else the session's server), as
+    the shipped silence automation does for a run whose process died; the ids it set."""
+    from contextlib import nullcontext
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Crashed
+
+    crashed = []
+    where = temporary_settings({PREFECT_API_URL: api_url}) if api_url else nullcontext()
+    with where, get_client(sync_client=True) as client:
+        for run in flow_runs_of_run(run_id):
+            if run.state is not None and run.state.is_running():
+                state = Crashed(message="tokcap: no heartbeat for 90 s (set by a test)")
+                client.set_flow_run_state(run.id, state, force=True)
+                crashed.append(str(run.id))
+    return crashed

@@ -1,0 +1,95 @@
+"""`tokcap status`: one run's state, from its destination, its inbox and the Prefect API.
+
+The destination says what the run handed off; `--inbox` (or a submit event the API holds)
+says a file waits for its run; the API's flow runs say whether anything still acts on it.
+`capture_core.operator.run_verdict.decide` turns these into the state word and exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import orjson
+
+from capture_core.operator.run_status import RunStatus, run_status
+from capture_core.operator.run_verdict import DestState, FlowFacts, Verdict, decide
+from capture_core.run.inbox import run_id_for_file
+from capture_core.run.run_layout import RunLayout
+from capture_core.storage import filesystem_for, open_byte_store, url_scheme
+from tokcap.flows.cli.checks import UsageError, unknown_run
+from tokcap.flows.cli.flow_facts import flow_facts
+
+DEST_STATES: dict[str, DestState] = {"ok": "ok", "failed": "failed", "started": "started"}
+
+
+def inbox_file(inbox: str, run_id: str, options: dict[str, Any] | None) -> str | None:
+    """The URL of the inbox file whose run is `run_id`, or `None`."""
+    fs, root = filesystem_for(inbox, options)
+    scheme = url_scheme(inbox)
+    protocol = f"{scheme}://" if scheme is not None else ""
+    for path in sorted(fs.glob(f"{root.rstrip('/')}/*.jsonl")):
+        url = protocol + path if protocol and not path.startswith(protocol) else path
+        if run_id_for_file(url) == run_id:
+            return url
+    return None
+
+
+def dest_state(status: RunStatus | None, placed: str | None) -> DestState:
+    if status is not None:
+        return DEST_STATES[status.state]
+    return "placed" if placed else "absent"
+
+
+def run_verdict(
+    status: RunStatus | None, placed: str | None, facts: FlowFacts | None
+) -> Verdict | None:
+    """The run's verdict (`decide`); `None` when nothing knows the run."""
+    return decide(dest_state(status, placed), facts)
+
+
+def read_status(args: argparse.Namespace) -> tuple[RunStatus | None, str | None, Verdict]:
+    """The run's destination status (`None` before its manifest), its inbox file (with
+    `--inbox`) and its verdict; `UsageError` when neither knows the run."""
+    options = args.options or None
+    status = run_status(RunLayout(open_byte_store(args.dest, options), args.run_id), args.dest)
+    placed = None
+    if status is None and getattr(args, "inbox", None):
+        placed = inbox_file(args.inbox, args.run_id, options)
+    ended = status is not None and status.state == "ok"  # complete: no flow run changes that
+    found = None if ended else flow_facts([args.run_id])
+    verdict = run_verdict(status, placed, None if found is None else found[args.run_id])
+    if verdict is None:
+        hint = "" if getattr(args, "inbox", None) else "; for a submitted file add --inbox"
+        raise UsageError(unknown_run(args.dest, args.run_id) + hint)
+    return status, placed, verdict
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from tokcap.flows.cli.output import print_status, print_verdict
+
+    status, placed, verdict = read_status(args)
+    if args.json:
+        print(status_json(status, placed, verdict))
+    elif status is None:
+        print_verdict(args.run_id, verdict)
+        if placed:
+            print(f"file: {placed}")
+    else:
+        print_status(status, args.dest, bool(args.options), verdict=verdict)
+    return verdict.exit_code
+
+
+def status_json(status: RunStatus | None, placed: str | None, verdict: Verdict) -> str:
+    """`status --json`: `state`, `reason` and `flow_run` always; the destination's manifest,
+    summary, progress, consumers and unreadable receipts once the run recorded them."""
+    body: dict[str, Any] = {"state": verdict.state, "reason": verdict.reason}
+    body["flow_run"] = None if verdict.flow_run is None else verdict.flow_run.model_dump()
+    body["inbox_file"] = placed
+    if status is not None:
+        body |= status.model_dump(include={"manifest", "summary", "progress", "unreadable"})
+        body["consumers"] = [c.model_dump() for c in status.consumers]
+    else:
+        body |= {"manifest": None, "summary": None, "progress": None, "unreadable": []}
+        body["consumers"] = []
+    return orjson.dumps(body, option=orjson.OPT_INDENT_2).decode()
