@@ -26,6 +26,7 @@ from tokcap.flows.cli.commands import (
     cmd_status,
     flow_options,
 )
+from tokcap.flows.cli.docs import cmd_docs
 from tokcap.flows.cli.events import cmd_automations, cmd_submit
 from tokcap.flows.cli.gateway import cmd_gateway
 from tokcap.flows.cli.inputs import cmd_make_inputs
@@ -62,6 +63,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "runs": cmd_runs,
     "automations": cmd_automations,
     "gateway": cmd_gateway,
+    "docs": cmd_docs,
 }
 FINALIZING = {"finalize", "retrigger", "demo"}  # their console shows a progress line
 NO_SERVER = {
@@ -73,6 +75,7 @@ NO_SERVER = {
     "make-inputs",
     "runs",
     "gateway",
+    "docs",
 }
 
 

@@ -52,7 +52,7 @@ def golden_reasons() -> list[str]:
 
 
 def docs_anchors() -> set[str]:
-    text = (REPO / DOCS).read_text(encoding="utf-8")
+    text = (REPO / "docs" / f"{DOCS.split()[-1]}.md").read_text(encoding="utf-8")
     headings = re.findall(r"^#+ (.+)$", text, re.MULTILINE)
     return {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
 
