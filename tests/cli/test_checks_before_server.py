@@ -186,6 +186,14 @@ def test_an_unreachable_endpoint_fails_in_one_line_before_any_server(
             "did you mean s3://bucket/dest?",
         ),
         (["submit", "--inbox", "s3:/b/inbox", "{rollouts}"], "did you mean s3://b/inbox?"),
+        (
+            finalize_args("{rollouts}", "s4://bucket/captures", "{dest}", "r"),
+            "tokcap finalize: --store s4://bucket/captures is neither a URL nor a path tokcap can "
+            "use: no filesystem knows the protocol s4://; give a local path or an s3:// URL",
+        ),
+        (finalize_args("{rollouts}", "{store}", "s4:/b/dest", "r"), "the protocol s4://"),
+        (finalize_args("s5://b/in.jsonl", "{store}", "{dest}", "r"), "the protocol s5://"),
+        (["submit", "--inbox", "sx://b/inbox", "{rollouts}"], "the protocol sx://"),
     ],
 )
 def test_a_url_missing_a_slash_is_refused_with_the_url_it_meant(
