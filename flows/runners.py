@@ -31,10 +31,15 @@ CLI_PREFECT_DEFAULTS = {
     HEARTBEAT_SETTING: str(HEARTBEAT_SECONDS),
 }
 ENGINE_MODULES = ("flow_engine", "task_engine", "transactions")
+PROBE_TIMEOUT_SECONDS = 10.0
 
 
 class ServerUnavailableError(RuntimeError):
     """No Prefect API could be reached or started; the message says what to do."""
+
+
+class ApiUnreachableError(ServerUnavailableError):
+    """`PREFECT_API_URL` names an API that refused the connection: nothing ran (exit 3)."""
 
 
 class FlowFailed(Exception):
@@ -101,6 +106,7 @@ def prefect_api(
 
     configured = PREFECT_API_URL.value()
     if configured:
+        check_reachable(str(configured))
         lost = on_lost and partial(_configured_lost, on_lost)
         with watching(str(configured), lost):
             yield str(configured)
@@ -129,6 +135,28 @@ def prefect_api(
         drain_to_api()
         server.stop()
         report_server_errors(server, ran_from, notes)
+
+
+def check_reachable(api_url: str) -> None:
+    """Raise `ApiUnreachableError`, in one line naming the URL and what to check, when the
+    configured API refuses the connection: Prefect's client would retry for about 20 s and
+    then fail with a bare `RuntimeError`. A slow or failing answer is left to the client."""
+    import httpx
+
+    from tokcap.flows.api_watch import refused
+
+    try:
+        with httpx.Client(timeout=PROBE_TIMEOUT_SECONDS) as client:
+            seen = refused(client, api_url)
+    except httpx.HTTPError as exc:  # not a URL httpx can use (no scheme, a bad port)
+        seen = " ".join(str(exc).split()) or type(exc).__name__
+    if seen is not None:
+        raise ApiUnreachableError(
+            f"the Prefect API at {api_url} (PREFECT_API_URL) cannot be reached ({seen}), so "
+            "nothing ran; check that its server runs and that the URL, ending in /api, is "
+            "right (`prefect server start` serves http://127.0.0.1:4200/api), or unset "
+            "PREFECT_API_URL to run on a temporary server"
+        )
 
 
 def _configured_lost(on_lost: Callable[[str], None], api_url: str, seen: str) -> None:

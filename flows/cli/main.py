@@ -42,6 +42,7 @@ from tokcap.flows.cli.runs import cmd_runs
 from tokcap.flows.cli.stdout import end_quietly, reader_gone
 from tokcap.flows.cli.sweep import cmd_sweep
 from tokcap.flows.runners import (
+    ApiUnreachableError,
     FlowFailed,
     ServerUnavailableError,
     prefect_environment,
@@ -139,6 +140,9 @@ def run_and_report(args: argparse.Namespace, notes: list[str]) -> int:
             partial = run_summary(args.dest, args.run_id, args.options)
         report_failure(args, failed, partial)
         return 1
+    except ApiUnreachableError as exc:  # nothing ran; the run, if any, waits as it was
+        print(f"tokcap {args.command}: {exc}", file=sys.stderr)
+        return EXIT_STARTED
     except (ServerUnavailableError, UnavailableError) as exc:
         print(f"tokcap {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -204,3 +204,27 @@ def test_a_url_missing_a_slash_is_refused_with_the_url_it_meant(
     result = run_cli(argv, None, env={"PREFECT_HOME": home}, cwd=str(tmp_path))  # typo: a path
     assert_refused_without_server(result, home, 2, expected)
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "store"], "nothing written"
+
+
+@pytest.mark.parametrize("command", ["finalize", "clear"])
+def test_an_unreachable_prefect_api_url_is_one_line_naming_it_and_what_to_check(
+    run_inputs, tmp_path, command: str
+) -> None:
+    """It was Prefect's bare `RuntimeError: Failed to reach API at ...`, exit 1."""
+    api_url = f"http://127.0.0.1:{free_port()}/api"
+    home = str(tmp_path / "prefect-home")
+    if command == "finalize":
+        args = finalize_args_for(run_inputs, "unreached")
+    else:
+        args = ["clear", "--rollouts", run_inputs["rollouts"], "--store", run_inputs["store"]]
+    result = run_cli(args, api_url, env={"PREFECT_HOME": home})
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert len(lines) == 1 and result.stdout == "", result.stderr[-2000:]
+    assert lines[0].startswith(
+        f"tokcap {command}: the Prefect API at {api_url} (PREFECT_API_URL) cannot be reached ("
+    ), lines[0]
+    assert "check that its server runs and that the URL, ending in /api, is right" in lines[0]
+    assert "RuntimeError" not in result.stderr
+    assert not os.path.exists(run_inputs["dest"]), "nothing ran"
+    assert not os.path.exists(os.path.join(home, LOG_NAME)), "no temporary server either"
