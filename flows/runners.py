@@ -32,6 +32,10 @@ CLI_PREFECT_DEFAULTS = {
 }
 ENGINE_MODULES = ("flow_engine", "task_engine", "transactions")
 PROBE_TIMEOUT_SECONDS = 10.0
+STARTING = (
+    "starting a temporary Prefect server (PREFECT_API_URL is not set; set it to a running "
+    "server to skip this wait)"
+)
 
 
 class ServerUnavailableError(RuntimeError):
@@ -89,7 +93,9 @@ def server_help(waiting: bool = True) -> str:
 
 @contextmanager
 def prefect_api(
-    notes: list[str] | None = None, on_lost: Callable[[str], None] | None = None
+    notes: list[str] | None = None,
+    on_lost: Callable[[str], None] | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> Iterator[str | None]:
     """Yield the API URL the flows use: `PREFECT_API_URL`, else a temporary server's.
 
@@ -99,6 +105,7 @@ def prefect_api(
     the caller to print after the command's result), or to stderr.
     While the block runs the API is watched (`tokcap.flows.api_watch`): once it refuses every
     connection for seconds, `on_lost` gets what went away and what to do about it.
+    `announce` gets one line before a temporary server starts, so the wait is explained.
     """
     from prefect.settings import PREFECT_API_URL
 
@@ -118,6 +125,8 @@ def prefect_api(
         server_log_path,
     )
 
+    if announce is not None:
+        announce(STARTING)
     server = TemporaryServer()
     server.log_path = log = server_log_path()
     rotate_log(log)

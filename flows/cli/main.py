@@ -89,6 +89,11 @@ def stop_on_lost_api(args: argparse.Namespace, explanation: str) -> NoReturn:
     os._exit(EXIT_STARTED)
 
 
+def announce(args: argparse.Namespace, line: str) -> None:
+    """One line on stderr, named by the command; stdout stays the command's (`--json`)."""
+    print(f"tokcap {args.command}: {line}", file=sys.stderr, flush=True)
+
+
 def run_command(args: argparse.Namespace, notes: list[str]) -> int:
     """Run the command, on a temporary Prefect server unless it needs none or one is set;
     notes about that server go to `notes`, to print after the result."""
@@ -100,7 +105,7 @@ def run_command(args: argparse.Namespace, notes: list[str]) -> int:
     one_line_console()
     on_lost = partial(stop_on_lost_api, args)
     with (
-        prefect_api(notes, on_lost=on_lost) as api_url,
+        prefect_api(notes, on_lost=on_lost, announce=partial(announce, args)) as api_url,
         progress_console(args.command in FINALIZING),
     ):
         args.api_url = api_url
