@@ -96,6 +96,7 @@ def prefect_api(
     notes: list[str] | None = None,
     on_lost: Callable[[str], None] | None = None,
     announce: Callable[[str], None] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> Iterator[str | None]:
     """Yield the API URL the flows use: `PREFECT_API_URL`, else a temporary server's.
 
@@ -105,7 +106,8 @@ def prefect_api(
     the caller to print after the command's result), or to stderr.
     While the block runs the API is watched (`tokcap.flows.api_watch`): once it refuses every
     connection for seconds, `on_lost` gets what went away and what to do about it.
-    `announce` gets one line before a temporary server starts, so the wait is explained.
+    `announce` gets one line before a temporary server starts, so the wait is explained;
+    `meanwhile` runs while it starts (the command's imports), or at once with a configured API.
     """
     from prefect.settings import PREFECT_API_URL
 
@@ -114,6 +116,8 @@ def prefect_api(
     configured = PREFECT_API_URL.value()
     if configured:
         check_reachable(str(configured))
+        if meanwhile is not None:
+            meanwhile()
         lost = on_lost and partial(_configured_lost, on_lost)
         with watching(str(configured), lost):
             yield str(configured)
@@ -125,25 +129,54 @@ def prefect_api(
         server_log_path,
     )
 
+    server = TemporaryServer(server_log_path())
+    rotate_log(server.log_path)
+    started_at = log_position(server.log_path)
     if announce is not None:
         announce(STARTING)
-    server = TemporaryServer()
-    server.log_path = log = server_log_path()
-    rotate_log(log)
-    started_at = log_position(log)
     try:
-        server.start(timeout=startup_timeout())
+        server.launch()
+        if meanwhile is not None:
+            meanwhile()  # the server starts meanwhile, on the other core
+    except BaseException:
+        server.stop()
+        raise
+    try:
+        server.wait_ready(startup_timeout())
     except Exception as exc:
         server.stop()
         raise ServerUnavailableError(start_failure(exc, server, started_at)) from None
-    ran_from = log_position(log)
+    except BaseException:
+        server.stop()
+        raise
+    ran_from = log_position(server.log_path)
+    lost = on_lost and partial(_temporary_lost, server, on_lost)
     try:
-        with watching(server.api_url, on_lost and partial(_temporary_lost, server, on_lost)):
-            yield None
+        with api_url_set(server.api_url), watching(server.api_url, lost):
+            try:
+                yield None
+            finally:
+                drain_to_api()
     finally:
-        drain_to_api()
         server.stop()
         report_server_errors(server, ran_from, notes)
+
+
+@contextmanager
+def api_url_set(api_url: str) -> Iterator[None]:
+    """Point Prefect's clients, and processes started meanwhile, at `api_url`."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    saved = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = api_url
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            yield
+    finally:
+        if saved is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = saved
 
 
 def check_reachable(api_url: str) -> None:

@@ -7,6 +7,7 @@ server unless `PREFECT_API_URL` names one. Every failure is printed here, in one
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -66,6 +67,13 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "gateway": cmd_gateway,
     "docs": cmd_docs,
 }
+FLOW_MODULES = {
+    "finalize": ("tokcap.flows.finalize",),
+    "retire": ("tokcap.flows.finalize",),
+    "retrigger": ("tokcap.flows.retrigger",),
+    "demo": ("tokcap.flows.demo", "tokcap.flows.finalize"),
+    "clear": ("tokcap.flows.clear",),
+}  # imported while a temporary server starts (`prepare`)
 FINALIZING = {"finalize", "retrigger", "demo"}  # their console shows a progress line
 NO_SERVER = {
     "status",
@@ -94,18 +102,28 @@ def announce(args: argparse.Namespace, line: str) -> None:
     print(f"tokcap {args.command}: {line}", file=sys.stderr, flush=True)
 
 
+def prepare(command: str) -> None:
+    """What a command needs before its flow, done while a temporary server starts: Prefect's
+    console set to one line per record, and the command's flows imported."""
+    from tokcap.flows.runners import one_line_console
+
+    one_line_console()
+    for module in FLOW_MODULES.get(command, ()):
+        importlib.import_module(module)
+
+
 def run_command(args: argparse.Namespace, notes: list[str]) -> int:
     """Run the command, on a temporary Prefect server unless it needs none or one is set;
     notes about that server go to `notes`, to print after the result."""
     if args.command in NO_SERVER:
         return COMMANDS[args.command](args)
     from tokcap.flows.cli.progress_line import progress_console
-    from tokcap.flows.runners import one_line_console, prefect_api
+    from tokcap.flows.runners import prefect_api
 
-    one_line_console()
     on_lost = partial(stop_on_lost_api, args)
+    meanwhile = partial(prepare, args.command)
     with (
-        prefect_api(notes, on_lost=on_lost, announce=partial(announce, args)) as api_url,
+        prefect_api(notes, on_lost, partial(announce, args), meanwhile) as api_url,
         progress_console(args.command in FINALIZING),
     ):
         args.api_url = api_url
