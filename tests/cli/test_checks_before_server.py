@@ -62,7 +62,7 @@ def claim_earlier_run(inputs: dict[str, str], run_id: str, batch_size: int) -> N
     [
         (
             finalize_args("{rollouts}", "s4://bucket/x", "{dest}", "r"),
-            ["tokcap finalize: --store: ", "s4://bucket/x cannot be used"],
+            ["tokcap finalize: --store s4://bucket/x is neither a URL nor a path", "s4://;"],
         ),
         (
             finalize_args("{rollouts}", "{store}", "http://example.com/x", "r"),
@@ -74,7 +74,7 @@ def claim_earlier_run(inputs: dict[str, str], run_id: str, batch_size: int) -> N
         ),
         (
             finalize_args("nope://bucket/in.jsonl", "{store}", "{dest}", "r"),
-            ["--rollouts: ", "Protocol not known: nope"],
+            ["--rollouts nope://bucket/in.jsonl is neither", "no filesystem knows the protocol"],
         ),
         (
             finalize_args("{rollouts}", "{store}", "{store}/dest", "r"),
@@ -82,7 +82,7 @@ def claim_earlier_run(inputs: dict[str, str], run_id: str, batch_size: int) -> N
         ),
         (
             ["clear", "--rollouts", "{rollouts}", "--store", "s4://bucket/x"],
-            ["tokcap clear: --store: ", "s4://bucket/x cannot be used"],
+            ["tokcap clear: --store s4://bucket/x is neither", "the protocol s4://; give a"],
         ),
         (
             ["sweep", "--store", "nosuchmod.x:Cls"],
