@@ -12,6 +12,7 @@ from prefect import get_run_logger
 from prefect.events import emit_event
 
 from capture_core.operator.run_outcome import (
+    MASK_ALERT_AUTOMATION,
     MASK_ALERT_EVENT,
     mask_alert_due,
     mask_rate,
@@ -47,3 +48,17 @@ def alert_on_masks(summary: RunSummary) -> bool:
     )
     get_run_logger().info("run %s: %s", summary.run_id, mask_rate_line(summary))
     return True
+
+
+def alert_automation() -> str | None:
+    """The shipped mask alert automation's name when the Prefect API has it enabled, else
+    `None` (a temporary server has no automations; an API that cannot say counts as none)."""
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            found = client.read_automations_by_name(MASK_ALERT_AUTOMATION)
+    except Exception as exc:  # a line of the report must not fail the run
+        get_run_logger().warning("could not read the automations: %s", exc)
+        return None
+    return MASK_ALERT_AUTOMATION if any(a.enabled for a in found) else None

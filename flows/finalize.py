@@ -19,6 +19,7 @@ from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.config import public_storage_options
 from capture_core.errors import CaptureStoreError
 from capture_core.operator.mask_reasons import infrastructure_counts
+from capture_core.operator.run_outcome import mask_alert_due
 from capture_core.operator.run_progress import (
     Lookahead,
     MaskGate,
@@ -31,13 +32,14 @@ from capture_core.rows.row_cursor import validate_consumer_name
 from capture_core.run.capture_source import SourceSpec, check_separate_locations
 from capture_core.run.inbox import Claim
 from capture_core.run.receipt import receipt_key
+from capture_core.run.rollout_io import COLLECT_CUT, REPAIR
 from capture_core.run.run_layout import ROW_FORMATS, validate_run_id
 from capture_core.run.task_groups import (
     DEFAULT_MAX_GROUP_SIZE,
     check_max_group_size,
     group_by_setting,
 )
-from tokcap.flows.alerts import alert_on_masks
+from tokcap.flows.alerts import alert_automation, alert_on_masks
 from tokcap.flows.progress import RunProgress
 from tokcap.flows.run_steps import RunSteps
 from tokcap.tasks.batches import (
@@ -187,6 +189,8 @@ def finalize_run(
         progress.batch_done(masked=sum(gate.reasons.values()))
     steps.storage.result()  # prepared even when no batch needed it: a failure fails the run
     summary = report_run(dest, tally, options, claim, mask_alert_fraction)
+    if mask_alert_due(summary):
+        summary.mask_alert_automation = alert_automation()
     publish_report(summary, tally, progress.artifact)
     alert_on_masks(summary)
     raise_if_failed(summary, tally, steps)
@@ -263,9 +267,14 @@ def _command(command: str, steps: RunSteps) -> str:
 
 
 def _malformed_message(summary: RunSummary) -> str:
-    shown = "; ".join(summary.malformed_line_errors[:3])
+    """The first malformed lines (file, line, what is wrong), then what to do, said once."""
+    errors, advice = summary.malformed_line_errors[:3], []
+    for action in (REPAIR, COLLECT_CUT):
+        if any(error.endswith(f"; {action}") for error in errors):
+            advice.append(action)
+            errors = [error.removesuffix(f"; {action}") for error in errors]
     lines = plural(summary.malformed_lines, "malformed input line")
-    return f"{lines} ({shown}); see {summary.ledger}"
+    return f"{lines} ({'; '.join(errors)}); {'; '.join([*advice, f'see {summary.ledger}'])}"
 
 
 @flow(name="retire-uploaded", flow_run_name="retire {run_id}")

@@ -31,10 +31,19 @@ CLI_PREFECT_DEFAULTS = {
     HEARTBEAT_SETTING: str(HEARTBEAT_SECONDS),
 }
 ENGINE_MODULES = ("flow_engine", "task_engine", "transactions")
+PROBE_TIMEOUT_SECONDS = 10.0
+STARTING = (
+    "starting a temporary Prefect server (PREFECT_API_URL is not set; set it to a running "
+    "server to skip this wait)"
+)
 
 
 class ServerUnavailableError(RuntimeError):
     """No Prefect API could be reached or started; the message says what to do."""
+
+
+class ApiUnreachableError(ServerUnavailableError):
+    """`PREFECT_API_URL` names an API that refused the connection: nothing ran (exit 3)."""
 
 
 class FlowFailed(Exception):
@@ -84,7 +93,10 @@ def server_help(waiting: bool = True) -> str:
 
 @contextmanager
 def prefect_api(
-    notes: list[str] | None = None, on_lost: Callable[[str], None] | None = None
+    notes: list[str] | None = None,
+    on_lost: Callable[[str], None] | None = None,
+    announce: Callable[[str], None] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> Iterator[str | None]:
     """Yield the API URL the flows use: `PREFECT_API_URL`, else a temporary server's.
 
@@ -94,6 +106,8 @@ def prefect_api(
     the caller to print after the command's result), or to stderr.
     While the block runs the API is watched (`tokcap.flows.api_watch`): once it refuses every
     connection for seconds, `on_lost` gets what went away and what to do about it.
+    `announce` gets one line before a temporary server starts, so the wait is explained;
+    `meanwhile` runs while it starts (the command's imports), or at once with a configured API.
     """
     from prefect.settings import PREFECT_API_URL
 
@@ -101,6 +115,9 @@ def prefect_api(
 
     configured = PREFECT_API_URL.value()
     if configured:
+        check_reachable(str(configured))
+        if meanwhile is not None:
+            meanwhile()
         lost = on_lost and partial(_configured_lost, on_lost)
         with watching(str(configured), lost):
             yield str(configured)
@@ -112,23 +129,76 @@ def prefect_api(
         server_log_path,
     )
 
-    server = TemporaryServer()
-    server.log_path = log = server_log_path()
-    rotate_log(log)
-    started_at = log_position(log)
+    server = TemporaryServer(server_log_path())
+    rotate_log(server.log_path)
+    started_at = log_position(server.log_path)
+    if announce is not None:
+        announce(STARTING)
     try:
-        server.start(timeout=startup_timeout())
+        server.launch()
+        if meanwhile is not None:
+            meanwhile()  # the server starts meanwhile, on the other core
+    except BaseException:
+        server.stop()
+        raise
+    try:
+        server.wait_ready(startup_timeout())
     except Exception as exc:
         server.stop()
         raise ServerUnavailableError(start_failure(exc, server, started_at)) from None
-    ran_from = log_position(log)
+    except BaseException:
+        server.stop()
+        raise
+    ran_from = log_position(server.log_path)
+    lost = on_lost and partial(_temporary_lost, server, on_lost)
     try:
-        with watching(server.api_url, on_lost and partial(_temporary_lost, server, on_lost)):
-            yield None
+        with api_url_set(server.api_url), watching(server.api_url, lost):
+            try:
+                yield None
+            finally:
+                drain_to_api()
     finally:
-        drain_to_api()
         server.stop()
         report_server_errors(server, ran_from, notes)
+
+
+@contextmanager
+def api_url_set(api_url: str) -> Iterator[None]:
+    """Point Prefect's clients, and processes started meanwhile, at `api_url`."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    saved = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = api_url
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            yield
+    finally:
+        if saved is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = saved
+
+
+def check_reachable(api_url: str) -> None:
+    """Raise `ApiUnreachableError`, in one line naming the URL and what to check, when the
+    configured API refuses the connection: Prefect's client would retry for about 20 s and
+    then fail with a bare `RuntimeError`. A slow or failing answer is left to the client."""
+    import httpx
+
+    from tokcap.flows.api_watch import refused
+
+    try:
+        with httpx.Client(timeout=PROBE_TIMEOUT_SECONDS) as client:
+            seen = refused(client, api_url)
+    except httpx.HTTPError as exc:  # not a URL httpx can use (no scheme, a bad port)
+        seen = " ".join(str(exc).split()) or type(exc).__name__
+    if seen is not None:
+        raise ApiUnreachableError(
+            f"the Prefect API at {api_url} (PREFECT_API_URL) cannot be reached ({seen}), so "
+            "nothing ran; check that its server runs and that the URL, ending in /api, is "
+            "right (`prefect server start` serves http://127.0.0.1:4200/api), or unset "
+            "PREFECT_API_URL to run on a temporary server"
+        )
 
 
 def _configured_lost(on_lost: Callable[[str], None], api_url: str, seen: str) -> None:

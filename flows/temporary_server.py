@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, NamedTuple
-
-from prefect.server.api.server import SubprocessASGIServer
-from prefect.settings import PREFECT_HOME
 
 LOG_NAME = "tokcap-temporary-server.log"
 ERROR_MARKERS = ("Traceback", "ERROR")
@@ -34,6 +33,8 @@ class StartupCrashError(RuntimeError):
 
 def server_log_path() -> str:
     """Where the temporary server's output goes: `<PREFECT_HOME>/tokcap-temporary-server.log`."""
+    from prefect.settings import PREFECT_HOME
+
     return os.path.join(str(PREFECT_HOME.value()), LOG_NAME)
 
 
@@ -122,22 +123,106 @@ def _read_since(path: str, since: LogPosition) -> str:
     return ""
 
 
-class TemporaryServer(SubprocessASGIServer):
-    """`SubprocessASGIServer` whose process writes to `log_path`, started at most
-    `MAX_STARTS` times.
+class TemporaryServer:
+    """Prefect's temporary API server as a child process, started as Prefect starts it
+    (`prefect.server.api.server.SubprocessASGIServer`: uvicorn on a free port, the UI off,
+    the settings passed on) but without importing Prefect's server into the CLI, which cost
+    about 3.5 s of CPU before any work. `launch` returns at once, so the CLI imports its flows
+    while the server starts; `wait_ready` then waits for its health check. The process writes
+    to `log_path`; a start that exits with code 3 (meant for a port taken meanwhile) is
+    retried on a new port, at most `MAX_STARTS` times. `redirected` says whether its output
+    went to the log."""
 
-    Prefect's clients find the running server by its class registry, so flows use this
-    one as they would Prefect's own. `redirected` says whether its output went to the log.
-    """
+    def __init__(self, log_path: str = "") -> None:
+        self.log_path, self.redirected, self.starts = log_path, False, 0
+        self.port: int | None = None
+        self.process: subprocess.Popen[Any] | None = None
 
-    log_path: str = ""
-    redirected: bool = False
-    starts: int = 0
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
 
-    def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
+    def launch(self) -> None:
+        """Start the process on a free port; `StartupCrashError` past `MAX_STARTS` starts."""
         self.starts += 1
         if self.starts > MAX_STARTS:
             raise StartupCrashError(f"its process exited at startup {MAX_STARTS} times")
+        self.port = free_port()
         with child_output_to(self.log_path or server_log_path()) as redirected:
             self.redirected = redirected
-            return super()._run_uvicorn_command()
+            self.process = subprocess.Popen(_uvicorn_command(self.port), env=_server_env())
+
+    def wait_ready(self, timeout: float) -> None:
+        """Return once the API answers its health check; `TimeoutError` after `timeout` s."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=5) as client:
+            while time.monotonic() < deadline:
+                assert self.process is not None
+                code = self.process.poll()
+                if code == 3:
+                    self.launch()
+                    continue
+                if code is not None:
+                    raise StartupCrashError(f"its process exited with code {code}")
+                with suppress(httpx.HTTPError):
+                    if client.get(f"{self.api_url}/health").status_code == 200:
+                        return
+                time.sleep(0.1)
+        raise TimeoutError("timed out waiting for its health check")
+
+    def start(self, timeout: float) -> None:
+        self.launch()
+        self.wait_ready(timeout)
+
+    def stop(self) -> None:
+        """Stop the process (terminate, then kill after 5 s); safe to call twice."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _uvicorn_command(port: int) -> list[str]:
+    import prefect
+
+    app_dir = str(prefect.__module_path__.parent)
+    factory = "prefect.server.api.server:create_app"
+    where = ["--host", "127.0.0.1", "--port", str(port)]
+    quiet = ["--log-level", "error", "--lifespan", "on"]
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--app-dir",
+        app_dir,
+        "--factory",
+        factory,
+        *where,
+        *quiet,
+    ]
+
+
+def _server_env() -> dict[str, str]:
+    from prefect.settings import get_current_settings
+
+    ours = {
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
+    settings = get_current_settings().to_environment_variables(exclude_unset=True)
+    return {**os.environ, **ours, **settings}
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -2,7 +2,8 @@
 
 A record's `error` and a ledger's `mask_reason` keep their exact text: NeMo Gym's tools,
 older ledgers and tests read it. Reports, the CLI and the UI show these words beside it.
-Each kind of reason has a section of docs/mask-reasons.md, named by its anchor.
+Each kind of reason has a section of the shipped page `tokcap docs mask-reasons`, named by
+its anchor.
 This module does not import Prefect.
 """
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from capture_core.builder.terminal import WITNESSES
 
-DOCS = "docs/mask-reasons.md"
+DOCS = "tokcap docs mask-reasons"
 """The page that lists every kind of mask reason, what it means and what to do."""
 
 NAME_CALL = (

@@ -31,6 +31,7 @@ class RunSummary(Protocol):
     errors: list[str]
     mask_reasons: Mapping[str, int]
     mask_alert_threshold: float | None
+    mask_alert_automation: str | None
 
 
 MASK_ALERT_EVENT = "tokcap.run.mask-fraction.exceeded"
@@ -103,16 +104,21 @@ def _percent(value: float) -> str:
 
 
 def mask_rate_line(summary: RunSummary) -> str:
-    """The mask rate against the alert threshold, and whether the run raised the alert."""
+    """The mask rate against the alert threshold, and whether the run raised the alert: the
+    automation is named only when the run's Prefect API has it (a temporary server has none),
+    else the line says what crossed the threshold and which event the run emitted."""
     rate = f"mask rate {_percent(mask_rate(summary))} ({summary.masked} of {summary.rollouts})"
     threshold = summary.mask_alert_threshold
     if threshold is None:
         return rate
     if mask_alert_due(summary):
-        return (
-            f"{rate}, above the alert threshold of {_percent(threshold)}: the mask alert "
-            f"fired (event {MASK_ALERT_EVENT}; automation {MASK_ALERT_AUTOMATION})"
-        )
+        above = f"{rate}, above the alert threshold of {_percent(threshold)}"
+        automation = summary.mask_alert_automation
+        if automation:
+            return (
+                f"{above}: the mask alert fired (event {MASK_ALERT_EVENT}; automation {automation})"
+            )
+        return f"{above}: the mask rate crossed it, so the run emitted event {MASK_ALERT_EVENT}"
     return f"{rate}, within the alert threshold of {_percent(threshold)}: no alert"
 
 

@@ -73,6 +73,9 @@ class RunSummary(BaseModel):
     tokens_trained: int = 0
     mask_alert_threshold: float | None = None
     """The run's mask alert threshold (`None`: none, or not known where the summary was read)."""
+    mask_alert_automation: str | None = None
+    """The automation acting on the run's mask alert on its Prefect API (`None`: none, or not
+    known where the summary was read), so a line never names one that is not there."""
     weight_versions: versions.VersionTally | None = None
     """The delivered weight versions (`version_tally`); `None` when no record carried them."""
 

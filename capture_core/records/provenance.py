@@ -114,7 +114,7 @@ def _set_once(
         call = fields.get("model_call_id")
         raise InvalidRecordError(
             f"{f'call {call!r}: ' if isinstance(call, str) else ''}{where} is {value!r} but "
-            f"{first} is {fields[name]!r}; both name {name} (docs/async.md), so give one of "
+            f"{first} is {fields[name]!r}; both name {name} (tokcap docs async), so give one of "
             "them or make them agree"
         )
 

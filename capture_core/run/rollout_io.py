@@ -322,13 +322,32 @@ def read_batch(
     return parsed
 
 
+REPAIR = (
+    "repair or drop that line, then finalize the rollout it held on its own line in a new file "
+    "under a new run id (this run hands off the file's other lines; re-running it cannot "
+    "succeed while the line is unchanged)"
+)
+COLLECT_CUT = (
+    "collect that rollout again, or finalize its complete line in a new file under a new run "
+    "id (this run hands off the file's other lines; re-running it cannot succeed while the "
+    "file is unchanged)"
+)
+
+
 def _parse_line(url: str, line_no: int, line: bytes) -> ParsedLine:
+    """A line as a record, or an error naming the file, the line, what is wrong and what to
+    do: a last line without its newline that does not parse was cut short (a copy taken
+    while the file was still written), anything else is a line to repair."""
+    where = f"{url} line {line_no}"
     try:
         record = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        return ParsedLine(line=line_no, error=f"{url} line {line_no}: malformed JSON ({exc})")
+        if not line.endswith(b"\n"):
+            why = f"malformed JSON, cut short: the file ends inside this line ({exc})"
+            return ParsedLine(line=line_no, error=f"{where}: {why}; {COLLECT_CUT}")
+        return ParsedLine(line=line_no, error=f"{where}: malformed JSON ({exc}); {REPAIR}")
     if not isinstance(record, dict):
-        return ParsedLine(line=line_no, error=f"{url} line {line_no}: not a JSON object")
+        return ParsedLine(line=line_no, error=f"{where}: not a JSON object; {REPAIR}")
     return ParsedLine(line=line_no, record=record)
 
 

@@ -3,7 +3,8 @@
 Every module that must tell local from remote, or S3 from other filesystems, asks here,
 so the spellings (`/x`, `file:///x`, `local:///x`, `s3://b/p`, `s3a://b/p`) are read one way,
 whether two locations overlap is decided here only, and a URL typed with a slash missing
-(`s3:/bucket`) is refused here, naming the URL it meant, before it could pass for a path.
+(`s3:/bucket`) or with a protocol nothing knows (`s4://bucket`) is refused here, in one
+line, before it could pass for a path or reach a filesystem's own checks.
 """
 
 from __future__ import annotations
@@ -48,14 +49,42 @@ def misspelled_url(location: str | os.PathLike[str]) -> str | None:
     )
 
 
-def refuse_misspelled(location: str | os.PathLike[str]) -> None:
-    """Raise `InvalidInputError` for a URL missing a slash, naming the URL it meant."""
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
+
+
+def unknown_protocol(location: str | os.PathLike[str]) -> str | None:
+    """The scheme of a location typed as a URL (`s4://b`, `s4:/b`) that no filesystem here
+    knows, else `None`. A chained URL is left to fsspec, which names the link it lacks."""
+    text = os.fspath(location)
+    found = _SCHEME.match(text)
+    if found is None or "::" in text:
+        return None
+    scheme = found.group(1)
+    return None if scheme.lower() in fsspec.available_protocols() else scheme
+
+
+def location_problem(location: str | os.PathLike[str]) -> str | None:
+    """Why a location typed as a URL cannot be read, in one line, else `None`: a known
+    protocol missing a slash names the URL it meant; every unknown protocol is told alike."""
+    typed = os.fspath(location)
     meant = misspelled_url(location)
     if meant is not None:
-        raise InvalidInputError(
-            f"{os.fspath(location)} is neither a URL nor a path tokcap can use: did you mean "
-            f"{meant}?"
+        return f"{typed} is neither a URL nor a path tokcap can use: did you mean {meant}?"
+    scheme = unknown_protocol(location)
+    if scheme is not None:
+        return (
+            f"{typed} is neither a URL nor a path tokcap can use: no filesystem knows the "
+            f"protocol {scheme}://; give a local path or an s3:// URL (s3://bucket/prefix)"
         )
+    return None
+
+
+def refuse_misspelled(location: str | os.PathLike[str]) -> None:
+    """Raise `InvalidInputError` for a URL missing a slash, naming the URL it meant, or for a
+    protocol no filesystem knows (`location_problem`)."""
+    problem = location_problem(location)
+    if problem is not None:
+        raise InvalidInputError(problem)
 
 
 def is_s3(location: str | os.PathLike[str]) -> bool:

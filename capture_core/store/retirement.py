@@ -286,7 +286,7 @@ def sweep_age_seconds(age: str) -> float:
     if seconds < MIN_SWEEP_AGE_SECONDS:
         raise InvalidInputError(
             f"{age} is below the 1h minimum: a writer of a recently retired attempt may still "
-            "be running, and a tombstone is what fences it out (see docs/store.md)"
+            "be running, and a tombstone is what fences it out (see tokcap docs store)"
         )
     return seconds
 

@@ -37,6 +37,7 @@ from tokcap.flows.cli.checks import (
     known_run,
     positive_int,
 )
+from tokcap.flows.cli.docs import add_docs_command
 from tokcap.flows.cli.events import add_event_commands, check_event_args
 from tokcap.flows.cli.gateway import add_gateway_command, check_gateway_args
 from tokcap.flows.cli.inputs import add_inputs_command, check_inputs_args
@@ -90,7 +91,7 @@ def _add_finalize(commands: Any) -> None:
         choices=DELIVERIES,
         default=MAIN_CHAIN,
         help="main_chain rebuilds response.output (default); all_traces adds the "
-        "training_traces envelope, every sampled call owned once (docs/traces.md)",
+        "training_traces envelope, every sampled call owned once (tokcap docs traces)",
     )
     finalize.add_argument(
         "--max-mask-fraction",
@@ -156,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inputs_command(commands, add_storage)
     add_runs_command(commands, add_storage, DEST_HELP)
     add_gateway_command(commands, add_storage, STORE_HELP)
+    add_docs_command(commands)
 
     for name, text in (
         ("retire", "retire what a run handed off"),

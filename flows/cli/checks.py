@@ -36,7 +36,7 @@ from capture_core.run.run_layout import (
     validate_run_id,
 )
 from capture_core.run.store_check import check_store_for_run
-from capture_core.storage import misspelled_url, open_byte_store, url_scheme
+from capture_core.storage import location_problem, open_byte_store, url_scheme
 
 
 class UsageError(ValueError):
@@ -91,17 +91,16 @@ LOCATION_FLAGS = ("rollouts", "store", "dest", "inbox", "out")
 
 
 def check_spelling(args: argparse.Namespace) -> None:
-    """A location typed as a URL missing a slash (`s3:/bucket`) is refused, naming the URL it
-    meant, before it is made absolute and would pass for a local path."""
+    """A location typed as a URL missing a slash (`s3:/bucket`) or with an unknown protocol
+    (`s4://bucket`) is refused alike (`location_problem`), before it is made absolute and
+    would pass for a local path, or reach a filesystem's own checks."""
     named = [(f"--{name}", getattr(args, name, None)) for name in LOCATION_FLAGS]
     files = getattr(args, "files", None)  # submit's FILE list (make-inputs' --files counts)
     named += [("FILE", path) for path in (files if isinstance(files, list) else [])]
     for flag, value in named:
-        meant = misspelled_url(value) if isinstance(value, str) else None
-        if meant is not None:
-            raise UsageError(
-                f"{flag} {value} is neither a URL nor a path tokcap can use: did you mean {meant}?"
-            )
+        problem = location_problem(value) if isinstance(value, str) else None
+        if problem is not None:
+            raise UsageError(f"{flag} {problem}")
 
 
 def check_rollouts(args: argparse.Namespace) -> None:

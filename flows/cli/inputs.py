@@ -66,7 +66,7 @@ def add_inputs_command(commands: Any, add_storage: Callable[..., None]) -> None:
         choices=DELIVERIES,
         default=MAIN_CHAIN,
         help="main_chain: the demo's shapes (default); all_traces: the episodes multi-trace "
-        "delivery is for (docs/traces.md)",
+        "delivery is for (tokcap docs traces)",
     )
     inputs.add_argument(
         "--id-prefix",
@@ -150,6 +150,6 @@ def next_commands(made: Any, with_options: bool) -> list[str]:
         f"DEST{options}:",
         f"  {tokcap} finalize --rollouts {shlex.quote(first.url)} --store "
         f"{shlex.quote(made.store)} --dest DEST --run-id {run_id}{delivery}",
-        "or submit the files to a served inbox (tokcap serve, docs/pipeline.md#the-inbox):",
+        "or submit the files to a served inbox (tokcap serve; tokcap docs pipeline#the-inbox):",
         f"  {tokcap} submit --inbox INBOX {files}",
     ]

@@ -7,6 +7,7 @@ server unless `PREFECT_API_URL` names one. Every failure is printed here, in one
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from tokcap.flows.cli.commands import (
     cmd_serve,
     flow_options,
 )
+from tokcap.flows.cli.docs import cmd_docs
 from tokcap.flows.cli.events import cmd_automations, cmd_submit
 from tokcap.flows.cli.gateway import cmd_gateway
 from tokcap.flows.cli.inputs import cmd_make_inputs
@@ -41,6 +43,7 @@ from tokcap.flows.cli.status import cmd_status
 from tokcap.flows.cli.stdout import end_quietly, reader_gone
 from tokcap.flows.cli.sweep import cmd_sweep
 from tokcap.flows.runners import (
+    ApiUnreachableError,
     FlowFailed,
     ServerUnavailableError,
     prefect_environment,
@@ -62,7 +65,15 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "runs": cmd_runs,
     "automations": cmd_automations,
     "gateway": cmd_gateway,
+    "docs": cmd_docs,
 }
+FLOW_MODULES = {
+    "finalize": ("tokcap.flows.finalize",),
+    "retire": ("tokcap.flows.finalize",),
+    "retrigger": ("tokcap.flows.retrigger",),
+    "demo": ("tokcap.flows.demo", "tokcap.flows.finalize"),
+    "clear": ("tokcap.flows.clear",),
+}  # imported while a temporary server starts (`prepare`)
 FINALIZING = {"finalize", "retrigger", "demo"}  # their console shows a progress line
 NO_SERVER = {
     "status",
@@ -73,6 +84,7 @@ NO_SERVER = {
     "make-inputs",
     "runs",
     "gateway",
+    "docs",
 }
 
 
@@ -85,18 +97,33 @@ def stop_on_lost_api(args: argparse.Namespace, explanation: str) -> NoReturn:
     os._exit(EXIT_STARTED)
 
 
+def announce(args: argparse.Namespace, line: str) -> None:
+    """One line on stderr, named by the command; stdout stays the command's (`--json`)."""
+    print(f"tokcap {args.command}: {line}", file=sys.stderr, flush=True)
+
+
+def prepare(command: str) -> None:
+    """What a command needs before its flow, done while a temporary server starts: Prefect's
+    console set to one line per record, and the command's flows imported."""
+    from tokcap.flows.runners import one_line_console
+
+    one_line_console()
+    for module in FLOW_MODULES.get(command, ()):
+        importlib.import_module(module)
+
+
 def run_command(args: argparse.Namespace, notes: list[str]) -> int:
     """Run the command, on a temporary Prefect server unless it needs none or one is set;
     notes about that server go to `notes`, to print after the result."""
     if args.command in NO_SERVER:
         return COMMANDS[args.command](args)
     from tokcap.flows.cli.progress_line import progress_console
-    from tokcap.flows.runners import one_line_console, prefect_api
+    from tokcap.flows.runners import prefect_api
 
-    one_line_console()
     on_lost = partial(stop_on_lost_api, args)
+    meanwhile = partial(prepare, args.command)
     with (
-        prefect_api(notes, on_lost=on_lost) as api_url,
+        prefect_api(notes, on_lost, partial(announce, args), meanwhile) as api_url,
         progress_console(args.command in FINALIZING),
     ):
         args.api_url = api_url
@@ -136,6 +163,9 @@ def run_and_report(args: argparse.Namespace, notes: list[str]) -> int:
             partial = run_summary(args.dest, args.run_id, args.options)
         report_failure(args, failed, partial)
         return 1
+    except ApiUnreachableError as exc:  # nothing ran; the run, if any, waits as it was
+        print(f"tokcap {args.command}: {exc}", file=sys.stderr)
+        return EXIT_STARTED
     except (ServerUnavailableError, UnavailableError) as exc:
         print(f"tokcap {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -62,7 +62,7 @@ def claim_earlier_run(inputs: dict[str, str], run_id: str, batch_size: int) -> N
     [
         (
             finalize_args("{rollouts}", "s4://bucket/x", "{dest}", "r"),
-            ["tokcap finalize: --store: ", "s4://bucket/x cannot be used"],
+            ["tokcap finalize: --store s4://bucket/x is neither a URL nor a path", "s4://;"],
         ),
         (
             finalize_args("{rollouts}", "{store}", "http://example.com/x", "r"),
@@ -74,7 +74,7 @@ def claim_earlier_run(inputs: dict[str, str], run_id: str, batch_size: int) -> N
         ),
         (
             finalize_args("nope://bucket/in.jsonl", "{store}", "{dest}", "r"),
-            ["--rollouts: ", "Protocol not known: nope"],
+            ["--rollouts nope://bucket/in.jsonl is neither", "no filesystem knows the protocol"],
         ),
         (
             finalize_args("{rollouts}", "{store}", "{store}/dest", "r"),
@@ -82,7 +82,7 @@ def claim_earlier_run(inputs: dict[str, str], run_id: str, batch_size: int) -> N
         ),
         (
             ["clear", "--rollouts", "{rollouts}", "--store", "s4://bucket/x"],
-            ["tokcap clear: --store: ", "s4://bucket/x cannot be used"],
+            ["tokcap clear: --store s4://bucket/x is neither", "the protocol s4://; give a"],
         ),
         (
             ["sweep", "--store", "nosuchmod.x:Cls"],
@@ -186,6 +186,14 @@ def test_an_unreachable_endpoint_fails_in_one_line_before_any_server(
             "did you mean s3://bucket/dest?",
         ),
         (["submit", "--inbox", "s3:/b/inbox", "{rollouts}"], "did you mean s3://b/inbox?"),
+        (
+            finalize_args("{rollouts}", "s4://bucket/captures", "{dest}", "r"),
+            "tokcap finalize: --store s4://bucket/captures is neither a URL nor a path tokcap can "
+            "use: no filesystem knows the protocol s4://; give a local path or an s3:// URL",
+        ),
+        (finalize_args("{rollouts}", "{store}", "s4:/b/dest", "r"), "the protocol s4://"),
+        (finalize_args("s5://b/in.jsonl", "{store}", "{dest}", "r"), "the protocol s5://"),
+        (["submit", "--inbox", "sx://b/inbox", "{rollouts}"], "the protocol sx://"),
     ],
 )
 def test_a_url_missing_a_slash_is_refused_with_the_url_it_meant(
@@ -196,3 +204,27 @@ def test_a_url_missing_a_slash_is_refused_with_the_url_it_meant(
     result = run_cli(argv, None, env={"PREFECT_HOME": home}, cwd=str(tmp_path))  # typo: a path
     assert_refused_without_server(result, home, 2, expected)
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "store"], "nothing written"
+
+
+@pytest.mark.parametrize("command", ["finalize", "clear"])
+def test_an_unreachable_prefect_api_url_is_one_line_naming_it_and_what_to_check(
+    run_inputs, tmp_path, command: str
+) -> None:
+    """It was Prefect's bare `RuntimeError: Failed to reach API at ...`, exit 1."""
+    api_url = f"http://127.0.0.1:{free_port()}/api"
+    home = str(tmp_path / "prefect-home")
+    if command == "finalize":
+        args = finalize_args_for(run_inputs, "unreached")
+    else:
+        args = ["clear", "--rollouts", run_inputs["rollouts"], "--store", run_inputs["store"]]
+    result = run_cli(args, api_url, env={"PREFECT_HOME": home})
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert len(lines) == 1 and result.stdout == "", result.stderr[-2000:]
+    assert lines[0].startswith(
+        f"tokcap {command}: the Prefect API at {api_url} (PREFECT_API_URL) cannot be reached ("
+    ), lines[0]
+    assert "check that its server runs and that the URL, ending in /api, is right" in lines[0]
+    assert "RuntimeError" not in result.stderr
+    assert not os.path.exists(run_inputs["dest"]), "nothing ran"
+    assert not os.path.exists(os.path.join(home, LOG_NAME)), "no temporary server either"

@@ -76,7 +76,7 @@ def test_retrigger_completes_a_failed_run_and_reports_changes(run_inputs, prefec
         (
             finalize_args("nope://bucket/in.jsonl", "{store}", "{dest}", "x"),
             2,
-            "--rollouts: Protocol not known: nope",
+            "--rollouts nope://bucket/in.jsonl is .*: no filesystem knows the protocol nope://",
         ),
         (["status", "--dest", "{dest}", "--run-id", "never"], 2, "unknown run id never"),
         (

@@ -40,6 +40,7 @@ from tests.support.prefect_api_reads import (
     task_runs_of,
 )
 from tokcap.flows.inbox import FileSettings, InboxFailedError, finalize_inbox
+from tokcap.flows.runners import STARTING
 from tokcap.flows.temporary_server import LOG_START, MAX_STARTS, error_lines
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -369,7 +370,9 @@ def demo_on_a_failing_server(tmp_path, **settings: str) -> list[str]:
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "demo"), "nothing ran"
-    return [line for line in result.stderr.splitlines() if line.startswith("tokcap demo:")]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("tokcap demo:")]
+    assert lines[0] == f"tokcap demo: {STARTING}", "the wait is announced first"
+    return lines[1:]
 
 
 def test_a_server_that_cannot_start_says_what_to_do_in_one_line(tmp_path) -> None:

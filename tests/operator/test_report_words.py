@@ -13,7 +13,13 @@ import orjson
 import pytest
 
 from capture_core.operator.mask_reasons import DOCS, KINDS, OTHER, abstention_words, reason_kind
-from capture_core.operator.run_outcome import mask_rate_line, outcome_line, reason_lines
+from capture_core.operator.run_outcome import (
+    MASK_ALERT_AUTOMATION,
+    MASK_ALERT_EVENT,
+    mask_rate_line,
+    outcome_line,
+    reason_lines,
+)
 from capture_core.operator.run_report import markdown_report, reason_category, summarize
 from capture_core.run.run_layout import LedgerLine
 from tests.support.build_result_cases import GOLDEN
@@ -52,7 +58,7 @@ def golden_reasons() -> list[str]:
 
 
 def docs_anchors() -> set[str]:
-    text = (REPO / DOCS).read_text(encoding="utf-8")
+    text = (REPO / "docs" / f"{DOCS.split()[-1]}.md").read_text(encoding="utf-8")
     headings = re.findall(r"^#+ (.+)$", text, re.MULTILINE)
     return {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
 
@@ -108,7 +114,9 @@ def test_the_outcome_comes_first_and_the_mask_rate_names_the_alert() -> None:
     assert "1 masked" in outcome_line(summary) and "6 captures retired" in outcome_line(summary)
     rate = mask_rate_line(summary)
     assert rate.startswith("mask rate 14.3% (1 of 7), above the alert threshold of 10%")
-    assert "the mask alert fired" in rate
+    assert rate.endswith(": the mask rate crossed it, so the run emitted event " + MASK_ALERT_EVENT)
+    summary.mask_alert_automation = MASK_ALERT_AUTOMATION
+    assert "the mask alert fired" in mask_rate_line(summary)
     summary.mask_alert_threshold = 0.2
     assert "within the alert threshold of 20%: no alert" in mask_rate_line(summary)
     text = markdown_report(summary, ledger, [1.0] * 6, {0: 0.5})

@@ -41,7 +41,8 @@ def test_an_all_traces_summary_counts_traces_calls_and_tokens_and_why_nothing_tr
     report = markdown_report(summary, _ledger(), [], {})
     assert "## Training traces" in report and "| 1-0 | 3 | 7 | 420 |" in report
     assert (
-        "- 1 unresolved retry: " in report and "(docs/mask-reasons.md#unresolved-retry)" in report
+        "- 1 unresolved retry: " in report
+        and "(tokcap docs mask-reasons#unresolved-retry)" in report
     )
 
 

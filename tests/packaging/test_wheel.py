@@ -225,3 +225,26 @@ def test_installed_tokcap_serves_the_scheduled_inbox(
     finally:
         served.terminate()
         served.wait(timeout=60)
+
+
+def test_every_docs_reference_the_output_prints_resolves_in_the_installed_wheel(
+    fresh_venv: Path, elsewhere: tuple[Path, dict[str, str]]
+) -> None:
+    """The wheel has no `docs/` beside the user's files: each `tokcap docs TOPIC#SECTION` the
+    product prints (`tests/cli/test_docs_command.py` walks them) prints from the package."""
+    from tests.cli.test_docs_command import docs_references
+
+    cwd, env = elsewhere
+    references = docs_references()
+    code = (
+        "import sys; from tokcap.flows.cli.docs import page, PACKAGE; import importlib; "
+        "print(importlib.import_module(PACKAGE).__file__); "
+        "[print(r, len(page(r))) for r in sys.argv[1:]]"
+    )
+    python = str(fresh_venv / "bin" / "python")
+    lines = run([python, "-c", code, *references], cwd, env).stdout.splitlines()
+    assert lines[0].startswith(str(fresh_venv)), lines[0]
+    printed = dict(line.rsplit(" ", 1) for line in lines[1:])
+    assert sorted(printed) == references and all(int(n) > 0 for n in printed.values())
+    section = run(["tokcap", "docs", "mask-reasons#lost-call"], cwd, env).stdout
+    assert section.startswith("## lost call\n"), section[:200]

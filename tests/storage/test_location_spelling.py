@@ -33,6 +33,22 @@ def test_a_url_missing_a_slash_is_refused_with_the_url_it_meant(typed: str, mean
         filesystem_for(typed)
 
 
+@pytest.mark.integrity
+@pytest.mark.parametrize("typed", ["s4://bucket/x", "s4:/bucket/x", "S4://b", "gs3://b/p"])
+def test_every_unknown_protocol_is_refused_alike_not_as_a_filesystem_without_atomic_writes(
+    typed: str,
+) -> None:
+    """`s4://` once got `FsspecStore`'s explanation about atomic writes, `s4:/` became a path."""
+    scheme = typed.split(":", 1)[0]
+    expected = f"no filesystem knows the protocol {scheme}://; give a local path or an s3:// URL"
+    for opening in (open_byte_store, filesystem_for, open_rollout_file):
+        with pytest.raises(InvalidInputError) as refused:
+            opening(typed)
+        assert str(refused.value) == (
+            f"{typed} is neither a URL nor a path tokcap can use: {expected} (s3://bucket/prefix)"
+        )
+
+
 @pytest.mark.parametrize(
     "location",
     ["s3://bucket/x", "/data/store", "simplecache::s3://b/p", "mymodule:Source", "data:v1"],
