@@ -26,6 +26,7 @@ from tokcap.flows.cli.commands import (
     cmd_status,
     flow_options,
 )
+from tokcap.flows.cli.deploy import cmd_deploy
 from tokcap.flows.cli.events import cmd_automations, cmd_submit
 from tokcap.flows.cli.gateway import cmd_gateway
 from tokcap.flows.cli.inputs import cmd_make_inputs
@@ -57,6 +58,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": cmd_demo,
     "serve": cmd_serve,
     "deployments": cmd_deployments,
+    "deploy": cmd_deploy,
     "submit": cmd_submit,
     "make-inputs": cmd_make_inputs,
     "runs": cmd_runs,
@@ -67,6 +69,7 @@ FINALIZING = {"finalize", "retrigger", "demo"}  # their console shows a progress
 NO_SERVER = {
     "status",
     "deployments",
+    "deploy",
     "submit",
     "automations",
     "serve",
