@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.pipeline_helpers import run_cli
 from tokcap.flows.cli.main import main
 from tokcap.flows.deploy_settings import SETTING_VARIABLES, deployed_settings
 from tokcap.flows.serve import served_deployments
@@ -112,3 +113,10 @@ def test_serve_without_setting_variables_serves_the_shipped_defaults() -> None:
     settings = served["inbox-file"].parameters["settings"]
     assert (settings["rows"], settings["batch_size"], settings["group_by"]) == ("none", 500, None)
     assert settings["retire_after_consumer"] is None and settings["claim_lease_seconds"] == 300
+
+
+def test_deploy_without_locations_names_them_and_deploys_nothing() -> None:
+    unset = {name: "" for name in ("TOKCAP_INBOX", "TOKCAP_STORE", "TOKCAP_DEST")}
+    done = run_cli(["deploy"], "http://127.0.0.1:9/api", unset)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "set TOKCAP_INBOX, TOKCAP_STORE, TOKCAP_DEST" in done.stderr, done.stderr
