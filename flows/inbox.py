@@ -26,11 +26,8 @@ from prefect.deployments import run_deployment
 from prefect.states import Failed
 from pydantic import BaseModel, Field
 
-from capture_core.builder.trace_envelope import MAIN_CHAIN
-from capture_core.config import public_storage_options
 from capture_core.errors import ClaimLostError
 from capture_core.operator.run_status import run_completed
-from capture_core.run.capture_source import check_separate_locations
 from capture_core.run.inbox import (
     Claim,
     ClaimDecision,
@@ -45,8 +42,8 @@ from capture_core.run.inbox import (
     run_id_for_file,
     take_claim,
 )
-from capture_core.run.task_groups import DEFAULT_MAX_GROUP_SIZE
 from capture_core.storage import filesystem_for, open_byte_store, url_scheme
+from tokcap.flows.file_settings import FileSettings
 from tokcap.flows.finalize import finalize_run
 from tokcap.tasks.common import tokcap_task
 
@@ -160,48 +157,6 @@ def inbox_markdown(inbox: str, report: InboxReport, failures: list[str]) -> str:
     if failures:
         lines += ["", "## Not finalized", ""] + [f"- {failure}" for failure in failures]
     return "\n".join(lines) + "\n"
-
-
-class FileSettings(BaseModel):
-    """The inbox's settings: one object for a pass and for the run of each of its files.
-
-    A pass hands its settings whole to each file's run (`fan_out`), so both finalize a file
-    the same way and agree on its claim's lease and attempts.
-    """
-
-    inbox: str = Field(description="Folder URL of the rollout files to finalize.")
-    store: str = Field(description="Capture store: a path or URL, or a module.path:ClassName.")
-    dest: str = Field(description="Destination of the runs' records, receipts and ledgers.")
-    batch_size: int = Field(500, description="Rollouts per batch of each file's run.")
-    max_mask_fraction: float | None = Field(
-        None, description="A file's run stops handing off above this masked fraction."
-    )
-    max_attempts: int = Field(3, description="Failed attempts after which a file is given up.")
-    storage_options: dict[str, Any] | None = Field(
-        None, description="Public fsspec options of inbox, store and destination."
-    )
-    source_kwargs: dict[str, Any] | None = Field(
-        None, description="Arguments of a module.path:ClassName store."
-    )
-    claim_lease_seconds: float = Field(
-        300.0, description="How long a file's claim outlives the pass that stopped renewing it."
-    )
-    delivery: str = Field(MAIN_CHAIN, description="main_chain, or all_traces for envelopes.")
-    rows: str = Field("none", description="parquet: trainer rows beside each part.")
-    retire_after_consumer: str | None = Field(
-        None, description="The row consumer whose acknowledgement retirement waits for."
-    )
-    group_by: str | None = Field(None, description="task: no batch splits a task's rollouts.")
-    max_group_size: int = Field(
-        DEFAULT_MAX_GROUP_SIZE, description="Most rollouts of one task with group_by."
-    )
-
-    def checked(self) -> FileSettings:
-        """These settings with public storage options only, once inbox, store and destination
-        are found separate (raises otherwise)."""
-        options = public_storage_options(self.storage_options)
-        check_separate_locations({"inbox": self.inbox, "store": self.store, "dest": self.dest})
-        return self.model_copy(update={"storage_options": options})
 
 
 @flow(name="finalize-inbox", flow_run_name="inbox {settings.inbox}")

@@ -3,7 +3,9 @@
 `serve` is for one machine without a work pool. It serves the deployments `prefect.yaml`
 defines (the one definition of their names, parameters and schedules), with the inbox,
 store and destination given on the command line in place of the file's `{{ $TOKCAP_* }}`
-placeholders, triggers included. Stop it with Ctrl-C; flow runs appear in the Prefect UI.
+placeholders, triggers included; the inbox settings come from their `TOKCAP_*` variables
+as for `prefect deploy` (`tokcap.flows.deploy_settings`). Stop it with Ctrl-C; flow runs
+appear in the Prefect UI.
 It needs a server that runs schedules: Prefect's temporary server runs none, so without
 `PREFECT_API_URL` (or with a server whose scheduler is off) it refuses, saying what to start.
 The `prefect.yaml` that work pools deploy ships inside the package as `tokcap.deployments`.
@@ -11,7 +13,9 @@ The `prefect.yaml` that work pools deploy ships inside the package as `tokcap.de
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,8 @@ from typing import Any
 import yaml
 from prefect import serve
 from prefect.utilities.importtools import import_object
+
+from tokcap.flows.deploy_settings import placeholder_values
 
 INBOX = "inbox"  # the deployment `tokcap serve --cron` reschedules
 PLACEHOLDER = re.compile(r"\{\{\s*\$([A-Z_]+)\s*\}\}")
@@ -39,16 +45,25 @@ def deployment_specs() -> list[dict[str, Any]]:
     return yaml.safe_load(prefect_file().read_text(encoding="utf-8"))["deployments"]
 
 
-def fill(value: Any, env: dict[str, str]) -> Any:
+def fill(value: Any, env: Mapping[str, str]) -> Any:
     """A value with each `{{ $NAME }}` placeholder replaced from `env`, in nested mappings
-    and lists too; other templates (`{{ event.payload.x }}`) are left for the server."""
+    and lists too; an inbox setting's variable gives its checked value, typed, or the
+    shipped default where unset (`deploy_settings`). Other templates
+    (`{{ event.payload.x }}`) are left for the server."""
+    return _filled(value, {**env, **placeholder_values(env)})
+
+
+def _filled(value: Any, values: Mapping[str, Any]) -> Any:
     if isinstance(value, dict):
-        return {key: fill(item, env) for key, item in value.items()}
+        return {key: _filled(item, values) for key, item in value.items()}
     if isinstance(value, list):
-        return [fill(item, env) for item in value]
+        return [_filled(item, values) for item in value]
     if not isinstance(value, str):
         return value
-    return PLACEHOLDER.sub(lambda match: env[match.group(1)], value)
+    whole = PLACEHOLDER.fullmatch(value)
+    if whole:
+        return values[whole.group(1)]
+    return PLACEHOLDER.sub(lambda match: str(values[match.group(1)]), value)
 
 
 def served_triggers(spec: dict[str, Any], env: dict[str, str]) -> list[Any]:
@@ -77,8 +92,9 @@ def served_deployment(spec: dict[str, Any], env: dict[str, str], cron: str | Non
 
 def served_deployments(inbox: str, store: str, dest: str, cron: str | None = None) -> list[Any]:
     """Every deployment of `prefect.yaml`, served; `cron` replaces the inbox one's schedule
-    only (the others, such as the daily sweep, keep the file's)."""
-    env = {"TOKCAP_INBOX": inbox, "TOKCAP_STORE": store, "TOKCAP_DEST": dest}
+    only (the others, such as the daily sweep, keep the file's). The inbox settings come
+    from their `TOKCAP_*` variables, as `prefect deploy` takes them."""
+    env = {**os.environ, "TOKCAP_INBOX": inbox, "TOKCAP_STORE": store, "TOKCAP_DEST": dest}
     specs = deployment_specs()
     return [served_deployment(s, env, cron if s["name"] == INBOX else None) for s in specs]
 

@@ -37,6 +37,7 @@ from tokcap.flows.cli.checks import (
     known_run,
     positive_int,
 )
+from tokcap.flows.cli.deploy import add_deploy_parser, check_setting_variables
 from tokcap.flows.cli.docs import add_docs_command
 from tokcap.flows.cli.events import add_event_commands, check_event_args
 from tokcap.flows.cli.gateway import add_gateway_command, check_gateway_args
@@ -213,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="list the deployments on PREFECT_API_URL's server made with entrypoints of an "
         "older tokcap (exit 1 when there are any)",
     )
+    add_deploy_parser(commands)
     return parser
 
 
@@ -281,6 +283,7 @@ def check_args(args: argparse.Namespace) -> None:
         check_cron(args.cron)
     if args.command == "demo":
         check_workdir(args)
+    check_setting_variables(args)
     if args.command == "deployments" and args.check:
         check_api_set("--check reads the deployments of the server PREFECT_API_URL names")
     check_event_args(args)

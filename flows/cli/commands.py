@@ -6,6 +6,7 @@ A command returns its exit status; failures raise, and `tokcap.flows.cli.main` p
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -94,6 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_deployments(args: argparse.Namespace) -> int:
+    from tokcap.flows.deploy_settings import shown_file
     from tokcap.flows.serve import outdated_deployments, prefect_file
 
     if args.check:
@@ -101,7 +103,10 @@ def cmd_deployments(args: argparse.Namespace) -> int:
         print("\n".join(outdated) or "no deployment uses an entrypoint this tokcap lacks")
         return 1 if outdated else 0
     path = prefect_file()
-    print(path.read_text() if args.show else path, end="" if args.show else "\n")
+    if args.show:  # with the inbox settings this environment deploys
+        print(shown_file(path.read_text(), os.environ), end="")
+    else:
+        print(path)
     return 0
 
 

@@ -26,6 +26,7 @@ from tokcap.flows.cli.commands import (
     cmd_serve,
     flow_options,
 )
+from tokcap.flows.cli.deploy import cmd_deploy
 from tokcap.flows.cli.docs import cmd_docs
 from tokcap.flows.cli.events import cmd_automations, cmd_submit
 from tokcap.flows.cli.gateway import cmd_gateway
@@ -60,6 +61,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "demo": cmd_demo,
     "serve": cmd_serve,
     "deployments": cmd_deployments,
+    "deploy": cmd_deploy,
     "submit": cmd_submit,
     "make-inputs": cmd_make_inputs,
     "runs": cmd_runs,
@@ -78,6 +80,7 @@ FINALIZING = {"finalize", "retrigger", "demo"}  # their console shows a progress
 NO_SERVER = {
     "status",
     "deployments",
+    "deploy",
     "submit",
     "automations",
     "serve",

@@ -12,11 +12,13 @@ from pathlib import Path
 import yaml
 from prefect import Flow
 from prefect.utilities.importtools import import_object
+from prefect.utilities.templating import apply_values
 from pydantic import BaseModel
 
 from capture_core.store.retirement import MIN_SWEEP_AGE_SECONDS, sweep_age_seconds
 from tests.support.pipeline_helpers import REPO
 from tokcap.flows.cli.main import main
+from tokcap.flows.deploy_settings import SETTING_VARIABLES, shown_file
 from tokcap.flows.inbox import FileSettings, finalize_inbox, finalize_inbox_file
 
 SOURCE = Path(REPO, "deployments", "prefect.yaml")
@@ -46,7 +48,8 @@ def test_every_deployment_names_an_installed_flow_and_its_real_parameters() -> N
             model = typing.get_type_hints(flow.fn).get(name)
             if isinstance(model, type) and issubclass(model, BaseModel):
                 assert set(value) <= set(model.model_fields), (deployment["name"], name)
-                model.model_validate(value)  # the file's settings are valid as they stand
+                # as `prefect deploy` fills them with no setting variable set: ""
+                model.model_validate(apply_values(value, {}))
 
 
 def test_both_inbox_flows_take_the_inbox_settings_as_one_parameter() -> None:
@@ -77,12 +80,32 @@ def test_the_deployments_refer_to_no_checkout() -> None:
     assert "{{ $TOKCAP_INBOX }}" in text and "{{ $TOKCAP_STORE }}" in text
 
 
-def test_tokcap_deployments_locates_the_shipped_file(capsys) -> None:
+def test_tokcap_deployments_locates_the_shipped_file(capsys, monkeypatch) -> None:
+    for name in SETTING_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     assert main(["deployments"]) == 0
     located = Path(capsys.readouterr().out.strip())
     assert located.read_text() == SOURCE.read_text()
     assert main(["deployments", "--show"]) == 0
-    assert capsys.readouterr().out == SOURCE.read_text()
+    shown = capsys.readouterr().out
+    assert shown == shown_file(SOURCE.read_text(), {}), "the file, its settings filled"
+    assert '    rows: "none"  # default none' in shown and "    batch_size: 500  #" in shown
+
+
+def test_unset_setting_variables_deploy_the_shipped_defaults(monkeypatch) -> None:
+    """`prefect deploy` fills an unset variable as ""; each such setting keeps its default."""
+    for name in SETTING_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    (inbox,) = [
+        d for d in yaml.safe_load(SOURCE.read_text())["deployments"] if d["name"] == "inbox"
+    ]
+    filled = apply_values(inbox["parameters"]["settings"], {})
+    assert {filled[field] for field in SETTING_VARIABLES.values()} == {""}
+    settings = FileSettings.model_validate(filled)
+    defaults = FileSettings(inbox="-", store="-", dest="-")
+    for field in SETTING_VARIABLES.values():
+        assert getattr(settings, field) == getattr(defaults, field), field
+    assert (defaults.rows, defaults.batch_size, defaults.group_by) == ("none", 500, None)
 
 
 def test_every_run_beats_often_enough_for_the_crash_automation_and_is_retriggered() -> None:

@@ -1,13 +1,15 @@
 """A killed worker's run is marked Crashed and retriggered; its file completes exactly once.
 
 On the session's Prefect server: the shipped `inbox-file` and `retrigger-failed` deployments
-(a copy of `prefect.yaml` that differs in the pool's name, the inbox settings and a 3-second
-retrigger delay in place of 60), the shipped automations applied, two real process workers.
-No inbox schedule runs (the harness server has no scheduler) and no person acts. A submitted
-file's run stalls in its second batch, after its first receipt; its worker and its flow-run
-process are SIGKILLed. The run's heartbeats stop, the shipped automation marks it (and its
-subflow) Crashed, the retrigger deployment's trigger starts a retrigger with the run's own
-settings, which takes the file's claim once the dead run's lapsed, and completes the file.
+(a copy of `prefect.yaml` that differs in the pool's name, the inbox store's arguments and a
+3-second retrigger delay in place of 60; rows, delivery, batch size and claim lease set by
+their `TOKCAP_*` variables at deploy time), the shipped automations applied, two real
+process workers. No inbox schedule runs (the harness server has no scheduler) and no person
+acts. A submitted file's run stalls in its second batch, after its first receipt; its
+worker and its flow-run process are SIGKILLed. The run's heartbeats stop, the shipped
+automation marks it (and its subflow) Crashed, the retrigger deployment's trigger starts a
+retrigger with the run's own settings (the deploy-time ones included), which takes the
+file's claim once the dead run's lapsed, and completes the file.
 Every wait is a deadline on something observable.
 """
 
@@ -60,6 +62,12 @@ LEASE = 20.0  # lapses before the crash is detected (90 s of silence), so no wai
 # Heartbeat every 30 s + 90 s of silence + the 5 s proactive evaluation + the 3 s retrigger
 # delay + a worker's poll, process start and the rest of the file, on a loaded machine.
 DEADLINE = 420
+SETTINGS = {
+    "TOKCAP_BATCH_SIZE": "2",
+    "TOKCAP_CLAIM_LEASE_SECONDS": str(LEASE),
+    "TOKCAP_ROWS": "parquet",
+    "TOKCAP_DELIVERY": "all_traces",
+}
 
 
 def deployable_yaml(directory: Path, settings: dict[str, Any]) -> Path:
@@ -89,14 +97,9 @@ def killed_worker_path(tmp_path: Path, prefect_api: str) -> Iterator[dict[str, A
         "TOKCAP_INBOX": str(inbox),
         "TOKCAP_STORE": "tests.support.stalling_source:StallingStore",
         "TOKCAP_DEST": dest,
+        **SETTINGS,  # the inbox settings at deploy time, which the retrigger must keep
     }
-    settings = {
-        "batch_size": 2,
-        "claim_lease_seconds": LEASE,
-        "source_kwargs": {"root": root, "stall_rollout": "51-3", "flag": flag},
-        "rows": "parquet",
-        "delivery": "all_traces",
-    }
+    settings = {"source_kwargs": {"root": root, "stall_rollout": "51-3", "flag": flag}}
     prefect_cli(["work-pool", "create", POOL, "--type", "process", "--overwrite"], env, tmp_path)
     deploy = ["--no-prompt", "deploy", "--prefect-file", str(deployable_yaml(tmp_path, settings))]
     prefect_cli([*deploy, "--name", "inbox-file", "--name", "retrigger-failed"], env, tmp_path)
@@ -152,6 +155,7 @@ def test_a_killed_workers_run_is_crashed_and_retriggered_to_completion_once(
     manifest = layout.read_manifest()
     assert manifest is not None
     assert (manifest.rows, manifest.delivery, manifest.batch_size) == ("parquet", "all_traces", 2)
+    assert crashed.parameters["settings"]["rows"] == "parquet", "as deployed from TOKCAP_ROWS"
     first, second = read_claim(layout.dest, run_id, 0), read_claim(layout.dest, run_id, 1)
     assert first is not None and str(crashed.id) in first.owner
     assert second is not None and str(retrigger.id) in second.owner, "under the file's claim"
