@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.config import public_storage_options
@@ -85,26 +92,17 @@ class FileSettings(BaseModel):
             return data
         return {k: v for k, v in data.items() if not (k in DEPLOYED_FIELDS and v == "")}
 
-    @field_validator("rows")
+    @field_validator("rows", "delivery", "group_by")
     @classmethod
-    def _known_rows(cls, rows: str) -> str:
-        if rows not in ROW_FORMATS:
-            raise ValueError(f"unknown rows format {rows!r}; use one of {', '.join(ROW_FORMATS)}")
-        return rows
-
-    @field_validator("delivery")
-    @classmethod
-    def _known_delivery(cls, delivery: str) -> str:
-        if delivery not in DELIVERIES:
-            raise ValueError(f"unknown delivery {delivery!r}; use one of {', '.join(DELIVERIES)}")
-        return delivery
-
-    @field_validator("group_by")
-    @classmethod
-    def _known_group_by(cls, group_by: str | None) -> str | None:
-        if group_by is not None and group_by not in GROUP_BY:
-            raise ValueError(f"unknown group_by {group_by!r}; use one of {', '.join(GROUP_BY)}")
-        return group_by_setting(group_by)
+    def _one_of_its_choices(cls, value: str | None, info: ValidationInfo) -> str | None:
+        what, allowed = {
+            "rows": ("rows format", ROW_FORMATS),
+            "delivery": ("delivery", DELIVERIES),
+            "group_by": ("group_by", GROUP_BY),
+        }[str(info.field_name)]
+        if value is not None and value not in allowed:
+            raise ValueError(f"unknown {what} {value!r}; use one of {', '.join(allowed)}")
+        return group_by_setting(value) if info.field_name == "group_by" else value
 
     @field_validator("retire_after_consumer")
     @classmethod
