@@ -12,14 +12,10 @@ from prefect import get_client, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from capture_core.operator.run_index import list_runs, record_summary, table
+from capture_core.operator.run_markdown import markdown_report
 from capture_core.operator.run_outcome import outcome_line, verdict
 from capture_core.operator.run_progress import RunTally
-from capture_core.operator.run_report import (
-    RunSummary,
-    markdown_report,
-    summary_table,
-    terminal_words,
-)
+from capture_core.operator.run_report import RunSummary, summary_table, terminal_words
 from capture_core.operator.version_tally import version_lines
 from capture_core.run.inbox import Claim
 from capture_core.run.run_layout import RunLayout

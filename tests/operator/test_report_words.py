@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from capture_core.operator.mask_reasons import DOCS, KINDS, OTHER, abstention_words, reason_kind
+from capture_core.operator.run_markdown import markdown_report
 from capture_core.operator.run_outcome import (
     MASK_ALERT_AUTOMATION,
     MASK_ALERT_EVENT,
@@ -20,7 +21,7 @@ from capture_core.operator.run_outcome import (
     outcome_line,
     reason_lines,
 )
-from capture_core.operator.run_report import markdown_report, reason_category, summarize
+from capture_core.operator.run_report import reason_category, summarize
 from capture_core.run.run_layout import LedgerLine
 from tests.support.build_result_cases import GOLDEN
 

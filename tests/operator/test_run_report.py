@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from capture_core.operator.run_report import locate, markdown_report, reason_category, summarize
+from capture_core.operator.run_markdown import markdown_report
+from capture_core.operator.run_report import locate, reason_category, summarize
 from capture_core.run.run_layout import LedgerLine
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from capture_core.operator.run_report import markdown_report, summarize, summary_table, trace_counts
+from capture_core.operator.run_markdown import markdown_report
+from capture_core.operator.run_report import summarize, summary_table, trace_counts
 from capture_core.run.run_layout import LedgerLine, encode_ledger
 
 

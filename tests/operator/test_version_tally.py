@@ -10,7 +10,8 @@ from typing import Any
 
 import orjson
 
-from capture_core.operator.run_report import markdown_report, summarize, summary_table
+from capture_core.operator.run_markdown import markdown_report
+from capture_core.operator.run_report import summarize, summary_table
 from capture_core.operator.version_tally import NO_PROVENANCE
 from capture_core.run.ledger_versions import version_figures
 from capture_core.run.run_layout import LedgerLine, encode_ledger

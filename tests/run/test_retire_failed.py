@@ -12,7 +12,8 @@ import re
 
 import pytest
 
-from capture_core.operator.run_report import markdown_report, summarize
+from capture_core.operator.run_markdown import markdown_report
+from capture_core.operator.run_report import summarize
 from capture_core.operator.run_status import run_completed
 from capture_core.run.inbox import run_id_for_file
 from capture_core.run.run_layout import read_ledger

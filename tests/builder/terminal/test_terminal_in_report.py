@@ -5,13 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from capture_core.operator.run_markdown import markdown_report
 from capture_core.operator.run_progress import ledger_lines
-from capture_core.operator.run_report import (
-    markdown_report,
-    reason_category,
-    summarize,
-    summary_table,
-)
+from capture_core.operator.run_report import reason_category, summarize, summary_table
 from capture_core.run.batch_finalize import finalize_batch
 from capture_core.run.finalize import finalize_rollout
 from capture_core.run.receipt import HandoffReceipt
