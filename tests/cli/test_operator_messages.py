@@ -22,6 +22,7 @@ from tests.support.pipeline_helpers import (
     run_cli,
     write_rollouts,
 )
+from tests.support.shipped_triggers import remove_applied
 from tokcap.flows.runners import STARTING
 from tokcap.flows.temporary_server import LOG_NAME
 
@@ -37,8 +38,11 @@ def test_the_mask_alert_names_the_automation_where_the_api_has_it(
 ) -> None:
     from tokcap.flows.automations import apply_automations
 
-    assert MASK_ALERT_AUTOMATION in apply_automations().automations
-    result = run_cli(finalize_args_for(run_inputs, "alerted"), prefect_api)
+    try:
+        assert MASK_ALERT_AUTOMATION in apply_automations().automations
+        result = run_cli(finalize_args_for(run_inputs, "alerted"), prefect_api)
+    finally:
+        remove_applied()
     assert result.returncode == 0, result.stderr[-2000:]
     assert mask_line(result.stdout) == (
         f"{ABOVE}the mask alert fired (event {MASK_ALERT_EVENT}; "

@@ -10,10 +10,12 @@ start, without a worker.
 from __future__ import annotations
 
 import copy
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prefect.exceptions import ObjectNotFound
 from prefect.server.events.actions import RunDeployment
 from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
@@ -61,7 +63,18 @@ def remove_deployed(pool: str) -> None:
         for deployment in client.read_deployments():
             if deployment.work_pool_name == pool:
                 client.delete_deployment(deployment.id)
+    remove_applied()
+
+
+def remove_applied() -> None:
+    """Delete the shipped automations and the store-request limit `tokcap automations apply`
+    creates: left on the session's server, the limit makes every later run wait for the slots
+    a killed process held, and the automations retrigger other tests' failed runs."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
         for name in shipped_automation_names():
             for automation in client.read_automations_by_name(name):
                 client.delete_automation(automation.id)
-        client.delete_global_concurrency_limit_by_name("tokcap-store-requests")
+        with suppress(ObjectNotFound):
+            client.delete_global_concurrency_limit_by_name("tokcap-store-requests")
