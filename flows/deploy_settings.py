@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from capture_core.builder.trace_envelope import DELIVERIES
 from capture_core.run.run_layout import ROW_FORMATS
 from capture_core.run.task_groups import GROUP_BY
-from tokcap.flows.file_settings import FileSettings
+from tokcap.flows.file_settings import LEASE_ALLOWED, LEASE_WHY, FileSettings
 
 SETTING_VARIABLES = {
     "TOKCAP_ROWS": "rows",
@@ -40,7 +40,7 @@ ALLOWED = {
     "batch_size": "a whole number above 0",
     "max_group_size": "a whole number above 0",
     "max_attempts": "a whole number above 0",
-    "claim_lease_seconds": "a number of seconds above 0",
+    "claim_lease_seconds": f"{LEASE_ALLOWED} ({LEASE_WHY})",
 }
 LOCATIONS = ("TOKCAP_INBOX", "TOKCAP_STORE", "TOKCAP_DEST")
 PLACEHOLDER = re.compile(r'"\{\{\s*\$([A-Z_]+)\s*\}\}"')

@@ -55,7 +55,7 @@ def test_every_setting_variable_reaches_its_setting_typed() -> None:
         ("TOKCAP_GROUP_BY", "tasks", "none or task"),
         ("TOKCAP_BATCH_SIZE", "0", "a whole number above 0"),
         ("TOKCAP_BATCH_SIZE", "five", "a whole number above 0"),
-        ("TOKCAP_CLAIM_LEASE_SECONDS", "-1", "a number of seconds above 0"),
+        ("TOKCAP_CLAIM_LEASE_SECONDS", "-1", "a finite number of seconds, at least 10"),
         ("TOKCAP_RETIRE_AFTER_CONSUMER", "../x", "a consumer name"),
     ],
 )
