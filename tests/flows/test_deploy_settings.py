@@ -78,7 +78,7 @@ def test_a_near_miss_of_a_variable_name_is_refused_never_ignored(monkeypatch, ca
     monkeypatch.setenv("TOKCAP_ROW", "parquet")
     assert main(["deployments", "--show"]) == 2
     err = capsys.readouterr().err
-    assert "TOKCAP_ROW is no tokcap setting: did you mean TOKCAP_ROWS?" in err, err
+    assert "TOKCAP_ROW is no tokcap variable: did you mean TOKCAP_ROWS?" in err, err
 
 
 def test_a_consumer_without_rows_is_refused_naming_both(monkeypatch, capsys) -> None:
