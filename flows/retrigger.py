@@ -18,6 +18,7 @@ from typing import Any
 
 from prefect import State, flow, get_run_logger
 from prefect.states import Failed
+from pydantic import ValidationError
 
 from capture_core.config import public_storage_options
 from capture_core.operator.run_progress import RetriggerReport, ledger_changes
@@ -221,7 +222,16 @@ def planned_rerun(run_id: str, failed_run: str | None, by_hand: Callable[[], Rer
 def inbox_rerun(retried: RetriedRun) -> Rerun:
     """An inbox file's run again: its file, run id and inbox settings, under the claim."""
     called = retried.parameters
-    settings = FileSettings.model_validate(called["settings"]).checked()
+    try:
+        settings = FileSettings.model_validate(called["settings"])
+    except ValidationError as exc:  # settings an older release accepted (a lease of inf)
+        why = "; ".join(str(error["msg"]) for error in exc.errors())
+        raise RetriggerRefusedError(
+            f"run {called.get('run_id')!r} ran with inbox settings tokcap no longer accepts "
+            f"({why}), so no retrigger can re-run it as it ran: deploy the inbox again with "
+            "settings it accepts (tokcap deploy names a bad one), then finalize the file again"
+        ) from None
+    settings = settings.checked()
     try:
         check_inbox_file(called["rollouts"], called["run_id"], settings.inbox)
     except ValueError as exc:

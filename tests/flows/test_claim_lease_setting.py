@@ -63,3 +63,23 @@ def test_a_claim_that_never_lapses_ends_the_retrigger_for_a_person(lapses_at: fl
     assert state is not None and state.is_failed() and state.name == NEEDS_ATTENTION, state
     assert "claimed by pass-a" in state.message and "never lapses" in state.message
     assert "r/attempts/0.end" in state.message, state.message
+
+
+@pytest.mark.integrity
+def test_a_retrigger_of_a_run_made_with_an_odd_lease_is_left_to_a_person(tmp_path) -> None:
+    """Settings an older release accepted can never validate again: the retrigger is refused
+    (it ends `NeedsAttention`) instead of failing the same way each time."""
+    from tokcap.flows.retrigger import RetriggerRefusedError, inbox_rerun
+    from tokcap.tasks.flow_runs import RetriedRun
+
+    where = {name: str(tmp_path / name) for name in ("inbox", "store", "dest")}
+    settings = {**where, "claim_lease_seconds": "inf"}
+    retried = RetriedRun(
+        flow_run_id="f",
+        flow="finalize-inbox-file",
+        parameters={"rollouts": f"{where['inbox']}/a.jsonl", "run_id": "a", "settings": settings},
+    )
+    with pytest.raises(RetriggerRefusedError) as refused:
+        inbox_rerun(retried)
+    assert "run 'a' ran with inbox settings tokcap no longer accepts" in str(refused.value)
+    assert FLOOR in str(refused.value), refused.value
