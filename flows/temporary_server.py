@@ -208,6 +208,7 @@ def die_with_parent() -> Callable[[], None] | None:
 
     The request is made in the child before it runs the server; a parent that died before
     it took effect is caught by the child seeing a new parent, and ends it the same way.
+    Linux ties it to the thread that started the child: start it from the main thread.
     """
     if not sys.platform.startswith("linux"):
         return None

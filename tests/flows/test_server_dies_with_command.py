@@ -33,6 +33,7 @@ time.sleep(600)
 ENDED = """
 import os, signal, time
 from tokcap.flows.temporary_server import ending_signals_exit
+signal.signal(signal.{name}, signal.SIG_DFL)  # as on a terminal, even if run under nohup
 with ending_signals_exit():
     try:
         os.kill(os.getpid(), signal.{name})
