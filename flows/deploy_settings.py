@@ -3,8 +3,10 @@
 The shipped `prefect.yaml` fills the inbox deployments' settings from them
 (`{{ $TOKCAP_ROWS }}` ...), as it fills the inbox from `TOKCAP_INBOX`; an unset one keeps
 the shipped default. `tokcap deploy`, `tokcap deployments --show` and `tokcap serve` check
-them first and refuse a bad value, naming the variable and what it allows, so a typo never
-deploys another setting; a run deployed by plain `prefect deploy` refuses it when it starts.
+them first and refuse a bad value, naming the variable and what it allows, and any
+`TOKCAP_*` name tokcap does not read (`READ_VARIABLES`), naming the closest one, so a typo
+never deploys another setting; a run deployed by plain `prefect deploy` refuses a bad value
+when it starts.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from capture_core.builder.trace_envelope import DELIVERIES
+from capture_core.gateway.settings import API_KEY_ENV, ENGINE_API_KEY_ENV
+from capture_core.run.concurrency import STORE_CONCURRENCY_ENV
+from capture_core.run.crash_points import CRASH_ENV
 from capture_core.run.run_layout import ROW_FORMATS
 from capture_core.run.task_groups import GROUP_BY
-from tokcap.flows.file_settings import FileSettings
+from tokcap.flows.file_settings import LEASE_ALLOWED, LEASE_WHY, FileSettings
 
 SETTING_VARIABLES = {
     "TOKCAP_ROWS": "rows",
@@ -40,9 +45,26 @@ ALLOWED = {
     "batch_size": "a whole number above 0",
     "max_group_size": "a whole number above 0",
     "max_attempts": "a whole number above 0",
-    "claim_lease_seconds": "a number of seconds above 0",
+    "claim_lease_seconds": f"{LEASE_ALLOWED} ({LEASE_WHY})",
 }
 LOCATIONS = ("TOKCAP_INBOX", "TOKCAP_STORE", "TOKCAP_DEST")
+READ_VARIABLES = (
+    *SETTING_VARIABLES,
+    *LOCATIONS,
+    STORE_CONCURRENCY_ENV,
+    API_KEY_ENV,
+    ENGINE_API_KEY_ENV,
+    CRASH_ENV,
+    "TOKCAP_POOL",  # the work pool the shipped Dockerfile's worker serves
+)  # every `TOKCAP_*` variable tokcap reads
+TEST_SUITE_VARIABLES = (
+    "TOKCAP_TEST_WORKER",
+    "TOKCAP_TEST_ENGINE_URL",
+    "TOKCAP_ENGINE_CACHE",
+    "TOKCAP_RELIABILITY_FIGURES",
+    "TOKCAP_WHEEL_TEST_FULL_INSTALL",
+    "TOKCAP_KILL_BETWEEN",
+)  # set by tokcap's own test suite and benches around the commands; tokcap ignores them
 PLACEHOLDER = re.compile(r'"\{\{\s*\$([A-Z_]+)\s*\}\}"')
 
 
@@ -52,7 +74,7 @@ class SettingVariableError(ValueError):
 
 def deployed_settings(env: Mapping[str, str]) -> dict[str, Any]:
     """Each setting a variable of `env` sets, checked, by field; the default where unset.
-    A variable whose name is a near miss of one (TOKCAP_ROW) is refused, never ignored."""
+    A `TOKCAP_*` name tokcap does not read (TOKCAP_ROW) is refused, never ignored."""
     _check_names(env)
     given = {
         SETTING_VARIABLES[name]: text for name, text in env.items() if name in SETTING_VARIABLES
@@ -70,14 +92,22 @@ def deployed_settings(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _check_names(env: Mapping[str, str]) -> None:
-    for name in env:
-        if name.startswith("TOKCAP_") and name not in SETTING_VARIABLES:
-            meant = get_close_matches(name, SETTING_VARIABLES, n=1, cutoff=0.85)
-            if meant:
-                raise SettingVariableError(
-                    f"{name} is no tokcap setting: did you mean {meant[0]}? "
-                    f"The inbox settings are {', '.join(SETTING_VARIABLES)}"
-                )
+    """Refuse a `TOKCAP_*` name tokcap does not read, naming the closest one it does: a
+    misspelled setting would otherwise deploy its default in silence."""
+    for name in sorted(env):
+        if name.startswith("TOKCAP_") and name not in (*READ_VARIABLES, *TEST_SUITE_VARIABLES):
+            raise SettingVariableError(
+                f"{name} is no tokcap variable: did you mean {closest_variable(name)}? "
+                f"tokcap reads {', '.join(READ_VARIABLES)}; rename or unset {name}"
+            )
+
+
+def closest_variable(name: str) -> str:
+    """The variable tokcap reads that `name` most likely meant: among those sharing a word
+    with it (TOKCAP_LEASE, TOKCAP_CLAIM_LEASE_SECONDS) if any, the closest spelling."""
+    words = set(name.split("_")) - {"TOKCAP"}
+    sharing = [known for known in READ_VARIABLES if words & set(known.split("_"))]
+    return get_close_matches(name, sharing or READ_VARIABLES, n=1, cutoff=0)[0]
 
 
 def _check(variable: str, field: str, text: str) -> None:

@@ -9,6 +9,7 @@ parameters against it), and every value is checked when a run starts, naming the
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 from pydantic import (
@@ -24,6 +25,7 @@ from capture_core.builder.trace_envelope import DELIVERIES, MAIN_CHAIN
 from capture_core.config import public_storage_options
 from capture_core.rows.row_cursor import validate_consumer_name
 from capture_core.run.capture_source import check_separate_locations
+from capture_core.run.inbox import MIN_CLAIM_LEASE_SECONDS, RENEWALS_PER_LEASE
 from capture_core.run.run_layout import ROW_FORMATS
 from capture_core.run.task_groups import DEFAULT_MAX_GROUP_SIZE, GROUP_BY, group_by_setting
 
@@ -37,6 +39,13 @@ DEPLOYED_FIELDS = (
     "max_attempts",
     "claim_lease_seconds",
 )  # the settings prefect.yaml fills from the environment; "" there means the default
+
+LEASE_ALLOWED = f"a finite number of seconds, at least {MIN_CLAIM_LEASE_SECONDS:g}"
+LEASE_WHY = (
+    f"a claim is renewed {RENEWALS_PER_LEASE} times per lease, so a shorter lease lapses while "
+    "its pass still works and another pass could finalize the file too, and one that never "
+    "lapses keeps a crashed pass's file from every retrigger"
+)
 
 
 def _or_text(kind: str) -> WithJsonSchema:
@@ -71,8 +80,8 @@ class FileSettings(BaseModel):
     )
     claim_lease_seconds: Annotated[float, _or_text("number")] = Field(
         300.0,
-        gt=0,
-        description="How long a file's claim outlives the pass that stopped renewing it.",
+        description="How long a file's claim outlives the pass that stopped renewing it "
+        f"(finite, at least {MIN_CLAIM_LEASE_SECONDS:g} s).",
     )
     delivery: str = Field(MAIN_CHAIN, description="main_chain, or all_traces for envelopes.")
     rows: str = Field("none", description="parquet: trainer rows beside each part.")
@@ -103,6 +112,15 @@ class FileSettings(BaseModel):
         if value is not None and value not in allowed:
             raise ValueError(f"unknown {what} {value!r}; use one of {', '.join(allowed)}")
         return group_by_setting(value) if info.field_name == "group_by" else value
+
+    @field_validator("claim_lease_seconds")
+    @classmethod
+    def _lease(cls, seconds: float) -> float:
+        """A lease that never lapses holds a dead pass's file forever; one shorter than the
+        floor lapses while its pass still works, so another pass takes the file too."""
+        if not math.isfinite(seconds) or seconds < MIN_CLAIM_LEASE_SECONDS:
+            raise ValueError(f"claim_lease_seconds {seconds!r} is not {LEASE_ALLOWED}: {LEASE_WHY}")
+        return seconds
 
     @field_validator("retire_after_consumer")
     @classmethod

@@ -18,11 +18,13 @@ from typing import Any
 
 from prefect import State, flow, get_run_logger
 from prefect.states import Failed
+from pydantic import ValidationError
 
 from capture_core.config import public_storage_options
 from capture_core.operator.run_progress import RetriggerReport, ledger_changes
-from capture_core.operator.run_report import is_malformed
+from capture_core.operator.run_report import only_malformed_left
 from capture_core.run.capture_source import check_separate_locations
+from capture_core.run.run_layout import LedgerLine
 from tokcap.flows.finalize import RunFailedError, finalize_run
 from tokcap.flows.inbox import FileSettings, check_inbox_file, retry_file
 from tokcap.flows.retrigger_deferral import claim_plan, defer_retrigger, find_held_claim
@@ -82,9 +84,9 @@ def retrigger_failed(
     runs: a retrigger that failed or crashed before it could count (bad parameters, a killed
     worker) still ends the chain. A retrigger of an inbox file whose claim a dead run still
     holds is scheduled again at the claim's lapse and ends at once (`waited_on` names the
-    claim the scheduled one waited for). A run whose input has a malformed line cannot
-    complete by re-running: that ends `NeedsAttention` too, naming the file, the line and
-    what to do.
+    claim the scheduled one waited for). A run whose only unfinished lines are malformed
+    cannot complete by re-running: that ends `NeedsAttention` too, naming the file, the line
+    and what to do; with good lines still unfinished the retrigger fails as any other.
     """
     count, limit = _whole(retrigger), _whole(max_retriggers)
     refused = chain_ended(retrigger, max_retriggers, run_id, count, limit)
@@ -114,11 +116,12 @@ def retrigger_failed(
         error = exc
     except Exception as exc:
         error = RunFailedError(str(exc))
-    report = ledger_changes(run_id, before, _ledger_after(located, run_id, before))
+    after = _ledger_after(located, run_id, before)
+    report = ledger_changes(run_id, before, after)
     get_run_logger().info("retrigger %s: %s", run_id, report.describe())
     if error is None:
         return report
-    unfixable = input_to_change(run_id, located, report)
+    unfixable = input_to_change(run_id, located.rollouts, after, report)
     if unfixable is not None:
         get_run_logger().error("%s", unfixable)
         return Failed(name=NEEDS_ATTENTION, message=unfixable)
@@ -219,7 +222,16 @@ def planned_rerun(run_id: str, failed_run: str | None, by_hand: Callable[[], Rer
 def inbox_rerun(retried: RetriedRun) -> Rerun:
     """An inbox file's run again: its file, run id and inbox settings, under the claim."""
     called = retried.parameters
-    settings = FileSettings.model_validate(called["settings"]).checked()
+    try:
+        settings = FileSettings.model_validate(called["settings"])
+    except ValidationError as exc:  # settings an older release accepted (a lease of inf)
+        why = "; ".join(str(error["msg"]) for error in exc.errors())
+        raise RetriggerRefusedError(
+            f"run {called.get('run_id')!r} ran with inbox settings tokcap no longer accepts "
+            f"({why}), so no retrigger can re-run it as it ran: deploy the inbox again with "
+            "settings it accepts (tokcap deploy names a bad one), then finalize the file again"
+        ) from None
+    settings = settings.checked()
     try:
         check_inbox_file(called["rollouts"], called["run_id"], settings.inbox)
     except ValueError as exc:
@@ -245,17 +257,16 @@ def claim_first(rerun: Rerun, run_id: str, waited_on: str | None) -> State | Non
     return None
 
 
-def input_to_change(run_id: str, rerun: Rerun, report: RetriggerReport) -> str | None:
-    """Why re-running cannot complete the run: its input has malformed lines, and the run
-    is bound to that input; `None` otherwise."""
-    try:
-        ledger = load_ledger(rerun.dest, run_id, rerun.options)
-    except Exception:
-        return None
-    bad = [line for line in ledger if is_malformed(line)]
+def input_to_change(
+    run_id: str, rollouts: str | None, ledger: list[LedgerLine], report: RetriggerReport
+) -> str | None:
+    """Why re-running cannot complete the run: its ledger's only unfinished lines are
+    malformed, and the run is bound to that input; `None` otherwise (a line that is not
+    handed off or retired yet may still be, so the retrigger fails as any other)."""
+    bad = only_malformed_left(ledger)
     if not bad:
         return None
-    where = rerun.rollouts or "its input"
+    where = rollouts or "its input"
     named = "; ".join(f"line {line.line}: {line.error or 'unreadable'}" for line in bad[:3])
     more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
     return (

@@ -20,8 +20,9 @@ from typing import Any
 
 from prefect import State, get_run_logger, runtime
 from prefect.deployments import run_deployment
-from prefect.states import Completed
+from prefect.states import Completed, Failed
 
+from capture_core.operator.run_verdict import NEEDS_ATTENTION
 from capture_core.run.inbox import HeldClaim, held_claim
 from capture_core.storage import open_byte_store
 from tokcap.tasks.common import tokcap_task
@@ -52,6 +53,31 @@ def claim_plan(held: HeldClaim | None, waited_on: str | None) -> str:
     return "outwait" if waited_on == held.key else "run"
 
 
+def lapse_time(held: HeldClaim) -> datetime.datetime | None:
+    """When the retrigger may take the file: the claim's lapse plus the skew allowance, or
+    `None` for a claim that never lapses (an infinite or NaN lease, or one past any date a
+    clock can name), which no waiting can outlast."""
+    try:
+        return datetime.datetime.fromtimestamp(held.lapses_at + SKEW_SECONDS, datetime.UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+def never_lapses(run_id: str, held: HeldClaim) -> State:
+    """The retrigger ends `NeedsAttention` at once, its state naming the claim and what to
+    do: waiting for this claim would never end."""
+    message = (
+        f"run {run_id}: its file is still claimed by {held.owner} (attempt {held.number + 1}) "
+        f"with a claim that never lapses (it lapses at {held.lapses_at!r} s), so no "
+        "retrigger can take the file over. It was made with a claim_lease_seconds tokcap no "
+        "longer accepts: deploy the inbox again with a finite TOKCAP_CLAIM_LEASE_SECONDS, "
+        f"make sure its pass is dead, end the claim by creating {held.end_key or 'its end marker'} "
+        "under the run's destination (what a pass writes when it releases its claim), then "
+        "run tokcap retrigger"
+    )
+    return Failed(name=NEEDS_ATTENTION, message=message)
+
+
 def defer_retrigger(run_id: str, held: HeldClaim) -> State | None:
     """Schedule this retrigger again at the claim's lapse and end it, or `None` when it was
     not started from a deployment (a person's own process may wait: it holds no worker) or
@@ -61,11 +87,13 @@ def defer_retrigger(run_id: str, held: HeldClaim) -> State | None:
     key), so they never race. The scheduled run keeps this run's `retrigger` count: it is
     the same retrigger, later, and `max_retriggers` still bounds the chain.
     """
+    at = lapse_time(held)
+    if at is None:
+        return never_lapses(run_id, held)
     deployment = runtime.deployment.id
     if not deployment:
         return None
     parameters = {**runtime.flow_run.parameters, "waited_on": held.key}
-    at = datetime.datetime.fromtimestamp(held.lapses_at + SKEW_SECONDS, datetime.UTC)
     try:
         scheduled = run_deployment(
             deployment,

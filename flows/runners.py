@@ -122,6 +122,20 @@ def prefect_api(
         with watching(str(configured), lost):
             yield str(configured)
         return
+    from tokcap.flows.temporary_server import ending_signals_exit
+
+    with ending_signals_exit():
+        yield from _temporary_api(notes, on_lost, announce, meanwhile)
+
+
+def _temporary_api(
+    notes: list[str] | None,
+    on_lost: Callable[[str], None] | None,
+    announce: Callable[[str], None] | None,
+    meanwhile: Callable[[], None] | None,
+) -> Iterator[None]:
+    """A temporary server's part of `prefect_api`: start it, yield, stop it."""
+    from tokcap.flows.api_watch import watching
     from tokcap.flows.temporary_server import (
         TemporaryServer,
         log_position,

@@ -1,6 +1,10 @@
 """Prefect's temporary API server, with the server's own output kept out of the console.
 
-The server is a child process. Left alone, it writes its error logs and tracebacks (its
+The server is a child process that dies with the command: on Linux the kernel sends it
+SIGTERM when the command's process ends, however it ends (SIGKILL included), and while it
+runs the command turns SIGTERM and SIGHUP into `SystemExit`, so its `finally` stops the
+server; neither its port nor its database is left held by an orphan.
+Left alone, the server writes its error logs and tracebacks (its
 database busy on a loaded machine, a request cut short when it stops) onto the user's
 terminal, in the middle of the command's output. Here they go to a log file under
 `PREFECT_HOME`, and a command whose server logged an error ends with one line naming it.
@@ -8,13 +12,16 @@ terminal, in the middle of the command's output. Here they go to a log file unde
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, NamedTuple
 
@@ -150,7 +157,9 @@ class TemporaryServer:
         self.port = free_port()
         with child_output_to(self.log_path or server_log_path()) as redirected:
             self.redirected = redirected
-            self.process = subprocess.Popen(_uvicorn_command(self.port), env=_server_env())
+            self.process = subprocess.Popen(
+                _uvicorn_command(self.port), env=_server_env(), preexec_fn=die_with_parent()
+            )
 
     def wait_ready(self, timeout: float) -> None:
         """Return once the API answers its health check; `TimeoutError` after `timeout` s."""
@@ -187,6 +196,59 @@ class TemporaryServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
+ENDING_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` that has Linux send the child SIGTERM when this process dies; `None`
+    where there is no `prctl` (other systems: the command's `finally` still stops it).
+
+    The request is made in the child before it runs the server; a parent that died before
+    it took effect is caught by the child seeing a new parent, and ends it the same way.
+    Linux ties it to the thread that started the child: start it from the main thread.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def request() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return request
+
+
+@contextmanager
+def ending_signals_exit() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP end the command with `SystemExit` (exit
+    128 + the signal), so `finally` blocks run and stop the temporary server. A signal with
+    a handler of its own or ignored (`nohup`) keeps it; outside the main thread nothing
+    changes (only it may set handlers). The previous handlers come back on exit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def end(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    saved: dict[int, Any] = {}
+    for name in ENDING_SIGNALS:
+        number = getattr(signal, name, None)
+        if number is not None and signal.getsignal(number) is signal.SIG_DFL:
+            saved[number] = signal.signal(number, end)
+    try:
+        yield
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
 
 
 def _uvicorn_command(port: int) -> list[str]:

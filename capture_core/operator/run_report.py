@@ -165,6 +165,17 @@ def retirement_failed(line: LedgerLine) -> bool:
     return line.handed_off and not line.retired and not line.kept and line.error is not None
 
 
+def only_malformed_left(ledger: list[LedgerLine]) -> list[LedgerLine]:
+    """The run's malformed lines when they alone keep it from completing (every other line
+    handed off, none with a failed retirement); empty otherwise, since a re-run can still
+    hand off or retire the rest and the run is not bound to its input changing."""
+    bad = [line for line in ledger if is_malformed(line)]
+    rest = [line for line in ledger if not is_malformed(line)]
+    if any(not line.handed_off or retirement_failed(line) for line in rest):
+        return []
+    return bad
+
+
 def _by_count(counts: Counter) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 

@@ -33,6 +33,13 @@ from capture_core.storage import ByteStore, open_byte_store
 
 logger = logging.getLogger(__name__)
 
+RENEWALS_PER_LEASE = 4  # `keep_claim` renews a claim every quarter of its lease
+MIN_CLAIM_LEASE_SECONDS = 10.0
+"""The shortest lease a claim may have: a renewal is due every quarter lease and must land
+(a store write, with its retries on a loaded machine) within the three quarters left, and
+the lapse must outlast the clock skew between machines; shorter leases let a live pass lose
+its file, so two passes could finalize one file at once."""
+
 
 def run_id_for_file(url: str) -> str:
     """A valid, stable run id: the file's stem plus a digest of its full URL."""
@@ -192,6 +199,8 @@ class HeldClaim(BaseModel):
     owner: str
     renewed_at: float
     lapses_at: float
+    end_key: str = ""
+    """The marker under the destination that ends this claim, as its holder's release does."""
 
     @property
     def key(self) -> str:
@@ -212,6 +221,7 @@ def held_claim(dest: ByteStore, run_id: str, now: float | None = None) -> HeldCl
         owner=claim.owner,
         renewed_at=renewed,
         lapses_at=renewed + claim.lease_seconds,
+        end_key=RunLayout(dest, run_id).attempt_key(claim.number, "end"),
     )
 
 
@@ -288,7 +298,7 @@ def keep_claim(
     """
     store = open_byte_store(dest, storage_options)
     stop = threading.Event()
-    interval = claim.lease_seconds / 4
+    interval = claim.lease_seconds / RENEWALS_PER_LEASE
 
     def beat() -> None:
         while not stop.wait(interval):

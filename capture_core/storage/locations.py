@@ -33,20 +33,30 @@ _ONE_SLASH = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(?!:)(/?)(?!/)(.+)$")
 
 def misspelled_url(location: str | os.PathLike[str]) -> str | None:
     """The URL `location` meant when it is a known protocol's URL missing a slash
-    (`s3:/bucket`, `s3:bucket/prefix`, `file:/tmp/x`), else `None`.
+    (`s3:/bucket`, `s3:bucket/prefix`, `file:/tmp/x`) or with its scheme in capitals
+    (`S3://bucket`: filesystems know only the lower-case name), else `None`.
 
     A class spec (`module:Class`), a chained URL and anything without a slash after the
     colon are left alone: they are not typos of a URL.
     """
-    found = _ONE_SLASH.match(os.fspath(location))
+    text = os.fspath(location)
+    scheme = url_scheme(text)
+    if scheme is not None and "::" not in text and _wrong_case(scheme):
+        return f"{scheme.lower()}://{text.split('://', 1)[1]}"
+    found = _ONE_SLASH.match(text)
     if found is None:
         return None
     scheme, slash, rest = found.groups()
     if not (slash or "/" in rest) or scheme.lower() not in fsspec.available_protocols():
         return None
-    return (
-        f"{scheme}:///{rest}" if f"{scheme.lower()}://" in LOCAL_SCHEMES else f"{scheme}://{rest}"
-    )
+    scheme = scheme.lower()
+    return f"{scheme}:///{rest}" if f"{scheme}://" in LOCAL_SCHEMES else f"{scheme}://{rest}"
+
+
+def _wrong_case(scheme: str) -> bool:
+    """A known protocol's name typed with capitals (`S3`, `File`)."""
+    known = fsspec.available_protocols()
+    return scheme != scheme.lower() and scheme not in known and scheme.lower() in known
 
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")

@@ -12,6 +12,8 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 from tokcap.flows.cli.checks import UsageError, check_api_set
 from tokcap.flows.deploy_settings import (
@@ -70,7 +72,26 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     if done.returncode != 0:
         print(f"tokcap deploy: prefect deploy failed (exit {done.returncode})", file=sys.stderr)
         return 1
-    settings = deployed_settings(os.environ)
-    shown = ", ".join(f"{field}={value}" for field, value in settings.items())
-    print(f"deployed the inbox deployments with {shown}")
+    from tokcap.flows.serve import deployment_specs
+
+    print(deployed_line(args.name, deployed_settings(os.environ), deployment_specs()))
     return 0
+
+
+def deployed_line(
+    names: list[str] | None, settings: Mapping[str, Any], specs: list[dict[str, Any]]
+) -> str:
+    """What `tokcap deploy` deployed: the deployments `--name` chose (all of the file's
+    without it), and the inbox settings only when a deployment taking them was among them."""
+    every = [str(spec["name"]) for spec in specs]
+    chosen = list(names) if names else every
+    what = ", ".join(chosen) if names else f"all {len(every)} deployments ({', '.join(every)})"
+    inbox = [
+        str(spec["name"])
+        for spec in specs
+        if spec["name"] in chosen and "settings" in (spec.get("parameters") or {})
+    ]
+    if not inbox:
+        return f"deployed {what}"
+    shown = ", ".join(f"{field}={value}" for field, value in settings.items())
+    return f"deployed {what}; inbox settings of {', '.join(inbox)}: {shown}"

@@ -1,8 +1,9 @@
 """`tokcap docs [TOPIC[#SECTION]]`: print a page the output names, from the installed package.
 
-Messages and reports name a page as `tokcap docs TOPIC#SECTION` (`docs_ref`), never as a
-repository path: an installed wheel has no `docs/` folder beside the user's files. The pages
-ship as package data of `tokcap.docs`; SECTION is a heading's anchor (lower case, dashes).
+Messages and reports name a page as `tokcap docs TOPIC#SECTION` in their text (a mask
+reason's section by its kind's `link`), never as a repository path: an installed wheel has
+no `docs/` folder beside the user's files. The pages ship as package data of `tokcap.docs`;
+SECTION is a heading's anchor (lower case, dashes).
 """
 
 from __future__ import annotations

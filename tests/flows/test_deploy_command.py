@@ -71,7 +71,8 @@ def test_tokcap_deploy_records_the_variables_settings_and_refuses_a_bad_one(
 
     done = run_cli(["deploy", *ONLY_INBOX], prefect_api, {**deploy_env, **GIVEN})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "deployed the inbox deployments with rows=parquet, delivery=all_traces" in done.stdout
+    said = "deployed inbox-file, inbox; inbox settings of inbox-file, inbox: rows=parquet, "
+    assert said + "delivery=all_traces" in done.stdout, done.stdout
     for name in INBOX_RUNS:
         recorded, settings = deployed_settings(name)
         assert {field: getattr(settings, field) for field in SET} == SET, name

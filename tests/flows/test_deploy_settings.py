@@ -55,7 +55,7 @@ def test_every_setting_variable_reaches_its_setting_typed() -> None:
         ("TOKCAP_GROUP_BY", "tasks", "none or task"),
         ("TOKCAP_BATCH_SIZE", "0", "a whole number above 0"),
         ("TOKCAP_BATCH_SIZE", "five", "a whole number above 0"),
-        ("TOKCAP_CLAIM_LEASE_SECONDS", "-1", "a number of seconds above 0"),
+        ("TOKCAP_CLAIM_LEASE_SECONDS", "-1", "a finite number of seconds, at least 10"),
         ("TOKCAP_RETIRE_AFTER_CONSUMER", "../x", "a consumer name"),
     ],
 )
@@ -78,7 +78,7 @@ def test_a_near_miss_of_a_variable_name_is_refused_never_ignored(monkeypatch, ca
     monkeypatch.setenv("TOKCAP_ROW", "parquet")
     assert main(["deployments", "--show"]) == 2
     err = capsys.readouterr().err
-    assert "TOKCAP_ROW is no tokcap setting: did you mean TOKCAP_ROWS?" in err, err
+    assert "TOKCAP_ROW is no tokcap variable: did you mean TOKCAP_ROWS?" in err, err
 
 
 def test_a_consumer_without_rows_is_refused_naming_both(monkeypatch, capsys) -> None:
@@ -120,3 +120,20 @@ def test_deploy_without_locations_names_them_and_deploys_nothing() -> None:
     done = run_cli(["deploy"], "http://127.0.0.1:9/api", unset)
     assert done.returncode == 2 and done.stdout == ""
     assert "set TOKCAP_INBOX, TOKCAP_STORE, TOKCAP_DEST" in done.stderr, done.stderr
+
+
+@pytest.mark.integrity
+def test_deploy_says_what_it_deployed_and_inbox_settings_only_with_an_inbox_one() -> None:
+    from tokcap.flows.cli.deploy import deployed_line
+    from tokcap.flows.serve import deployment_specs
+
+    specs, settings = deployment_specs(), {"rows": "parquet", "batch_size": 7}
+    assert deployed_line(["finalize-run"], settings, specs) == "deployed finalize-run"
+    both = deployed_line(["inbox-file", "inbox"], settings, specs)
+    assert both == (
+        "deployed inbox-file, inbox; inbox settings of inbox-file, inbox: rows=parquet, "
+        "batch_size=7"
+    )
+    every = deployed_line(None, settings, specs)
+    assert every.startswith(f"deployed all {len(specs)} deployments (inbox-file, ")
+    assert every.endswith("inbox settings of inbox-file, inbox: rows=parquet, batch_size=7")

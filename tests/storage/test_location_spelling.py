@@ -20,7 +20,7 @@ from tests.support.servers import free_port
     [
         ("s3:/bucket/captures", "s3://bucket/captures"),
         ("s3:bucket/captures", "s3://bucket/captures"),
-        ("S3:/bucket", "S3://bucket"),
+        ("S3:/bucket", "s3://bucket"),
         ("memory:/x", "memory://x"),
         ("file:/tmp/x", "file:///tmp/x"),
     ],
@@ -31,6 +31,24 @@ def test_a_url_missing_a_slash_is_refused_with_the_url_it_meant(typed: str, mean
         open_byte_store(typed)
     with pytest.raises(InvalidInputError, match="did you mean"):
         filesystem_for(typed)
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("S3://b/p", "s3://b/p"), ("S3A://b/p", "s3a://b/p"), ("File:///tmp/x", "file:///tmp/x")],
+)
+def test_a_known_protocol_in_capitals_is_refused_with_the_url_it_meant(
+    typed: str, meant: str
+) -> None:
+    """`S3://b/p` once got `FsspecStore`'s explanation about atomic writes."""
+    assert misspelled_url(typed) == meant
+    for opening in (open_byte_store, filesystem_for, open_rollout_file):
+        with pytest.raises(InvalidInputError) as refused:
+            opening(typed)
+        assert str(refused.value) == (
+            f"{typed} is neither a URL nor a path tokcap can use: did you mean {meant}?"
+        )
 
 
 @pytest.mark.integrity
