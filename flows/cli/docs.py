@@ -1,6 +1,6 @@
 """`tokcap docs [TOPIC[#SECTION]]`: print a page the output names, from the installed package.
 
-Messages and reports name a page as `tokcap docs TOPIC#SECTION` (`docs_ref`), never as a
+Messages and reports name a page as `tokcap docs TOPIC#SECTION`, never as a
 repository path: an installed wheel has no `docs/` folder beside the user's files. The pages
 ship as package data of `tokcap.docs`; SECTION is a heading's anchor (lower case, dashes).
 """
