@@ -3,10 +3,14 @@ when nothing else will act.
 
 The destination says what a run handed off; the Prefect API says whether anything still
 acts on it: a flow run running now (its last heartbeat), one scheduled or waiting for a
-worker, or a retrigger. `decide` joins the two, so `tokcap status` and `tokcap runs` use the
-same word for the same run. Without the API a run that has not ended cannot be told live
-or dead: it is `interrupted`, and the reason says the API could not tell (retriggering a
-live run is safe; waiting forever on a dead one is not).
+worker, or a retrigger; the inbox claims on a run's file say whether a pass holds it or all
+its attempts ended. `decide` joins them, so `tokcap status` and `tokcap runs` use the same
+word for the same run; `judge` reads the destination again before calling a person, since
+a run may complete while the API is read. Exit 3 only while something will act: the shipped
+automations count only within their window, and only for runs of tokcap's deployments.
+Without the API a run that has not ended cannot be told live or dead: it is `interrupted`,
+and the reason says the API could not tell (retriggering a live run is safe; waiting
+forever on a dead one is not).
 This module does not import Prefect.
 """
 
