@@ -172,7 +172,7 @@ def _waiting_verdict(run: FlowRunFact, now: float) -> Verdict:
         pool = f" --pool {run.pool}" if run.pool else ""
         reason = (
             f"its retrigger, {_named(run)}, was due {_ago(run.expected_start, now)} and no "
-            f"worker has taken it: start one with `prefect worker start{pool}`"
+            f"worker has taken it: if none runs, start one with `prefect worker start{pool}`"
         )
         return _verdict("needs-attention", reason, run)
     if run.flow == RETRIGGER_FLOW:

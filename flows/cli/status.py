@@ -2,7 +2,9 @@
 
 The destination says what the run handed off; `--inbox` (or a submit event the API holds)
 says a file waits for its run; the API's flow runs say whether anything still acts on it.
-`capture_core.operator.run_verdict.decide` turns these into the state word and exit code.
+The inbox claims on its file (kept in the destination) say whether a pass holds it or all its
+attempts ended. `capture_core.operator.run_verdict.judge` turns these into the state word
+and exit code, reading the destination again before it calls a person.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from capture_core.operator.run_verdict import (
     DestState,
     FlowFacts,
     Verdict,
-    decide,
     judge,
 )
 from capture_core.run.inbox import claim_numbers, held_claim, run_id_for_file
@@ -58,13 +59,6 @@ def claim_facts(layout: RunLayout) -> ClaimFacts:
     return ClaimFacts(attempts=len(numbers), holder=holder, renewed_at=held.renewed_at)
 
 
-def run_verdict(
-    status: RunStatus | None, placed: str | None, facts: FlowFacts | None
-) -> Verdict | None:
-    """The run's verdict (`decide`); `None` when nothing knows the run."""
-    return decide(dest_state(status, placed), facts)
-
-
 def read_status(args: argparse.Namespace) -> tuple[RunStatus | None, str | None, Verdict]:
     """The run's destination status (`None` before its manifest), its inbox file (with
     `--inbox`) and its verdict; `UsageError` when neither knows the run."""
@@ -72,7 +66,7 @@ def read_status(args: argparse.Namespace) -> tuple[RunStatus | None, str | None,
     layout = RunLayout(open_byte_store(args.dest, options), args.run_id)
     read: dict[str, RunStatus | None] = {}
     placed = None
-    if getattr(args, "inbox", None) and run_status(layout, args.dest) is None:
+    if getattr(args, "inbox", None) and layout.read_manifest() is None:
         placed = inbox_file(args.inbox, args.run_id, options)
 
     def read_dest() -> DestState:
