@@ -21,9 +21,7 @@ from capture_core.run.inbox import release_claim, run_id_for_file, take_claim
 from capture_core.storage import open_byte_store
 from tests.support.pipeline_helpers import REPO, run_cli
 
-pytestmark = pytest.mark.integrity
-
-
+@pytest.mark.integrity
 def test_a_given_up_inbox_file_without_a_manifest_needs_attention(tmp_path: Path) -> None:
     inbox, dest = tmp_path / "inbox", str(tmp_path / "dest")
     inbox.mkdir()
@@ -43,6 +41,7 @@ def test_a_given_up_inbox_file_without_a_manifest_needs_attention(tmp_path: Path
     assert orjson.loads(as_json.stdout)["state"] == "needs-attention"
 
 
+@pytest.mark.integrity
 def test_a_live_claim_without_a_manifest_is_queued(tmp_path: Path) -> None:
     inbox, dest = tmp_path / "inbox", str(tmp_path / "dest")
     inbox.mkdir()
@@ -56,6 +55,7 @@ def test_a_live_claim_without_a_manifest_is_queued(tmp_path: Path) -> None:
     assert text.stdout.startswith(f"queued: run {run_id}: attempt 1 (pass-0) claimed"), text.stdout
 
 
+@pytest.mark.integrity
 def test_a_command_the_api_left_exits_with_the_code_of_the_word_it_prints() -> None:
     """`stop_on_lost_api` ends the process at once (`os._exit`), so it runs in its own."""
     from capture_core.operator.run_verdict import EXIT_CODES
@@ -73,6 +73,7 @@ def test_a_command_the_api_left_exits_with_the_code_of_the_word_it_prints() -> N
     assert done.returncode == verdict.exit_code == EXIT_CODES[verdict.state] == 1
 
 
+@pytest.mark.integrity
 def test_a_run_short_only_of_malformed_lines_names_new_input_not_a_retrigger() -> None:
     from tokcap.flows.cli.output import completing_line
 
@@ -85,3 +86,20 @@ def test_a_run_short_only_of_malformed_lines_names_new_input_not_a_retrigger() -
     summary.failed = 1  # a retrigger still hands off the failed rollouts
     line = completing_line(SimpleNamespace(summary=summary, manifest=manifest), "/d", False, "")
     assert "complete it with: tokcap retrigger" in line
+
+
+def test_runs_judges_an_open_run_from_its_destination_and_claims(tmp_path: Path) -> None:
+    """Without the API a started run cannot be told live or dead: `interrupted`, as status
+    says; its claims are read without changing that."""
+    from tests.support.claimed_runs import claimed_layout
+
+    dest = str(tmp_path / "dest")
+    store = open_byte_store(dest)
+    claimed_layout(store, "open-run", batches=2, started_at=100.0)
+    taken = take_claim(store, "open-run", "pass-0", "token-0", 300.0, 3)
+    assert taken.status == "claimed"
+    listed = run_cli(["runs", "--dest", dest, "--json"], None)
+    assert listed.returncode == 0, listed.stderr
+    (row,) = orjson.loads(listed.stdout)["runs"]
+    assert (row["run_id"], row["state"]) == ("open-run", "interrupted"), row
+    assert "no PREFECT_API_URL is set" in row["note"], row
