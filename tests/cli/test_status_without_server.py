@@ -21,6 +21,7 @@ from capture_core.run.inbox import release_claim, run_id_for_file, take_claim
 from capture_core.storage import open_byte_store
 from tests.support.pipeline_helpers import REPO, run_cli
 
+
 @pytest.mark.integrity
 def test_a_given_up_inbox_file_without_a_manifest_needs_attention(tmp_path: Path) -> None:
     inbox, dest = tmp_path / "inbox", str(tmp_path / "dest")
