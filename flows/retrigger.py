@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from capture_core.config import public_storage_options
 from capture_core.operator.run_progress import RetriggerReport, ledger_changes
 from capture_core.operator.run_report import only_malformed_left
+from capture_core.operator.run_verdict import fix_input_advice
 from capture_core.run.capture_source import check_separate_locations
 from capture_core.run.run_layout import LedgerLine
 from tokcap.flows.finalize import RunFailedError, finalize_run
@@ -272,9 +273,7 @@ def input_to_change(
     return (
         f"run {run_id} cannot complete until its input changes: {where} has "
         f"{len(bad)} malformed line(s) ({named}{more}). A retrigger reads the same input, so "
-        f"it fails the same way ({report.describe()}). Fix or remove those lines and finalize "
-        "them as a new run (a new file name in the inbox, or tokcap finalize with a new "
-        f"--run-id); the other lines of run {run_id} are handed off already"
+        f"it fails the same way ({report.describe()}). {fix_input_advice(run_id)}"
     )
 
 

@@ -262,6 +262,13 @@ def list_runs(dest: ByteStore, limit: int | None = None) -> RunListing:
     return RunListing(runs=[_complete_row(dest, *item) for item in shown], total=len(rows))
 
 
+def read_row(dest: ByteStore, run_id: str) -> RunRow | None:
+    """One run's row, read afresh; `None` without a manifest."""
+    found = dest.get_many([f"{run_id}/{MANIFEST}", f"{run_id}/{SUMMARY}"])
+    first = _first_look(dest, run_id, found[f"{run_id}/{MANIFEST}"], found[f"{run_id}/{SUMMARY}"])
+    return None if first is None else _complete_row(dest, *first)
+
+
 def _is_run_id(name: str) -> bool:
     try:
         validate_run_id(name)

@@ -2,7 +2,9 @@
 
 A tokcap run's flow runs carry its run id in their `run_id` parameter and, once started, in
 their name (`finalize ID from ...`, `inbox file ID`, `retrigger ID`): started ones are found
-by name, those not started yet among all Scheduled and Pending runs, and kept by parameter.
+by their flow and that name (exact, or its `finalize ID from ` prefix), newest start first;
+those not started yet among the Scheduled and Pending runs of tokcap's run flows, soonest
+due first; all are kept by their `run_id` parameter (Prefect filters no parameter).
 A running one's last sign of life is its last heartbeat event, else its start.
 A submitted file's event (`tokcap.inbox.file.submitted`, resource `tokcap.inbox-file.ID`)
 tells that it was announced before any flow run exists. The API is asked only when
@@ -22,8 +24,12 @@ from capture_core.operator.run_verdict import FlowFacts, FlowRunFact
 logger = logging.getLogger(__name__)
 
 HEARTBEAT = "prefect.flow-run.heartbeat"
-RUNS_READ = 50  # flow runs read per tokcap run: its attempts and retriggers, newest first
-WAITING_READ = 200  # flow runs not started yet, read once per command
+RUNS_READ = 50  # flow runs read per tokcap run and name: its attempts and retriggers
+WAITING_READ = 200  # flow runs not started yet, per flow, read once per command
+RUN_FLOWS = ("finalize-inbox-file", "finalize-run", "retrigger-failed")
+"""The flows whose runs carry a tokcap run (and that the shipped automations act on)."""
+AUTOMATED_TAG = "tokcap"
+"""The tag of the shipped deployments: the automations act only on their runs."""
 
 
 def api_url() -> str | None:
@@ -70,30 +76,61 @@ def _read_all(run_ids: list[str]) -> dict[str, FlowFacts]:
         return {run_id: _read_one(client, run_id, waiting) for run_id in run_ids}
 
 
+def _of_flow(name: str) -> Any:
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    return FlowFilter(name=FlowFilterName(any_=[name]))
+
+
 def _waiting_runs(client: Any) -> list[Any]:
-    """Flow runs not started yet (Scheduled, Pending). A deployment's run is named by its
-    flow's `flow_run_name` only when it starts, so these are kept by parameter, not name."""
+    """Flow runs of tokcap's run flows not started yet (Scheduled, Pending), soonest due
+    first, per flow (a backlog of one flow cuts no retrigger off). A deployment's run is
+    named by its flow's `flow_run_name` only when it starts, so these are kept by
+    parameter, not name."""
     from prefect.client.schemas.filters import (
         FlowRunFilter,
         FlowRunFilterState,
         FlowRunFilterStateType,
     )
     from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
 
     waiting = FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING])
     where = FlowRunFilter(state=FlowRunFilterState(type=waiting))
-    return list(client.read_flow_runs(flow_run_filter=where, limit=WAITING_READ))
+    found: list[Any] = []
+    for flow in RUN_FLOWS:
+        found += client.read_flow_runs(
+            flow_filter=_of_flow(flow),
+            flow_run_filter=where,
+            sort=FlowRunSort.EXPECTED_START_TIME_ASC,
+            limit=WAITING_READ,
+        )
+    return found
 
 
-def _read_one(client: Any, run_id: str, waiting: list[Any]) -> FlowFacts:
+def _started_runs(client: Any, run_id: str) -> list[Any]:
+    """The run's flow runs that started, by flow and name, newest start first."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
     from prefect.client.schemas.sorting import FlowRunSort
 
-    found = client.read_flow_runs(
-        flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=run_id)),
-        sort=FlowRunSort.ID_DESC,
-        limit=RUNS_READ,
-    )
+    names = {
+        "finalize-inbox-file": FlowRunFilterName(any_=[f"inbox file {run_id}"]),
+        "retrigger-failed": FlowRunFilterName(any_=[f"retrigger {run_id}"]),
+        "finalize-run": FlowRunFilterName(like_=f"finalize {run_id} from "),
+    }
+    found: list[Any] = []
+    for flow, name in names.items():
+        found += client.read_flow_runs(
+            flow_filter=_of_flow(flow),
+            flow_run_filter=FlowRunFilter(name=name),
+            sort=FlowRunSort.START_TIME_DESC,
+            limit=RUNS_READ,
+        )
+    return found
+
+
+def _read_one(client: Any, run_id: str, waiting: list[Any]) -> FlowFacts:
+    found = _started_runs(client, run_id)
     named = {run.id for run in found}
     found = [*found, *(run for run in waiting if run.id not in named)]
     mine = [run for run in found if str(run.parameters.get("run_id")) == run_id]
@@ -119,6 +156,8 @@ def _fact(client: Any, run: Any, flow: str) -> FlowRunFact:
         expected_start=_seconds(run.next_scheduled_start_time or run.expected_start_time),
         last_sign=last,
         updated=_seconds(state.timestamp if state is not None else run.created) or 0.0,
+        automated=run.deployment_id is not None and AUTOMATED_TAG in (run.tags or []),
+        pool=run.work_pool_name or "",
     )
 
 

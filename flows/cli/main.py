@@ -32,6 +32,7 @@ from tokcap.flows.cli.events import cmd_automations, cmd_submit
 from tokcap.flows.cli.gateway import cmd_gateway
 from tokcap.flows.cli.inputs import cmd_make_inputs
 from tokcap.flows.cli.output import (
+    EXIT_LOST_API,
     EXIT_STARTED,
     may_show_progress,
     one_line,
@@ -93,11 +94,12 @@ NO_SERVER = {
 
 def stop_on_lost_api(args: argparse.Namespace, explanation: str) -> NoReturn:
     """The Prefect API went away mid-command: say so, show what the run handed off and the
-    command that completes it, and exit now, with status 3 (`EXIT_STARTED`): Prefect's
-    client would retry for minutes. Exiting here is a crash of the run, which every step
-    of a run survives (docs/pipeline.md, "Re-running is safe")."""
+    command that completes it, and exit now, with status 1 (`EXIT_LOST_API`, the code of
+    the `interrupted` it prints): Prefect's client would retry for minutes. Exiting here is
+    a crash of the run, which every step of a run survives (docs/pipeline.md, "Re-running
+    is safe")."""
     report_lost_api(args, explanation)
-    os._exit(EXIT_STARTED)
+    os._exit(EXIT_LOST_API)
 
 
 def announce(args: argparse.Namespace, line: str) -> None:

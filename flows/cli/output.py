@@ -10,6 +10,7 @@ from typing import Any
 
 from capture_core.operator.run_outcome import mask_rate_line, outcome_line, reason_lines
 from capture_core.operator.run_report import plural, stopped_counts, tokcap_command, trace_counts
+from capture_core.operator.run_verdict import EXIT_CODES, fix_input_advice
 from capture_core.operator.version_tally import version_lines
 from capture_core.run.capture_source import is_class_spec
 from tokcap.flows.cli.checks import status_of_run
@@ -17,9 +18,13 @@ from tokcap.flows.runners import script
 
 MAX_FAILURE_LINES = 20
 EXIT_STARTED = 3
-"""The exit status of a run that started and has not ended: still running, or interrupted
-(its worker killed, its Prefect API gone, its ledger unwritten); the printed command
-completes it. Distinct from 0 (complete), 1 (failed) and 2 (unknown run id, bad usage)."""
+"""The exit status of a command that found the Prefect API unreachable before it ran
+anything: the run, if any, waits as it was. Distinct from 0 (complete), 1 (failed) and 2
+(unknown run id, bad usage)."""
+EXIT_LOST_API = EXIT_CODES["interrupted"]
+"""The exit status of a command the Prefect API left mid-run: `interrupted`, as it prints.
+A run the CLI started has no deployment and no automation retriggers it: only the person
+who runs the printed command completes it."""
 
 
 def print_retired(run_id: str, counts: dict[str, int]) -> None:
@@ -110,10 +115,21 @@ def print_status(
     if interrupted or status.state == "started":
         print(started_line(status, interrupted))
     if verdict.act:
-        unless = "if nothing runs it, " if "could not tell" in verdict.reason else ""
-        print(f"{unless}complete it with: {run_command(status, 'retrigger', dest, options)}")
+        print(completing_line(status, dest, options, verdict.reason))
     elif status.summary is not None and status.summary.acknowledged_unretired:
         print(acknowledged_line(status, run_command(status, "retire", dest, options)))
+
+
+def completing_line(status: Any, dest: str, options: bool, reason: str) -> str:
+    """What completes a run only a person can: `tokcap retrigger`, except for a run whose
+    only shortfall is malformed input lines, which no retrigger fixes (its input must change:
+    the wording `tokcap retrigger` itself gives)."""
+    summary = status.summary
+    if summary is not None and summary.malformed_lines and not summary.failed:
+        lines = plural(summary.malformed_lines, "malformed input line")
+        return f"its input has {lines}: {fix_input_advice(status.manifest.run_id)}"
+    unless = "if nothing runs it, " if "could not tell" in reason else ""
+    return f"{unless}complete it with: {run_command(status, 'retrigger', dest, options)}"
 
 
 def interrupted_verdict() -> Any:

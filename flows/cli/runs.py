@@ -51,9 +51,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     dest = open_byte_store(args.dest, args.options or None)
     try:
         listing = list_runs(dest, limit=args.limit)
+        listing.runs = judged(listing.runs, dest)
     finally:
         dest.close()
-    listing.runs = judged(listing.runs)
     if args.json:
         body = {"dest": args.dest, "total": listing.total, "runs": listing.runs}
         print(_json(body))
@@ -67,20 +67,37 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def judged(rows: list[Any]) -> list[Any]:
-    """The rows with the state `decide` gives each run that is not complete."""
-    from capture_core.operator.run_index import COMPLETE, dest_state, with_verdict
-    from capture_core.operator.run_verdict import decide
+def judged(rows: list[Any], dest: Any) -> list[Any]:
+    """The rows with the state `judge` gives each run that is not complete: its flow runs
+    (read once for all) and its inbox claims, and its row read again when the verdict
+    calls a person (the run may have completed while the API was read)."""
+    from capture_core.operator.run_index import COMPLETE
     from tokcap.flows.cli.flow_facts import flow_facts
 
     open_runs = [row.run_id for row in rows if row.state != COMPLETE]
     found = flow_facts(open_runs) if open_runs else None
-    out = []
-    for row in rows:
-        facts = None if found is None else found.get(row.run_id)
-        verdict = None if row.state == COMPLETE else decide(dest_state(row), facts)
-        out.append(row if verdict is None else with_verdict(row, verdict))
-    return out
+    return [row if row.state == COMPLETE else _judged_row(row, dest, found) for row in rows]
+
+
+def _judged_row(row: Any, dest: Any, found: dict[str, Any] | None) -> Any:
+    from capture_core.operator.run_index import dest_state, read_row, with_verdict
+    from capture_core.operator.run_verdict import judge
+    from capture_core.run.run_layout import RunLayout
+    from tokcap.flows.cli.status import claim_facts
+
+    latest = [row]
+
+    def read_again() -> Any:
+        latest.append(read_row(dest, row.run_id) or row)
+        return dest_state(latest[-1])
+
+    reads = iter([lambda: dest_state(row), read_again])
+    verdict = judge(
+        lambda: next(reads)(),
+        lambda: None if found is None else found.get(row.run_id),
+        claim_facts(RunLayout(dest, row.run_id)),
+    )
+    return row if verdict is None else with_verdict(latest[-1], verdict)
 
 
 def _json(body: dict[str, Any]) -> str:

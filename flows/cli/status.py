@@ -2,7 +2,9 @@
 
 The destination says what the run handed off; `--inbox` (or a submit event the API holds)
 says a file waits for its run; the API's flow runs say whether anything still acts on it.
-`capture_core.operator.run_verdict.decide` turns these into the state word and exit code.
+The inbox claims on its file (kept in the destination) say whether a pass holds it or all its
+attempts ended. `capture_core.operator.run_verdict.judge` turns these into the state word
+and exit code, reading the destination again before it calls a person.
 """
 
 from __future__ import annotations
@@ -13,8 +15,14 @@ from typing import Any
 import orjson
 
 from capture_core.operator.run_status import RunStatus, run_status
-from capture_core.operator.run_verdict import DestState, FlowFacts, Verdict, decide
-from capture_core.run.inbox import run_id_for_file
+from capture_core.operator.run_verdict import (
+    ClaimFacts,
+    DestState,
+    FlowFacts,
+    Verdict,
+    judge,
+)
+from capture_core.run.inbox import claim_numbers, held_claim, run_id_for_file
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import filesystem_for, open_byte_store, url_scheme
 from tokcap.flows.cli.checks import UsageError, unknown_run
@@ -41,24 +49,36 @@ def dest_state(status: RunStatus | None, placed: str | None) -> DestState:
     return "placed" if placed else "absent"
 
 
-def run_verdict(
-    status: RunStatus | None, placed: str | None, facts: FlowFacts | None
-) -> Verdict | None:
-    """The run's verdict (`decide`); `None` when nothing knows the run."""
-    return decide(dest_state(status, placed), facts)
+def claim_facts(layout: RunLayout) -> ClaimFacts:
+    """The inbox claims on the run's file: how many, and the live one's holder."""
+    numbers = claim_numbers(layout.dest, layout.run_id)
+    held = held_claim(layout.dest, layout.run_id) if numbers else None
+    if held is None:
+        return ClaimFacts(attempts=len(numbers))
+    holder = f"attempt {held.number + 1} ({held.owner})"
+    return ClaimFacts(attempts=len(numbers), holder=holder, renewed_at=held.renewed_at)
 
 
 def read_status(args: argparse.Namespace) -> tuple[RunStatus | None, str | None, Verdict]:
     """The run's destination status (`None` before its manifest), its inbox file (with
     `--inbox`) and its verdict; `UsageError` when neither knows the run."""
     options = args.options or None
-    status = run_status(RunLayout(open_byte_store(args.dest, options), args.run_id), args.dest)
+    layout = RunLayout(open_byte_store(args.dest, options), args.run_id)
+    read: dict[str, RunStatus | None] = {}
     placed = None
-    if status is None and getattr(args, "inbox", None):
+    if getattr(args, "inbox", None) and layout.read_manifest() is None:
         placed = inbox_file(args.inbox, args.run_id, options)
-    ended = status is not None and status.state == "ok"  # complete: no flow run changes that
-    found = None if ended else flow_facts([args.run_id])
-    verdict = run_verdict(status, placed, None if found is None else found[args.run_id])
+
+    def read_dest() -> DestState:
+        read["status"] = run_status(layout, args.dest)
+        return dest_state(read["status"], placed)
+
+    def read_facts() -> FlowFacts | None:
+        found = flow_facts([args.run_id])
+        return None if found is None else found[args.run_id]
+
+    verdict = judge(read_dest, read_facts, claim_facts(layout))
+    status = read["status"]
     if verdict is None:
         hint = "" if getattr(args, "inbox", None) else "; for a submitted file add --inbox"
         raise UsageError(unknown_run(args.dest, args.run_id) + hint)

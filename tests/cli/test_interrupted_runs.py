@@ -25,12 +25,10 @@ from tests.support.servers import PrefectServer
 
 pytestmark = [pytest.mark.integrity, pytest.mark.usefixtures("prefect_api")]
 
-STARTED = 3
-"""The exit status of a command the Prefect API left mid-run: something (the command below)
-will still complete it."""
 INTERRUPTED = 1
-"""`tokcap status`'s exit status for a run that stopped with nothing scheduled: a person
-runs the command it prints."""
+"""`tokcap status`'s exit status for a run that stopped with nothing scheduled, and that of
+a command the Prefect API left mid-run (it prints `interrupted`): a person runs the command
+it prints."""
 LOST_WITHIN = 30
 """Seconds from a stopped Prefect server to the CLI's exit (it notices within about 6 s;
 Prefect's client alone took 217 s)."""
@@ -117,7 +115,7 @@ def test_a_prefect_server_stopped_mid_finalize_is_one_line_the_summary_and_the_c
         finally:
             kill_tree(proc.pid)
         run.release()
-        assert proc.returncode == STARTED, out + err
+        assert proc.returncode == INTERRUPTED, out + err
         (line,) = [line for line in err.splitlines() if "stopped answering" in line]
         assert line.startswith(f"tokcap finalize: the Prefect API at {server.api_url} "), err
         assert "start that server again" in line and "the command below" in line, err

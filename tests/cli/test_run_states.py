@@ -153,3 +153,47 @@ def end_needing_attention(flow_run_id: str, run_id: str) -> None:
     with get_client(sync_client=True) as client:
         client.update_flow_run(UUID(flow_run_id), name=f"retrigger {run_id}")
         client.set_flow_run_state(UUID(flow_run_id), state, force=True)
+
+
+DECOYS = 400
+"""Flow runs whose names contain the run id but are another run's: a lookup capped at 50 by
+Prefect's default order (random uuid4 ids) and matching names by substring left the run's
+own flow run out in about 7 of 8 commands."""
+
+
+def test_a_backlog_of_similar_names_cuts_off_no_flow_run(tmp_path: Path, prefect_api: str) -> None:
+    from uuid import uuid4
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed, Running, Scheduled
+
+    from tokcap.flows.retrigger import retrigger_failed
+
+    run_id = f"backlog-{uuid4().hex[:8]}"
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    base = {"dest": str(dest), "store": str(tmp_path / "store"), "failed_run": "x"}
+    with get_client(sync_client=True) as client:
+        for i in range(DECOYS):
+            client.create_flow_run(
+                retrigger_failed,
+                name=f"retrigger {run_id}{i}",
+                parameters={**base, "run_id": f"{run_id}{i}", "retrigger": 1},
+                state=Completed(),  # ended: no other test's waiting runs are crowded out
+            )
+        mine = client.create_flow_run(
+            retrigger_failed,
+            name=f"retrigger {run_id}",
+            parameters={**base, "run_id": run_id, "retrigger": 1},
+            state=Scheduled(),
+        )
+        client.set_flow_run_state(mine.id, Running(), force=True)
+    try:
+        args = ["status", "--dest", str(dest), "--run-id", run_id, "--json"]
+        found = run_cli(args, prefect_api)
+        assert found.returncode == WAIT, found.stdout + found.stderr
+        body = orjson.loads(found.stdout)
+        assert body["state"] == "retriggering" and body["flow_run"]["id"] == str(mine.id), body
+    finally:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(mine.id, Completed(), force=True)

@@ -7,10 +7,15 @@ import pytest
 
 from capture_core.operator.run_verdict import (
     EXIT_CODES,
+    LATE_SECONDS,
+    MARK_SECONDS,
     SILENCE_SECONDS,
+    ClaimFacts,
+    DestState,
     FlowFacts,
     FlowRunFact,
     decide,
+    judge,
 )
 
 NOW = 1_000_000.0
@@ -135,3 +140,96 @@ def test_its_flow_names_are_tokcaps() -> None:
         RETRIGGER_FLOW,
         NEEDS_ATTENTION,
     )
+
+
+# A run of a tokcap-tagged deployment: the shipped automations act on it.
+DYING = flow_run("RUNNING", last_sign=NOW - SILENCE_SECONDS - 1, automated=True)
+DEAD_LONG = flow_run("RUNNING", last_sign=NOW - SILENCE_SECONDS - MARK_SECONDS - 1, automated=True)
+JUST_CRASHED = flow_run("CRASHED", updated=NOW - 10, automated=True)
+JUST_FAILED = flow_run("FAILED", "finalize-run", updated=NOW - 10, automated=True)
+CLI_JUST_FAILED = flow_run("FAILED", "finalize-run", updated=NOW - 10)
+CRASHED_LONG_AGO = flow_run("CRASHED", updated=NOW - MARK_SECONDS - 1, automated=True)
+PAUSED = flow_run("PAUSED", state_name="Suspended")
+RETRIGGER_DUE = flow_run("SCHEDULED", "retrigger-failed", expected_start=NOW - 30)
+RETRIGGER_UNTAKEN = flow_run(
+    "SCHEDULED",
+    "retrigger-failed",
+    state_name="Late",
+    expected_start=NOW - LATE_SECONDS - 1,
+    pool="tokcap-process",
+)
+GIVEN_UP = ClaimFacts(attempts=3)
+STARTING = ClaimFacts(attempts=1, holder="attempt 1 (worker-a)", renewed_at=NOW - 2)
+RENEWED_AFTER_CRASH = ClaimFacts(attempts=1, holder="attempt 1 (worker-a)", renewed_at=NOW - 5)
+RENEWED_BEFORE_CRASH = ClaimFacts(attempts=1, holder="attempt 1 (worker-a)", renewed_at=NOW - 200)
+
+FIXED_CASES = [
+    # 2: a given-up inbox file (attempts, none live, no manifest) is no longer `queued`
+    ("placed", api(), GIVEN_UP, "needs-attention"),
+    ("placed", None, GIVEN_UP, "needs-attention"),
+    ("placed", DOWN, GIVEN_UP, "needs-attention"),
+    ("absent", api(), GIVEN_UP, "needs-attention"),
+    ("placed", api(), STARTING, "queued"),
+    ("placed", api(), ClaimFacts(), "queued"),
+    # 3: the shipped automations are about to act on a deployment's run
+    ("started", api(DYING), None, "retrigger-scheduled"),
+    ("started", api(DEAD_LONG), None, "interrupted"),
+    ("started", api(SILENT), None, "interrupted"),
+    ("started", api(JUST_CRASHED), None, "retrigger-scheduled"),
+    ("failed", api(JUST_FAILED), None, "retrigger-scheduled"),
+    ("failed", api(CLI_JUST_FAILED), None, "failed"),
+    ("started", api(CRASHED_LONG_AGO), None, "interrupted"),
+    # 5: a holder alive although Prefect marked its flow run Crashed
+    ("started", api(CRASHED), RENEWED_AFTER_CRASH, "running"),
+    ("started", api(CRASHED), RENEWED_BEFORE_CRASH, "interrupted"),
+    # 6: nothing will act on a paused run or a retrigger no worker takes
+    ("started", api(CRASHED, PAUSED), None, "needs-attention"),
+    ("started", api(CRASHED, RETRIGGER_DUE), None, "retrigger-scheduled"),
+    ("started", api(CRASHED, RETRIGGER_UNTAKEN), None, "needs-attention"),
+]
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize(("dest", "facts", "claims", "state"), FIXED_CASES)
+def test_the_state_matches_what_will_act(
+    dest: DestState, facts: FlowFacts | None, claims: ClaimFacts | None, state: str
+) -> None:
+    verdict = decide(dest, facts, now=NOW, claims=claims)
+    assert verdict is not None
+    assert verdict.state == state, verdict.reason
+    assert verdict.exit_code == EXIT_CODES[state]
+    assert verdict.act == (EXIT_CODES[state] == 1)
+
+
+@pytest.mark.integrity
+def test_the_fixed_reasons_say_who_acts_and_what_to_do() -> None:
+    given_up = decide("placed", api(), now=NOW, claims=GIVEN_UP)
+    assert given_up is not None and "3 inbox attempt(s)" in given_up.reason
+    assert "finalize the file as a new run" in given_up.reason
+    automation = "the shipped automation retriggers it (expected within a minute)"
+    for facts in (api(DYING), api(JUST_CRASHED)):
+        soon = decide("started", facts, now=NOW)
+        assert soon is not None and soon.reason.endswith(automation), soon
+    holder = decide("started", api(CRASHED), now=NOW, claims=RENEWED_AFTER_CRASH)
+    assert holder is not None and "attempt 1 (worker-a)" in holder.reason
+    untaken = decide("started", api(CRASHED, RETRIGGER_UNTAKEN), now=NOW)
+    assert untaken is not None and "prefect worker start --pool tokcap-process" in untaken.reason
+    assert "no worker has taken it" in untaken.reason
+    paused = decide("started", api(CRASHED, PAUSED), now=NOW)
+    assert paused is not None and "resume it" in paused.reason
+
+
+@pytest.mark.integrity
+def test_a_run_that_completes_while_the_api_is_read_is_complete() -> None:
+    """The destination is read before the flow runs; a run that wrote its ledger and ended
+    in between shows no live flow run: it is complete, not interrupted."""
+    reads: list[DestState] = ["started", "ok"]
+    verdict = judge(lambda: reads.pop(0), lambda: api(flow_run("COMPLETED")), now=NOW)
+    assert verdict is not None and (verdict.state, verdict.exit_code) == ("complete", 0)
+    assert reads == []
+
+
+def test_a_settled_verdict_is_not_read_again() -> None:
+    reads: list[DestState] = ["started"]
+    verdict = judge(lambda: reads.pop(0), lambda: api(LIVE), now=NOW)
+    assert verdict is not None and verdict.state == "running" and reads == []
