@@ -157,9 +157,7 @@ class TemporaryServer:
         self.port = free_port()
         with child_output_to(self.log_path or server_log_path()) as redirected:
             self.redirected = redirected
-            self.process = subprocess.Popen(
-                _uvicorn_command(self.port), env=_server_env(), preexec_fn=die_with_parent()
-            )
+            self.process = popen_dying_with_parent(_uvicorn_command(self.port), env=_server_env())
 
     def wait_ready(self, timeout: float) -> None:
         """Return once the API answers its health check; `TimeoutError` after `timeout` s."""
@@ -200,6 +198,11 @@ class TemporaryServer:
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
 ENDING_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
+def popen_dying_with_parent(command: list[str], **options: Any) -> subprocess.Popen[bytes]:
+    """Start `command` as a child that Linux ends when this process dies (`die_with_parent`)."""
+    return subprocess.Popen(command, preexec_fn=die_with_parent(), **options)
 
 
 def die_with_parent() -> Callable[[], None] | None:

@@ -21,11 +21,9 @@ from tests.support.pipeline_helpers import REPO
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
 
 PARENT = """
-import subprocess, sys, time
-from tokcap.flows.temporary_server import die_with_parent
-child = subprocess.Popen(
-    [sys.executable, "-c", "import time; time.sleep(600)"], preexec_fn=die_with_parent()
-)
+import sys, time
+from tokcap.flows.temporary_server import popen_dying_with_parent
+child = popen_dying_with_parent([sys.executable, "-c", "import time; time.sleep(600)"])
 print(child.pid, flush=True)
 time.sleep(600)
 """
