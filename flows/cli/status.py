@@ -22,7 +22,7 @@ from capture_core.operator.run_verdict import (
     Verdict,
     judge,
 )
-from capture_core.run.inbox import claim_numbers, held_claim, run_id_for_file
+from capture_core.run.inbox import claim_numbers, held_claim, read_claim, run_id_for_file
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import filesystem_for, open_byte_store, url_scheme
 from tokcap.flows.cli.checks import UsageError, unknown_run
@@ -52,11 +52,17 @@ def dest_state(status: RunStatus | None, placed: str | None) -> DestState:
 def claim_facts(layout: RunLayout) -> ClaimFacts:
     """The inbox claims on the run's file: how many, and the live one's holder."""
     numbers = claim_numbers(layout.dest, layout.run_id)
-    held = held_claim(layout.dest, layout.run_id) if numbers else None
+    if not numbers:
+        return ClaimFacts()
+    latest = read_claim(layout.dest, layout.run_id, numbers[-1])
+    limit = latest.max_attempts if latest is not None else None
+    held = held_claim(layout.dest, layout.run_id)
     if held is None:
-        return ClaimFacts(attempts=len(numbers))
+        return ClaimFacts(attempts=len(numbers), max_attempts=limit)
     holder = f"attempt {held.number + 1} ({held.owner})"
-    return ClaimFacts(attempts=len(numbers), holder=holder, renewed_at=held.renewed_at)
+    return ClaimFacts(
+        attempts=len(numbers), holder=holder, renewed_at=held.renewed_at, max_attempts=limit
+    )
 
 
 def read_status(args: argparse.Namespace) -> tuple[RunStatus | None, str | None, Verdict]:

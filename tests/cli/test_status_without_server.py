@@ -2,7 +2,8 @@
 no server), and what a command the Prefect API left mid-run exits with.
 
 An inbox file whose attempts all ended before the run recorded its manifest was given up:
-`needs-attention` (exit 1) with the attempt count, never `queued` forever. A command the API
+`needs-attention` (exit 1) with the attempt count, never `queued` forever; one with attempts
+left is `queued` (exit 3), the inbox's next pass takes it. A command the API
 left mid-run prints `interrupted` and exits with that word's code, 1. A run whose only
 shortfall is malformed input lines names what completes it: new input, not a retrigger.
 """
@@ -40,6 +41,26 @@ def test_a_given_up_inbox_file_without_a_manifest_needs_attention(tmp_path: Path
     assert (text.returncode, as_json.returncode) == (1, 1), text.stdout + text.stderr
     assert text.stdout.startswith(f"needs-attention: run {run_id}: 3 inbox attempt(s)"), text.stdout
     assert orjson.loads(as_json.stdout)["state"] == "needs-attention"
+
+
+@pytest.mark.integrity
+def test_an_inbox_file_with_attempts_left_is_queued_naming_how_many(tmp_path: Path) -> None:
+    """One failed attempt of three is not given up: the inbox's next pass takes the file."""
+    inbox, dest = tmp_path / "inbox", str(tmp_path / "dest")
+    inbox.mkdir()
+    (inbox / "rollouts.jsonl").write_bytes(b'{"rollout_id": "a"}\n')
+    run_id = run_id_for_file(f"{inbox}/rollouts.jsonl")
+    store = open_byte_store(dest)
+    decision = take_claim(store, run_id, "pass-0", "token-0", 300.0, 3)
+    assert decision.claim is not None, decision
+    release_claim(store, decision.claim, ok=False)
+    args = ["status", "--dest", dest, "--run-id", run_id, "--inbox", str(inbox)]
+    text = run_cli(args, None)
+    as_json = run_cli([*args, "--json"], None)
+    assert (text.returncode, as_json.returncode) == (3, 3), text.stdout + text.stderr
+    assert text.stdout.startswith(f"queued: run {run_id}: 1 of 3 inbox attempts"), text.stdout
+    assert "next pass tries it again" in text.stdout, text.stdout
+    assert orjson.loads(as_json.stdout)["state"] == "queued"
 
 
 @pytest.mark.integrity
