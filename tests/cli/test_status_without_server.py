@@ -10,6 +10,7 @@ shortfall is malformed input lines names what completes it: new input, not a ret
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -125,3 +126,47 @@ def test_runs_judges_an_open_run_from_its_destination_and_claims(tmp_path: Path)
     (row,) = orjson.loads(listed.stdout)["runs"]
     assert (row["run_id"], row["state"]) == ("open-run", "interrupted"), row
     assert "no PREFECT_API_URL is set" in row["note"], row
+
+
+@pytest.mark.integrity
+def test_an_unknown_run_id_with_the_api_unreachable_says_the_api_was_not_asked(
+    tmp_path: Path,
+) -> None:
+    """It said `unknown run id` (exit 2, a bad argument) although the run may exist only as
+    a flow run: the Prefect API could not be asked. Exit 3, the unreachable API's code."""
+    from tests.support.servers import free_port
+
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    api_url = f"http://127.0.0.1:{free_port()}/api"
+    done = run_cli(["status", "--dest", str(dest), "--run-id", "nope"], api_url)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 3 and done.stdout == "", done.stderr
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"tokcap status: unknown run id nope at {dest}: no manifest")
+    assert f"the Prefect API at {api_url} did not answer" in lines[0], lines[0]
+    assert "whether a flow run carries run nope" in lines[0] and "is unknown" in lines[0]
+
+
+def test_a_mistyped_run_id_is_named_with_its_close_match(tmp_path: Path) -> None:
+    from tests.support.claimed_runs import claimed_layout
+
+    dest = tmp_path / "dest"
+    store = open_byte_store(str(dest))
+    for run_id in ("demo-20261207-124002", "other-run"):
+        claimed_layout(store, run_id, started_at=1.0)
+    done = run_cli(["status", "--dest", str(dest), "--run-id", "demo-20261207-12400"], None)
+    assert done.returncode == 2, done.stderr
+    assert "unknown run id demo-20261207-12400" in done.stderr
+    assert "did you mean --run-id demo-20261207-124002?" in done.stderr, done.stderr
+
+
+def test_status_of_a_destination_that_does_not_exist_says_so_as_runs_does(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-dest")
+    status = run_cli(["status", "--dest", missing, "--run-id", "x"], None)
+    runs = run_cli(["runs", "--dest", missing], None)
+    assert (status.returncode, runs.returncode) == (2, 2), status.stderr + runs.stderr
+    said = f"--dest {missing} is not a directory; give the run's destination"
+    assert said in runs.stderr and said in status.stderr, status.stderr
+    assert "unknown run id" not in status.stderr
+    assert not os.path.exists(missing)
