@@ -27,8 +27,9 @@ STAMPED_FIELD = "end_weight_version"
 URL_REFRESH_SECONDS = 1.0
 """A URL source is fetched at most once per this many seconds per store object."""
 _MAX_BYTES = 64
-SINK_UNSET = "remove weight_version_source from the sink's settings"
 """A version file holds one integer: anything longer is not one (and is not read whole)."""
+SINK_UNSET = "remove weight_version_source from the sink's settings"
+"""How a sink goes without a version source, for the message naming an unreadable one."""
 
 
 class WeightVersionSource:
