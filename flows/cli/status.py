@@ -107,8 +107,8 @@ def refuse_unknown(args: argparse.Namespace, layout: RunLayout, facts: FlowFacts
     if facts is not None and not facts.reachable:
         raise ApiUnreachableError(
             f"{unknown}; {facts.why_not}, so whether a flow run carries run {args.run_id} "
-            "(a queued or submitted run has nothing else yet) is unknown: check that the server "
-            "PREFECT_API_URL names runs, then ask again"
+            "(a queued or submitted run has nothing else yet) is unknown: check that the Prefect "
+            "server PREFECT_API_URL names is running, then ask again"
         )
     hint = "" if getattr(args, "inbox", None) else "; for a submitted file add --inbox"
     raise UsageError(unknown + hint)
