@@ -20,23 +20,34 @@ import orjson
 import pytest
 
 from capture_core.run.inbox import release_claim, run_id_for_file, take_claim
-from capture_core.storage import open_byte_store
+from capture_core.storage import ByteStore, open_byte_store
 from tests.support.pipeline_helpers import REPO, run_cli
 
 
-@pytest.mark.integrity
-def test_a_given_up_inbox_file_without_a_manifest_needs_attention(tmp_path: Path) -> None:
+def inbox_run(tmp_path: Path) -> tuple[list[str], str, ByteStore]:
+    """An inbox holding one file and the destination of its run: the `tokcap status`
+    arguments that ask after the run, its run id and the destination's byte store."""
     inbox, dest = tmp_path / "inbox", str(tmp_path / "dest")
     inbox.mkdir()
     (inbox / "rollouts.jsonl").write_bytes(b'{"rollout_id": "a"}\n')
     run_id = run_id_for_file(f"{inbox}/rollouts.jsonl")
-    store = open_byte_store(dest)
-    for attempt in range(3):  # three passes claimed the file and failed before its manifest
+    args = ["status", "--dest", dest, "--run-id", run_id, "--inbox", str(inbox)]
+    return args, run_id, open_byte_store(dest)
+
+
+def fail_attempts(store: ByteStore, run_id: str, count: int) -> None:
+    """`count` inbox passes claim the run's file (of at most 3) and fail before its manifest."""
+    for attempt in range(count):
         decision = take_claim(store, run_id, f"pass-{attempt}", f"token-{attempt}", 300.0, 3)
         assert decision.claim is not None, decision
         release_claim(store, decision.claim, ok=False)
+
+
+@pytest.mark.integrity
+def test_a_given_up_inbox_file_without_a_manifest_needs_attention(tmp_path: Path) -> None:
+    args, run_id, store = inbox_run(tmp_path)
+    fail_attempts(store, run_id, 3)
     assert take_claim(store, run_id, "pass-4", "token-4", 300.0, 3).status == "given_up"
-    args = ["status", "--dest", dest, "--run-id", run_id, "--inbox", str(inbox)]
     text = run_cli(args, None)
     as_json = run_cli([*args, "--json"], None)
     assert (text.returncode, as_json.returncode) == (1, 1), text.stdout + text.stderr
@@ -47,15 +58,8 @@ def test_a_given_up_inbox_file_without_a_manifest_needs_attention(tmp_path: Path
 @pytest.mark.integrity
 def test_an_inbox_file_with_attempts_left_is_queued_naming_how_many(tmp_path: Path) -> None:
     """One failed attempt of three is not given up: the inbox's next pass takes the file."""
-    inbox, dest = tmp_path / "inbox", str(tmp_path / "dest")
-    inbox.mkdir()
-    (inbox / "rollouts.jsonl").write_bytes(b'{"rollout_id": "a"}\n')
-    run_id = run_id_for_file(f"{inbox}/rollouts.jsonl")
-    store = open_byte_store(dest)
-    decision = take_claim(store, run_id, "pass-0", "token-0", 300.0, 3)
-    assert decision.claim is not None, decision
-    release_claim(store, decision.claim, ok=False)
-    args = ["status", "--dest", dest, "--run-id", run_id, "--inbox", str(inbox)]
+    args, run_id, store = inbox_run(tmp_path)
+    fail_attempts(store, run_id, 1)
     text = run_cli(args, None)
     as_json = run_cli([*args, "--json"], None)
     assert (text.returncode, as_json.returncode) == (3, 3), text.stdout + text.stderr
@@ -66,13 +70,8 @@ def test_an_inbox_file_with_attempts_left_is_queued_naming_how_many(tmp_path: Pa
 
 @pytest.mark.integrity
 def test_a_live_claim_without_a_manifest_is_queued(tmp_path: Path) -> None:
-    inbox, dest = tmp_path / "inbox", str(tmp_path / "dest")
-    inbox.mkdir()
-    (inbox / "rollouts.jsonl").write_bytes(b'{"rollout_id": "a"}\n')
-    run_id = run_id_for_file(f"{inbox}/rollouts.jsonl")
-    taken = take_claim(open_byte_store(dest), run_id, "pass-0", "token-0", 300.0, 3)
-    assert taken.status == "claimed"
-    args = ["status", "--dest", dest, "--run-id", run_id, "--inbox", str(inbox)]
+    args, run_id, store = inbox_run(tmp_path)
+    assert take_claim(store, run_id, "pass-0", "token-0", 300.0, 3).status == "claimed"
     text = run_cli(args, None)
     assert text.returncode == 3, text.stdout + text.stderr
     assert text.stdout.startswith(f"queued: run {run_id}: attempt 1 (pass-0) claimed"), text.stdout
