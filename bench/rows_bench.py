@@ -30,6 +30,8 @@ For one batch of synthetic agent rollouts finalized from a local store:
   per-pair ratios of wall seconds, CPU beside, and the rows' own CPU cost alone.
 Goals: bytes at most 0.35x, a trainer's read at least 10x faster, writing rows adds at most
 15%. Prints the load, medians, ranges and ratios; asserts nothing.
+The same batch's Arrow part (`rows="arrow"`) is measured beside the Parquet one: its bytes,
+its read by `RowConsumer` (every column, trained columns) and its write.
 The trainer's read is measured on a large part and on a small one (`--small-rollouts`, about
 34k tokens), where a part's fixed costs weigh most, followed by the CPU seconds of each
 step of its read alone (listing, receipt, ack, bytes, digest, footer, decode, arrays).
@@ -230,22 +232,31 @@ class Clocks:
         return describe_seconds((self.cpu if clock == "cpu" else self.wall)[side])
 
 
-def trainer_reads(finalized: FinalizedBatch, as_json: bytes, dest: str, pairs: int) -> Clocks:
+def trainer_reads(
+    finalized: FinalizedBatch, arrow: FinalizedBatch, as_json: bytes, dest: str, pairs: int
+) -> Clocks:
     """Wall and process CPU seconds of a trainer's read of the part from a local destination,
     `RowConsumer` with pyarrow's threads and on one thread, against reading the same rows'
-    JSON lines file from the same disk; sides alternated, each timed after an untimed call."""
+    JSON lines file from the same disk; the same batch's Arrow part (`arrow`, handed off to a
+    destination of its own) read by `RowConsumer` too; sides alternated, each timed after an
+    untimed call."""
     handed_off(finalized, dest)
+    handed_off(arrow, f"{dest}-arrow")
     path = f"{dest}/rows.jsonl"
     with open(path, "wb") as f:
         f.write(as_json)
     threaded = RowConsumer(dest, "bench", "bench")
     single = RowConsumer(dest, "bench", "bench", use_threads=False)
     trained = RowConsumer(dest, "bench", "bench", columns=COLUMNS)
+    arrow_every = RowConsumer(f"{dest}-arrow", "bench", "bench")
+    arrow_trained = RowConsumer(f"{dest}-arrow", "bench", "bench", columns=COLUMNS)
     sides = {
         "JSON lines file": lambda: json_file_tokens(path),
         "consumer": lambda: consumer_tokens(threaded),
         "consumer, one thread": lambda: consumer_tokens(single),
         "consumer, trained columns": lambda: consumer_tokens(trained),
+        "Arrow part, consumer": lambda: consumer_tokens(arrow_every),
+        "Arrow part, consumer, trained columns": lambda: consumer_tokens(arrow_trained),
     }
     clocks = Clocks()
     alternate_sides({side: clocks.timed(side, fn, warm=True) for side, fn in sides.items()}, pairs)
@@ -259,8 +270,8 @@ def print_trainer_read(label: str, trainer: Clocks) -> None:
             f"a trainer's read, {label}, {side}: wall {trainer.seconds('wall', side)}, "
             f"CPU {trainer.seconds('cpu', side)}"
         )
-    for side in ("consumer", "consumer, one thread", "consumer, trained columns"):
-        goal = " (the goal figure, goal >= 10x)" if side == "consumer" else ""
+    for side in list(trainer.wall)[1:]:
+        goal = " (the goal figure, goal >= 10x)" if side.endswith("consumer") else ""
         print(
             f"  {label}, {side} faster than the JSON lines file: wall "
             f"{trainer.ratio('wall', 'JSON lines file', side)}{goal}; CPU "
@@ -275,8 +286,9 @@ def small_read(work: str, rollouts: int, shape: RolloutShape, pairs: int) -> Non
     with open(path, "wb") as f:
         f.writelines(orjson.dumps(r) + b"\n" for r in capture(store, rollouts, shape))
     finalized = finalize(path, store, f"{work}/small-warm", "parquet")
+    arrow = finalize(path, store, f"{work}/small-warm-arrow", "arrow")
     tokens = len(read_rows(finalized.rows or b"").column("token_ids").combine_chunks().flatten())
-    trainer = trainer_reads(finalized, json_rows(finalized), f"{work}/small-read", pairs)
+    trainer = trainer_reads(finalized, arrow, json_rows(finalized), f"{work}/small-read", pairs)
     print_trainer_read(f"small part ({tokens:,} tokens)", trainer)
     print_stages(f"{work}/small-read", pairs)
 
@@ -342,7 +354,9 @@ def main() -> None:
             f.writelines(orjson.dumps(r) + b"\n" for r in records)
         finalized = finalize(rollouts, store, f"{work}/warm", "parquet")  # freezes once
         clear(f"{work}/warm")
-        parquet = finalized.rows or b""
+        arrow = finalize(rollouts, store, f"{work}/warm", "arrow")
+        clear(f"{work}/warm")
+        parquet, arrow_part = finalized.rows or b"", arrow.rows or b""
         as_json = json_rows(finalized)
         table = read_rows(parquet)
         tokens = sum(len(ids) for ids in table.column("token_ids").to_pylist())
@@ -352,7 +366,8 @@ def main() -> None:
         )
         print(
             f"bytes: parquet {len(parquet):,}, JSON lines {len(as_json):,}: "
-            f"{len(parquet) / len(as_json):.3f}x (goal <= 0.35x); JSONL records part "
+            f"{len(parquet) / len(as_json):.3f}x (goal <= 0.35x); Arrow part {len(arrow_part):,}: "
+            f"{len(arrow_part) / len(as_json):.3f}x; JSONL records part "
             f"{len(finalized.part):,} ({len(parquet) / len(finalized.part):.3f}x)"
         )
         digest = hashlib.sha256(parquet).hexdigest()
@@ -378,7 +393,7 @@ def main() -> None:
                     f"{' (the work figure)' if work_figure else ''}; "
                     f"wall {reads.ratio('wall', baseline, side)}"
                 )
-        trainer = trainer_reads(finalized, as_json, f"{work}/read", 3 * args.repetitions)
+        trainer = trainer_reads(finalized, arrow, as_json, f"{work}/read", 3 * args.repetitions)
         print_trainer_read(f"large part ({tokens:,} tokens)", trainer)
         small_read(work, args.small_rollouts, shape, 3 * args.repetitions)
         delivered = emitted(finalized)
@@ -394,7 +409,7 @@ def main() -> None:
                     lambda side=side: finalize(rollouts, store, dest, side),
                     after=lambda: clear(dest),
                 )
-                for side in ("none", "parquet")
+                for side in ("none", "parquet", "arrow")
             },
             3 * args.repetitions,
         )
@@ -403,7 +418,9 @@ def main() -> None:
             f"finalize + hand off: rows none wall {writes.seconds('wall', 'none')}, parquet "
             f"{writes.seconds('wall', 'parquet')}: parquet/none wall "
             f"{writes.ratio('wall', 'parquet', 'none')} (goal <= 1.15x); CPU "
-            f"{writes.ratio('cpu', 'parquet', 'none')}"
+            f"{writes.ratio('cpu', 'parquet', 'none')}; arrow wall "
+            f"{writes.seconds('wall', 'arrow')}: arrow/none wall "
+            f"{writes.ratio('wall', 'arrow', 'none')}; CPU {writes.ratio('cpu', 'arrow', 'none')}"
         )
         print(
             f"  deriving and encoding the rows alone: CPU {encode.seconds('cpu', 'encode')}, "

@@ -41,7 +41,9 @@ ALLOWED = {
     "rows": " or ".join(ROW_FORMATS),
     "delivery": " or ".join(DELIVERIES),
     "group_by": " or ".join(GROUP_BY),
-    "retire_after_consumer": "a consumer name (letters, digits, '.', '_', '-'), with rows parquet",
+    "retire_after_consumer": (
+        "a consumer name (letters, digits, '.', '_', '-'), with rows parquet or arrow"
+    ),
     "batch_size": "a whole number above 0",
     "max_group_size": "a whole number above 0",
     "max_attempts": "a whole number above 0",
@@ -89,10 +91,10 @@ def deployed_settings(env: Mapping[str, str]) -> dict[str, Any]:
         if env.get(variable, "") != "":
             _check(variable, field, env[variable])
     settings = FileSettings.model_validate({"inbox": "-", "store": "-", "dest": "-", **given})
-    if settings.retire_after_consumer is not None and settings.rows != "parquet":
+    if settings.retire_after_consumer is not None and settings.rows == "none":
         raise SettingVariableError(
             "TOKCAP_RETIRE_AFTER_CONSUMER needs trainer rows for the consumer to acknowledge: "
-            "also set TOKCAP_ROWS=parquet"
+            "also set TOKCAP_ROWS=parquet (or arrow)"
         )
     return {field: getattr(settings, field) for field in SETTING_VARIABLES.values()}
 

@@ -84,7 +84,7 @@ class FileSettings(BaseModel):
         f"(finite, at least {MIN_CLAIM_LEASE_SECONDS:g} s).",
     )
     delivery: str = Field(MAIN_CHAIN, description="main_chain, or all_traces for envelopes.")
-    rows: str = Field("none", description="parquet: trainer rows beside each part.")
+    rows: str = Field("none", description="parquet or arrow: trainer rows beside each part.")
     retire_after_consumer: str | None = Field(
         None, description="The row consumer whose acknowledgement retirement waits for."
     )

@@ -102,7 +102,7 @@ def check_arguments(
         if rows == "none":
             raise ValueError(
                 f"retire_after_consumer={retire_after_consumer!r} needs trainer rows for the "
-                "consumer to acknowledge; also set rows='parquet' (--rows parquet)"
+                "consumer to acknowledge; also set rows='parquet' (--rows parquet) or 'arrow'"
             )
 
 
@@ -136,9 +136,10 @@ def finalize_run(
     part and receipt, retirement, ledger and report) first checks that it still holds it,
     and the run stops with `ClaimLostError` once it does not. `delivery="all_traces"` adds
     each rollout's `training_traces` envelope and keeps its `response` (docs/traces.md).
-    `rows="parquet"` writes each batch's trainer rows beside its part, pinned by the same
-    receipt; `retire_after_consumer` then hands off but retires only the batches that row
-    consumer acknowledged (a later run, `retire_uploaded` or the inbox retires the rest).
+    `rows="parquet"` (or `"arrow"`) writes each batch's trainer rows beside its part, pinned
+    by the same receipt; `retire_after_consumer` then hands off but retires only the batches
+    that row consumer acknowledged (a later run, `retire_uploaded` or the inbox retires the
+    rest).
     A run that masked more than `mask_alert_fraction` of its rollouts emits an alert event
     (`tokcap.flows.alerts`); one whose rollouts mask for an infrastructure reason (version
     skew, an unreadable store) beyond it stops before handing that batch off and fails,

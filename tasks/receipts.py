@@ -40,8 +40,8 @@ from capture_core.run.receipt import RECEIPT_KEY, HandoffReceipt, retirement_key
 from capture_core.run.run_layout import (
     RECEIPTS,
     RunLayout,
+    is_rows_key,
     part_key,
-    rows_key,
     run_location,
     validate_run_id,
 )
@@ -238,7 +238,7 @@ def parse_receipt(location: str, key: str, data: bytes, run_id: str) -> HandoffR
         raise UnreadableReceiptError(_unreadable(where, detail))
     digest = key.rsplit("-", 1)[-1]
     own_part = part_key(run_id, receipt.batch, digest)
-    own_rows = receipt.rows is None or receipt.rows.key == rows_key(run_id, receipt.batch, digest)
+    own_rows = receipt.rows is None or is_rows_key(receipt.rows.key, run_id, receipt.batch, digest)
     if receipt.run_id != run_id or receipt.part_key != own_part or not own_rows:
         raise UnreadableReceiptError(_foreign(where, run_id, receipt))
     return receipt

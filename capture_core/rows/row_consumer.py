@@ -1,7 +1,7 @@
 """Read a run's trainer rows as a verified, resumable dataset: `RowConsumer`.
 
 Iterating a `RowConsumer(dest, run_id, name)` yields the run's rows parts (one per batch,
-Parquet) in batch order, each as a `RowPart` with `.key` and `.table` (a `pyarrow.Table`),
+Parquet or Arrow) in batch order, each as a `RowPart` with `.key` and `.table` (a `pyarrow.Table`),
 after its bytes were checked against the size and sha256 its batch's receipt certifies. A
 part whose bytes differ raises `PartMismatchError` naming the part and the run; it is never
 yielded. `ack(key)` records durably and create-only that consumer `name` consumed that
@@ -54,7 +54,7 @@ from capture_core.rows.row_cursor import (
 )
 from capture_core.rows.trainer_rows import read_rows
 from capture_core.run.receipt import HandoffReceipt
-from capture_core.run.run_layout import RunLayout
+from capture_core.run.run_layout import ROW_SUFFIXES, RunLayout
 from capture_core.run.verified_read import verified_bytes, verified_decode
 from capture_core.storage import open_byte_store
 
@@ -178,7 +178,8 @@ class RowConsumer:
             raise RowsNotWrittenError(
                 f"batch {receipt.batch} of run {receipt.run_id} was handed off without trainer "
                 f"rows ({self.layout.dest.url}/{receipt.part_key} only): the run was finalized "
-                "without `--rows parquet`. Finalize the input under a new run id with rows"
+                "without `--rows parquet` or `--rows arrow`. Finalize the input under a new run "
+                "id with rows"
             )
         return self.cursor.acknowledged(receipt) is not None
 
@@ -189,7 +190,11 @@ class RowConsumer:
         skip: Sequence[str] = (),
     ) -> RowPart:
         """The receipt's rows part, verified, decoded (only `columns` and what staleness
-        masking reads, when given; without `skip`) and masked as this consumer says."""
+        masking reads, when given; without `skip`) and masked as this consumer says.
+
+        A Parquet part may be decoded while its digest is checked (a decoder that bounds
+        every read); an Arrow part's buffers are taken as they are, so only verified bytes
+        reach its reader."""
         rows = receipt.rows
         assert rows is not None
         dest = self.layout.dest
@@ -199,7 +204,7 @@ class RowConsumer:
         def decode(data: bytes) -> pa.Table:
             return read_rows(data, use_threads=self.use_threads, columns=columns, skip=skip)
 
-        if self.use_threads:
+        if self.use_threads and not rows.key.endswith(ROW_SUFFIXES["arrow"]):
             table = verified_decode(
                 dest, receipt, rows.key, rows.bytes, rows.sha256, decode, NOT_YIELDED
             )

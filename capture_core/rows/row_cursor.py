@@ -32,11 +32,11 @@ from capture_core.errors import (
 from capture_core.ids import validate_rollout_id
 from capture_core.run.crash_points import crash_point
 from capture_core.run.receipt import RECEIPT_KEY, HandoffReceipt, marked_retirable
-from capture_core.run.run_layout import RunLayout, ack_key, consumers_prefix, rows_key
+from capture_core.run.run_layout import RunLayout, ack_key, consumers_prefix, is_rows_key
 from capture_core.storage import ByteStore
 
 ACK_CRASH_POINTS = ("before-ack", "after-ack")
-_ROWS_PART = re.compile(r"part-([0-9]{5,})-([0-9a-f]{16})\.parquet")
+_ROWS_PART = re.compile(r"part-([0-9]{5,})-([0-9a-f]{16})\.(?:parquet|arrow)")
 
 
 class Acknowledgement(BaseModel):
@@ -87,8 +87,8 @@ def read_stored_receipt(layout: RunLayout, key: str) -> HandoffReceipt:
             "batch is yielded. Restore it (from a backup or an earlier object version)"
         ) from exc
     digest = key.rsplit("-", 1)[-1]
-    own_rows = receipt.rows is None or receipt.rows.key == rows_key(
-        layout.run_id, receipt.batch, digest
+    own_rows = receipt.rows is None or is_rows_key(
+        receipt.rows.key, layout.run_id, receipt.batch, digest
     )
     if receipt.receipt_key != key or receipt.run_id != layout.run_id or not own_rows:
         raise UnreadableReceiptError(

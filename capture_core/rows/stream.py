@@ -310,7 +310,7 @@ class RowStream:
             except (ValueError, ValidationError):
                 logger.warning("%s/%s: unreadable manifest; its run is skipped", name, MANIFEST)
                 continue
-            if manifest.rows == "parquet" and manifest.run_id == name:
+            if manifest.rows != "none" and manifest.run_id == name:
                 runs.append((name, manifest.started_at or 0.0))
         return runs
 

@@ -1,4 +1,4 @@
-"""Trainer rows: a batch's delivered records as one Parquet part, beside its JSONL part.
+"""Trainer rows: a batch's delivered records as one rows part, beside its JSONL part.
 
 One row per delivered trace when a record carries `training_traces` (multi-trace delivery),
 else one row per delivered main chain: the chain's final cumulative tokens, with the loss
@@ -12,8 +12,11 @@ where unknown), its version bounds and replicas, and, when the batch was planned
 task, its task's `group_size` and `group_delivered` (the task's rollouts that have rows in
 the part: fewer than `group_size` means the group lost a member).
 
-The part is zstd-compressed Parquet in row groups of at most `ROW_GROUP_TOKENS` tokens,
-so a reader streams it a group at a time. Token ids are int32 unless an id of the part
+The part is zstd-compressed Parquet (`parquet`, what every table tool reads) or an Arrow
+IPC file with zstd-compressed buffers (`arrow`, what a trainer reads fastest: its buffers are
+the arrays, no page decoding), in row groups (record batches) of at most `ROW_GROUP_TOKENS`
+tokens, so a reader streams it a group at a time. Both hold the same schema and values;
+a reader tells them apart by their magic bytes. Token ids are int32 unless an id of the part
 needs int64. Encoding is deterministic for a pyarrow version: a re-run of a batch writes
 the same bytes, so its create-only upload is accepted. This is the only module that
 writes or reads rows; it imports pyarrow, so the handoff imports it only where rows are
@@ -29,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from capture_core.builder.build_result import MASK_SAMPLE_KEY
@@ -54,6 +58,8 @@ ROW_GROUP_TOKENS = 1 << 20
 token ids, log probs and mask in memory per group while streaming."""
 INT32_MAX = 2**31 - 1
 SMALL_PART_BYTES = 1 << 20
+ARROW_MAGIC = b"ARROW1"
+ARROW_WRITE_OPTIONS = ipc.IpcWriteOptions(compression="zstd")
 WRITE_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
     # Token ids and log probs are near-random numbers: dictionaries do not pay, while split
@@ -319,15 +325,20 @@ def rows_table(rows: Sequence[TrainerRow]) -> pa.Table:
     return pa.table(columns, schema=row_schema(token_type))
 
 
-def encode_rows(rows: Sequence[TrainerRow]) -> bytes:
-    """The Parquet bytes of a rows part: zstd, row groups of at most `ROW_GROUP_TOKENS`."""
+def encode_rows(rows: Sequence[TrainerRow], fmt: str = "parquet") -> bytes:
+    """The bytes of a rows part in format `fmt` (`parquet` or `arrow`): zstd, row groups of
+    at most `ROW_GROUP_TOKENS` tokens."""
     table = rows_table(rows)
+    groups = [table.slice(start, stop - start) for start, stop in _row_groups(rows)] or [table]
     sink = pa.BufferOutputStream()
+    if fmt == "arrow":
+        with ipc.new_file(sink, table.schema, options=ARROW_WRITE_OPTIONS) as writer:
+            for group in groups:
+                writer.write_table(group, max_chunksize=max(group.num_rows, 1))
+        return sink.getvalue().to_pybytes()
     with pq.ParquetWriter(sink, table.schema, **WRITE_OPTIONS) as writer:
-        for start, stop in _row_groups(rows):
-            writer.write_table(table.slice(start, stop - start), row_group_size=stop - start)
-        if not rows:
-            writer.write_table(table)
+        for group in groups:
+            writer.write_table(group, row_group_size=max(group.num_rows, 1))
     return sink.getvalue().to_pybytes()
 
 
@@ -381,13 +392,23 @@ def with_group_delivered(rows: Sequence[TrainerRow]) -> list[TrainerRow]:
 def batch_rows(
     records: Iterable[tuple[int, Mapping[str, Any], bool]],
     group_sizes: Mapping[int, int] | None = None,
+    fmt: str = "parquet",
 ) -> bytes:
-    """The rows part of a batch's emitted records, as `(input line, record, projected)`."""
-    return encode_rows(emitted_rows(records, group_sizes))
+    """The rows part (format `fmt`) of a batch's emitted records, as `(input line, record,
+    projected)`."""
+    return encode_rows(emitted_rows(records, group_sizes), fmt)
+
+
+def is_arrow_part(data: bytes) -> bool:
+    """Whether a rows part is an Arrow IPC file (else Parquet), by its magic bytes."""
+    return data[:6] == ARROW_MAGIC
 
 
 def count_rows(data: bytes) -> int:
-    """The number of rows of a rows part, from its footer."""
+    """The number of rows of a rows part, from its footer (an Arrow part's batch headers)."""
+    if is_arrow_part(data):
+        reader = ipc.open_file(pa.BufferReader(data))
+        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
     return pq.read_metadata(pa.BufferReader(data)).num_rows
 
 
@@ -408,8 +429,12 @@ def read_rows(
     when asked): the scanner's set-up costs such a part more than it saves. `columns`
     decodes only those (a projection: the others are never decompressed); `skip` leaves
     those out of every column the part has. The file reader parses the footer once for both.
+    An Arrow part is read by pyarrow's IPC file reader, which decompresses only the columns
+    asked for, and with threads when asked.
     """
     names = None if columns is None else list(columns)
+    if is_arrow_part(data):
+        return _read_arrow(data, use_threads, names, skip)
     scanned = use_threads and len(data) >= SMALL_PART_BYTES
     if scanned:
         if names is None and skip:
@@ -419,3 +444,19 @@ def read_rows(
     if names is None and skip:
         names = [n for n in reader.schema_arrow.names if n not in skip]
     return reader.read(columns=names, use_threads=use_threads)
+
+
+def _read_arrow(
+    data: bytes, use_threads: bool, names: list[str] | None, skip: Sequence[str]
+) -> pa.Table:
+    """An Arrow rows part as a table: one chunk per record batch, only the columns asked for."""
+    schema = ipc.open_file(pa.BufferReader(data)).schema
+    if names is None:
+        names = [n for n in schema.names if n not in skip]
+    missing = [n for n in names if n not in schema.names]
+    if missing:
+        raise KeyError(f"the rows part has no column {missing[0]!r}")
+    indices = sorted(schema.get_field_index(n) for n in names)
+    options = ipc.IpcReadOptions(use_threads=use_threads, included_fields=indices)
+    table = ipc.open_file(pa.BufferReader(data), options=options).read_all()
+    return table.select(names)

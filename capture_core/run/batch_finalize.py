@@ -132,7 +132,8 @@ async def finalize_batch(
 ) -> FinalizedBatch:
     """Finalize every record of a batch and encode the part file in input order.
 
-    With `rows="parquet"` the batch's trainer rows are encoded too (`trainer_rows`).
+    With `rows="parquet"` or `rows="arrow"` the batch's trainer rows are encoded too
+    (`trainer_rows`).
 
     Up to `concurrency` rollouts (default: `finalize_concurrency(source)`) are finalized at
     once, so a store's round trips overlap. Raises `TransientStoreError` if the source failed
@@ -197,6 +198,6 @@ def _rows_part(
     from capture_core.rows.trainer_rows import check_row_format, emitted_rows, encode_rows
 
     check_row_format(rows)
-    key = run_layout.rows_key(run_id, batch.index, batch.sha256)
+    key = run_layout.rows_key(run_id, batch.index, batch.sha256, rows)
     sizes = batch.group_sizes or None  # planned with group_by="task"
-    return key, io_pool().submit(encode_rows, emitted_rows(emitted, sizes))
+    return key, io_pool().submit(encode_rows, emitted_rows(emitted, sizes), rows)

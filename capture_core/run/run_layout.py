@@ -34,7 +34,9 @@ LEDGER = "ledger.jsonl"
 SUMMARY = "summary.json"
 RECORDS = "records"
 ROWS = "rows"
-ROW_FORMATS = ("none", "parquet")
+ROW_FORMATS = ("none", "parquet", "arrow")
+ROW_SUFFIXES = {"parquet": ".parquet", "arrow": ".arrow"}
+"""The file suffix of a rows part in each format that writes one."""
 CONSUMERS = "consumers"
 RECEIPTS = "receipts"
 ATTEMPTS = "attempts"
@@ -60,14 +62,21 @@ def part_key(run_id: str, index: int, sha256: str) -> str:
     return f"{run_id}/{RECORDS}/part-{index:05d}-{sha256[:16]}.jsonl"
 
 
-def rows_key(run_id: str, index: int, sha256: str) -> str:
-    """The trainer-rows part (Parquet) of batch `index`, beside its records part."""
-    return f"{run_id}/{ROWS}/part-{index:05d}-{sha256[:16]}.parquet"
+def rows_key(run_id: str, index: int, sha256: str, rows: str = "parquet") -> str:
+    """The trainer-rows part of batch `index` in format `rows`, beside its records part."""
+    return f"{run_id}/{ROWS}/part-{index:05d}-{sha256[:16]}{ROW_SUFFIXES[rows]}"
+
+
+def is_rows_key(key: str, run_id: str, index: int, sha256: str) -> bool:
+    """Whether `key` is the rows part of batch `index`, in any format that writes one."""
+    return any(key == rows_key(run_id, index, sha256, rows) for rows in ROW_SUFFIXES)
 
 
 def ack_key(run_id: str, consumer: str, rows_part: str) -> str:
     """Consumer `consumer`'s acknowledgement of the rows part whose key is `rows_part`."""
-    name = rows_part.rsplit("/", 1)[-1].removesuffix(".parquet")
+    name = rows_part.rsplit("/", 1)[-1]
+    for suffix in ROW_SUFFIXES.values():
+        name = name.removesuffix(suffix)
     return f"{run_id}/{CONSUMERS}/{consumer}/{name}.ack"
 
 
@@ -80,7 +89,7 @@ class RunManifest(BaseModel):
 
     `rollouts_fingerprint` (see `rollout_io.file_fingerprint`) lets the inbox see an
     unchanged file without reading it; the digest alone binds the run to its input.
-    `rows` is the trainer-row format written beside each part (`none` or `parquet`);
+    `rows` is the trainer-row format written beside each part (`none`, `parquet` or `arrow`);
     `retire_after_consumer` names the row consumer whose acknowledgements gate retirement.
     Both are settings of the run: a re-claim with other values is refused.
     `started_at` (seconds since the epoch) is when the run id was first claimed; it orders

@@ -111,14 +111,15 @@ def _add_finalize(commands: Any) -> None:
         "--rows",
         choices=ROW_FORMATS,
         default="none",
-        help="trainer rows written beside each part: parquet, or none (default)",
+        help="trainer rows written beside each part: parquet (what every table tool reads), "
+        "arrow (Arrow IPC, a trainer's fastest read), or none (default)",
     )
     finalize.add_argument(
         "--retire-after-consumer",
         default=None,
         metavar="NAME",
         help="hand off but retire nothing now: `tokcap retire` and the inbox retire each batch "
-        "once row consumer NAME acknowledged it (needs --rows parquet)",
+        "once row consumer NAME acknowledged it (needs --rows parquet or arrow)",
     )
     finalize.add_argument(
         "--group-by",

@@ -266,7 +266,7 @@ def known_run(
 
 
 def check_consumer(args: Any) -> None:
-    """`--retire-after-consumer` names a valid consumer and comes with `--rows parquet`."""
+    """`--retire-after-consumer` names a valid consumer and comes with trainer rows."""
     name = args.retire_after_consumer
     if name is None:
         return
@@ -277,7 +277,7 @@ def check_consumer(args: Any) -> None:
     if args.rows == "none":
         raise UsageError(
             "--retire-after-consumer needs trainer rows for the consumer to acknowledge; "
-            "add --rows parquet"
+            "add --rows parquet (or --rows arrow)"
         )
 
 

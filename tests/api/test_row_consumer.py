@@ -62,8 +62,7 @@ def finalized(locations: dict, run_id: str, **settings: object) -> list[dict]:
         run_id,
         batch_size=2,
         storage_options=options,
-        rows="parquet",
-        **settings,
+        **{"rows": "parquet", **settings},
     )
     return records
 
@@ -82,8 +81,9 @@ def rows_keys(locations: dict, run_id: str) -> list[str]:
     return open_byte_store(locations["dest"], locations["options"]).list_prefix(f"{run_id}/rows")
 
 
-def test_rows_parts_hold_exactly_the_delivered_tokens(locations) -> None:
-    finalized(locations, "rows")
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_rows_parts_hold_exactly_the_delivered_tokens(locations, fmt) -> None:
+    finalized(locations, "rows", rows=fmt)
     dest = open_byte_store(locations["dest"], locations["options"])
     layout = RunLayout(dest, "rows")
     receipts = [read_stored_receipt(layout, key) for key in receipt_keys(layout)]
@@ -94,7 +94,7 @@ def test_rows_parts_hold_exactly_the_delivered_tokens(locations) -> None:
         data = dest.get(receipt.rows.key) or b""
         assert receipt.rows.bytes == len(data)
         assert receipt.rows.sha256 == hashlib.sha256(data).hexdigest()
-        assert receipt.rows.key.replace("/rows/", "/records/").replace(".parquet", ".jsonl") == (
+        assert receipt.rows.key.replace("/rows/", "/records/").replace(f".{fmt}", ".jsonl") == (
             receipt.part_key
         )
         rows += read_rows(data).to_pylist()
@@ -227,12 +227,13 @@ EDITS = {
 }
 
 
-def test_a_part_is_refused_as_the_mismatch_whatever_was_edited(locations) -> None:
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_a_part_is_refused_as_the_mismatch_whatever_was_edited(locations, fmt) -> None:
     """An edit that would still decode and one that would break decoding are both refused
     as the mismatch, in both decoding modes (on one thread bytes reach the decoder only once
     they verify; with threads what the decoder made of them, or raised, is discarded), and
-    the restored part is yielded again."""
-    finalized(locations, "edits")
+    the restored part is yielded again. An Arrow part reaches its reader only verified."""
+    finalized(locations, "edits", rows=fmt)
     dest = open_byte_store(locations["dest"], locations["options"])
     first = rows_keys(locations, "edits")[0]
     original = dest.get(first) or b""

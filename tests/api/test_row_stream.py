@@ -43,7 +43,8 @@ def test_a_stream_follows_runs_as_they_land_and_resumes_what_was_not_acknowledge
     later: list[str] = []
     landing = threading.Thread(
         target=lambda: later.extend(
-            land_run(locations, "run-b", task=2) + land_run(locations, "run-c", task=3)
+            land_run(locations, "run-b", task=2, rows="arrow")
+            + land_run(locations, "run-c", task=3)
         )
     )
     reader = stream(locations, follow=True, poll_seconds=0.05)
@@ -53,6 +54,7 @@ def test_a_stream_follows_runs_as_they_land_and_resumes_what_was_not_acknowledge
     for part in reader:
         seen.append((part.run_id, part.key))
         assert part.key.startswith(f"{part.run_id}/rows/")
+        assert part.key.endswith(".arrow" if part.run_id == "run-b" else ".parquet")
         if len(seen) <= 5:  # the last part stays unacknowledged: a crash before its ack
             reader.ack(part.key)
         if len(seen) == 6 or time.monotonic() > deadline:

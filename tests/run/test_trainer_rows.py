@@ -165,7 +165,8 @@ def test_encoding_is_deterministic_and_an_empty_batch_is_a_readable_part() -> No
     assert empty.num_rows == 0 and "token_ids" in empty.schema.names
 
 
-def test_a_finalized_batch_stores_its_rows_in_at_most_035x_the_json_bytes(tmp_path) -> None:
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_a_finalized_batch_stores_its_rows_in_at_most_035x_the_json_bytes(tmp_path, fmt) -> None:
     """The bench's bytes figure, pinned: it does not depend on the machine."""
     shape = RolloutShape(turns=8, prompt_tokens=256, generated_tokens=128, tool_tokens=64)
     records = capture(str(tmp_path / "store"), 6, shape)
@@ -174,10 +175,11 @@ def test_a_finalized_batch_stores_its_rows_in_at_most_035x_the_json_bytes(tmp_pa
     (batch,) = plan_rollout_file(str(rollouts), 100).batches
     lines = read_batch(str(rollouts), batch)
     source = TokenCaptureStore(str(tmp_path / "store"))
-    finalized = asyncio.run(finalize_batch("r", batch, lines, source, rows="parquet"))
-    parquet = finalized.rows or b""
-    assert read_rows(parquet).num_rows == 6
-    assert len(parquet) <= 0.35 * len(json_rows(finalized))
+    finalized = asyncio.run(finalize_batch("r", batch, lines, source, rows=fmt))
+    part = finalized.rows or b""
+    assert finalized.rows_key is not None and finalized.rows_key.endswith(f".{fmt}")
+    assert read_rows(part).num_rows == 6
+    assert len(part) <= 0.35 * len(json_rows(finalized))
 
 
 NOT_FLOAT32 = [-1e39, 1e39, -3.5e38, float("nan"), float("-inf")]

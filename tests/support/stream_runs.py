@@ -30,10 +30,12 @@ def land_run(
     rollouts: int = 4,
     batch_size: int = 2,
     started_at: float | None = None,
+    rows: str = "parquet",
 ) -> list[str]:
     """Capture `rollouts` rollouts of task `task`, claim run `run_id` and hand off its
     batches with rows; return its rows part keys in batch order. `started_at`: the claim
-    time its manifest records (now by default; earlier for a run claimed long ago)."""
+    time its manifest records (now by default; earlier for a run claimed long ago). `rows`:
+    the rows format (`parquet` or `arrow`)."""
     options = locations["options"]
     records = make_batch(TokenCaptureStore(locations["store"], options), rollouts, task=task)
     url = locations["rollouts"].replace("rollouts.jsonl", f"{run_id}.jsonl")
@@ -51,7 +53,7 @@ def land_run(
             builder="prefix_merging",
             batch_size=batch_size,
             batches=len(plan.batches),
-            rows="parquet",
+            rows=rows,
             started_at=time.time() if started_at is None else started_at,
         )
     )
@@ -59,7 +61,7 @@ def land_run(
     source = TokenCaptureStore(locations["store"], options)
     for batch in plan.batches:
         lines = read_batch(url, batch, options)
-        finalized = asyncio.run(finalize_batch(run_id, batch, lines, source, rows="parquet"))
+        finalized = asyncio.run(finalize_batch(run_id, batch, lines, source, rows=rows))
         receipt = handoff_batch(run_id, finalized, dest)
         metadata = ResultRecordMetadata(
             serializer=JSONSerializer(), storage_key=layout.receipt_key(receipt.receipt_key)

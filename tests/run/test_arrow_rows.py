@@ -1,0 +1,84 @@
+"""Trainer rows as an Arrow IPC part (`rows="arrow"`): the same rows as the Parquet part.
+
+The Arrow part is the format a trainer reads fastest; these tests pin that it holds exactly
+what the Parquet part of the same batch holds, reads the same way through `read_rows`
+(threads or not, projections, skips), stays deterministic, and is a plain Arrow IPC file
+with zstd buffers that any Arrow reader opens.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.ipc as ipc
+import pytest
+
+from capture_core.rows import trainer_rows
+from capture_core.rows.trainer_rows import batch_rows, count_rows, is_arrow_part, read_rows
+from capture_core.run.run_layout import ack_key, is_rows_key, rows_key
+from tests.run.test_trainer_rows import item, record
+
+
+def emitted(n: int = 5) -> list[tuple[int, dict, bool]]:
+    chains = [[item([i, i + 1, i + 2], [7, 8, i], [-0.5, -0.25, -0.125])] for i in range(n)]
+    return [(i, record(c, _ng_rollout_index=i), False) for i, c in enumerate(chains)]
+
+
+def test_an_arrow_part_holds_the_parquet_parts_rows(monkeypatch) -> None:
+    monkeypatch.setattr(trainer_rows, "ROW_GROUP_TOKENS", 10)
+    records = emitted()
+    arrow, parquet = batch_rows(records, fmt="arrow"), batch_rows(records)
+    assert is_arrow_part(arrow) and not is_arrow_part(parquet)
+    assert count_rows(arrow) == count_rows(parquet) == 5
+    for use_threads in (True, False):
+        got, want = read_rows(arrow, use_threads), read_rows(parquet, use_threads=False)
+        assert got.schema.equals(want.schema)
+        assert got.to_pylist() == want.to_pylist()
+        assert got.column("token_ids").num_chunks == 5  # a record batch per row group
+    columns = ["loss_mask", "token_ids"]
+    projected = read_rows(arrow, columns=columns)
+    assert projected.column_names == columns
+    assert projected.to_pylist() == read_rows(parquet, columns=columns).to_pylist()
+    skipped = read_rows(arrow, skip=("weight_version",))
+    assert "weight_version" not in skipped.column_names
+    assert skipped.num_columns == read_rows(parquet).num_columns - 1
+    with pytest.raises(KeyError, match="no_such_column"):
+        read_rows(arrow, columns=["no_such_column"])
+
+
+def test_an_arrow_part_is_a_plain_zstd_arrow_file_any_reader_opens(tmp_path) -> None:
+    data = batch_rows([(1, record([item([1, 2], [2**31], [-0.5])]), False)], fmt="arrow")
+    path = tmp_path / "part-00000-0000000000000000.arrow"
+    path.write_bytes(data)
+    table = pads.dataset(str(path), format="arrow").to_table()
+    assert table.column("token_ids").to_pylist() == [[1, 2, 2**31]]
+    assert table.schema.field("token_ids").type.value_type == pa.int64()
+    assert table.schema.field("generation_logprobs").type.value_type == pa.float32()
+    reader = ipc.open_file(pa.BufferReader(data))
+    assert reader.num_record_batches == 1
+    uncompressed = pa.BufferOutputStream()
+    with ipc.new_file(uncompressed, table.schema) as writer:
+        writer.write_table(table)
+    assert len(data) != len(uncompressed.getvalue()), "the buffers are compressed"
+
+
+def test_arrow_encoding_is_deterministic_and_an_empty_batch_is_a_readable_part() -> None:
+    records = emitted(3)
+    assert batch_rows(records, fmt="arrow") == batch_rows(records, fmt="arrow")
+    empty = batch_rows([], fmt="arrow")
+    assert read_rows(empty).num_rows == count_rows(empty) == 0
+    assert "token_ids" in read_rows(empty).schema.names
+
+
+def test_rows_keys_name_their_format_and_share_one_acknowledgement() -> None:
+    arrow, parquet = rows_key("r", 3, "ab" * 32, "arrow"), rows_key("r", 3, "ab" * 32)
+    assert arrow == "r/rows/part-00003-abababababababab.arrow"
+    assert parquet.endswith(".parquet")
+    assert is_rows_key(arrow, "r", 3, "ab" * 32) and is_rows_key(parquet, "r", 3, "ab" * 32)
+    assert not is_rows_key(arrow, "r", 4, "ab" * 32)
+    assert not is_rows_key(arrow.replace(".arrow", ".feather"), "r", 3, "ab" * 32)
+    assert (
+        ack_key("r", "t", arrow)
+        == ack_key("r", "t", parquet)
+        == ("r/consumers/t/part-00003-abababababababab.ack")
+    )
