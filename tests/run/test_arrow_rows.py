@@ -3,7 +3,7 @@
 The Arrow part is the format a trainer reads fastest; these tests pin that it holds exactly
 what the Parquet part of the same batch holds, reads the same way through `read_rows`
 (threads or not, projections, skips), stays deterministic, and is a plain Arrow IPC file
-with zstd buffers that any Arrow reader opens.
+with LZ4 buffers that any Arrow reader opens.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_an_arrow_part_holds_the_parquet_parts_rows(monkeypatch) -> None:
         read_rows(arrow, columns=["no_such_column"])
 
 
-def test_an_arrow_part_is_a_plain_zstd_arrow_file_any_reader_opens(tmp_path) -> None:
+def test_an_arrow_part_is_a_plain_lz4_arrow_file_any_reader_opens(tmp_path) -> None:
     data = batch_rows([(1, record([item([1, 2], [2**31], [-0.5])]), False)], fmt="arrow")
     path = tmp_path / "part-00000-0000000000000000.arrow"
     path.write_bytes(data)
