@@ -5,16 +5,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import math
-import os
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
-from capture_core.errors import InvalidInputError, is_transient
+from capture_core.errors import is_transient
 from capture_core.run.inbox import Claim, check_claim
+from capture_core.run.retry_delays import transient_retry_delays
 from capture_core.storage import open_byte_store
 
 T = TypeVar("T")
@@ -65,32 +64,7 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-RETRY_DELAYS_ENV = "TOKCAP_RETRY_DELAYS"
-DEFAULT_RETRY_DELAYS = (1.0, 4.0, 10.0)
-
-
-def transient_retry_delays() -> list[float]:
-    """Seconds a task waits before each retry of a transient failure, one retry per delay:
-    `TOKCAP_RETRY_DELAYS` (comma-separated, for example `5,30,120` to ride out longer storage
-    outages), else 1, 4 and 10. Read when the tasks are imported, so it is set in the
-    environment of the worker or the command; a value that is not 1 to 10 finite,
-    non-negative numbers is refused with the setting's name."""
-    value = os.environ.get(RETRY_DELAYS_ENV, "").strip()
-    if not value:
-        return list(DEFAULT_RETRY_DELAYS)
-    try:
-        delays = [float(part) for part in value.split(",")]
-    except ValueError:
-        delays = []
-    if not 1 <= len(delays) <= 10 or not all(0 <= d < math.inf for d in delays):
-        raise InvalidInputError(
-            f"{RETRY_DELAYS_ENV}={value!r} is not 1 to 10 comma-separated seconds; set it to "
-            "the wait before each retry of a transient storage failure (for example 1,4,10)"
-        )
-    return delays
-
-
-_DELAYS = transient_retry_delays()
+_DELAYS = transient_retry_delays()  # read once, when the tasks are imported
 TRANSIENT_RETRIES: dict[str, Any] = {
     "retries": len(_DELAYS),
     "retry_delay_seconds": _DELAYS,

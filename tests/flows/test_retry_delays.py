@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from capture_core.errors import InvalidInputError
-from tokcap.tasks.common import RETRY_DELAYS_ENV, transient_retry_delays
+from capture_core.run.retry_delays import RETRY_DELAYS_ENV, transient_retry_delays
 
 POLICY = (
     "from tokcap.tasks.batches import plan_rollouts as t; print(t.retries, t.retry_delay_seconds)"
