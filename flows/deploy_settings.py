@@ -56,9 +56,15 @@ READ_VARIABLES = (
     RETRY_DELAYS_ENV,
     API_KEY_ENV,
     ENGINE_API_KEY_ENV,
+    "TOKCAP_POOL",
     CRASH_ENV,
-    "TOKCAP_POOL",  # the work pool the shipped Dockerfile's worker serves
 )  # every `TOKCAP_*` variable tokcap reads
+TEST_HOOKS = (CRASH_ENV,)
+"""Read by tokcap for its crash tests only (it kills the process): never named to users."""
+SHOWN_VARIABLES = tuple(name for name in READ_VARIABLES if name not in TEST_HOOKS)
+"""The variables an error names as those tokcap reads."""
+VARIABLE_USES = {"TOKCAP_POOL": "the work pool the shipped worker image serves"}
+"""What a variable shown without a page of its own sets, said beside its name."""
 TEST_SUITE_VARIABLES = (
     "TOKCAP_TEST_WORKER",
     "TOKCAP_TEST_ENGINE_URL",
@@ -100,16 +106,24 @@ def _check_names(env: Mapping[str, str]) -> None:
         if name.startswith("TOKCAP_") and name not in (*READ_VARIABLES, *TEST_SUITE_VARIABLES):
             raise SettingVariableError(
                 f"{name} is no tokcap variable: did you mean {closest_variable(name)}? "
-                f"tokcap reads {', '.join(READ_VARIABLES)}; rename or unset {name}"
+                f"tokcap reads {shown_variables()}; rename or unset {name}"
             )
+
+
+def shown_variables() -> str:
+    """`SHOWN_VARIABLES` in one line, each with what it sets where `VARIABLE_USES` says."""
+    return ", ".join(
+        f"{name} ({VARIABLE_USES[name]})" if name in VARIABLE_USES else name
+        for name in SHOWN_VARIABLES
+    )
 
 
 def closest_variable(name: str) -> str:
     """The variable tokcap reads that `name` most likely meant: among those sharing a word
     with it (TOKCAP_LEASE, TOKCAP_CLAIM_LEASE_SECONDS) if any, the closest spelling."""
     words = set(name.split("_")) - {"TOKCAP"}
-    sharing = [known for known in READ_VARIABLES if words & set(known.split("_"))]
-    return get_close_matches(name, sharing or READ_VARIABLES, n=1, cutoff=0)[0]
+    sharing = [known for known in SHOWN_VARIABLES if words & set(known.split("_"))]
+    return get_close_matches(name, sharing or SHOWN_VARIABLES, n=1, cutoff=0)[0]
 
 
 def _check(variable: str, field: str, text: str) -> None:

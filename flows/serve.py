@@ -5,7 +5,7 @@ defines (the one definition of their names, parameters and schedules), with the 
 store and destination given on the command line in place of the file's `{{ $TOKCAP_* }}`
 placeholders, triggers included; the inbox settings come from their `TOKCAP_*` variables
 as for `prefect deploy` (`tokcap.flows.deploy_settings`). Stop it with Ctrl-C; flow runs
-appear in the Prefect UI.
+appear in the Prefect UI. It polls for runs every `WORKER_QUERY_SECONDS`, as shipped workers do.
 It needs a server that runs schedules: Prefect's temporary server runs none, so without
 `PREFECT_API_URL` (or with a server whose scheduler is off) it refuses, saying what to start.
 The `prefect.yaml` that work pools deploy ships inside the package as `tokcap.deployments`.
@@ -27,6 +27,11 @@ from prefect.utilities.importtools import import_object
 from tokcap.flows.deploy_settings import placeholder_values
 
 INBOX = "inbox"  # the deployment `tokcap serve --cron` reschedules
+# How often a worker (and `tokcap serve`) asks the server for runs to start, in seconds. A
+# submitted file's run waits on average half of it for a free worker: Prefect's default of 10
+# made that 5 s of a submit's latency. The shipped worker command and deployments/Dockerfile
+# set PREFECT_WORKER_QUERY_SECONDS to it; each poll is one request to the server.
+WORKER_QUERY_SECONDS = 2
 PLACEHOLDER = re.compile(r"\{\{\s*\$([A-Z_]+)\s*\}\}")
 
 
@@ -158,4 +163,10 @@ def serve_deployments(inbox: str, store: str, dest: str, cron: str | None = None
     """Serve every deployment of `prefect.yaml`, triggers included, on a server that runs
     schedules; the scheduled inbox one runs on `cron`."""
     check_scheduling_server()
-    serve(*served_deployments(inbox, store, dest, cron))
+    serve(*served_deployments(inbox, store, dest, cron), query_seconds=runner_query_seconds())
+
+
+def runner_query_seconds() -> float | None:
+    """`WORKER_QUERY_SECONDS` for the served runner, unless `PREFECT_RUNNER_POLL_FREQUENCY`
+    is set (`None`: Prefect reads that setting)."""
+    return None if os.environ.get("PREFECT_RUNNER_POLL_FREQUENCY") else WORKER_QUERY_SECONDS

@@ -20,13 +20,16 @@ from typing import Any
 from capture_core.errors import EngineAnswerError
 from capture_core.store.version_source import WeightVersionSource
 
+UNSET = "start the gateway without --weight-version-source"
+"""How a gateway goes without a version source, for the message naming an unreadable one."""
+
 
 class VersionReader:
     """The trainer's current version from a source, read off the event loop; `None` when the
     gateway has no source. A source that cannot say raises `InvalidRecordError` naming it."""
 
     def __init__(self, location: str | None) -> None:
-        self.source = None if location is None else WeightVersionSource(location)
+        self.source = None if location is None else WeightVersionSource(location, unset=UNSET)
 
     async def current(self) -> int | None:
         if self.source is None:

@@ -12,6 +12,7 @@ This module does not import Prefect.
 
 from __future__ import annotations
 
+import difflib
 import time
 from collections.abc import Sequence
 from typing import Annotated, Any
@@ -20,6 +21,7 @@ import orjson
 from pydantic import BaseModel, Field, ValidationError
 
 from capture_core.errors import InvalidInputError, UnreadableManifestError
+from capture_core.operator.mask_reasons import kinds_of
 from capture_core.operator.run_outcome import mask_rate
 from capture_core.operator.run_report import RunSummary, plural, summarize
 from capture_core.operator.run_verdict import DestState, Verdict
@@ -122,7 +124,8 @@ class RunRow(BaseModel):
     masked: Count
     mask_rate: float | None = None
     mask_reasons: dict[str, int] = Field(default_factory=dict)
-    """The most frequent mask reasons, most frequent first."""
+    """The most frequent kinds of mask reason by title (`lost call`, as `tokcap status`
+    says; `tokcap docs mask-reasons`), most frequent first; the ledger has each reason."""
     retired: Count
     awaiting_consumer: Count
     """Handed-off rollouts whose retirement waits for the row consumer's acknowledgement."""
@@ -130,6 +133,9 @@ class RunRow(BaseModel):
     batches: Count
     batches_handed_off: Count
     batches_retired: Count
+    """Counted from the receipts of a run without a ledger only, to show how far it got;
+    once the ledger is written its rollout counts (`handed_off`, `retired`) say it, and the
+    receipts are not listed (`None`), which keeps the listing to small files."""
     note: str = ""
 
     def cells(self) -> dict[str, str]:
@@ -198,9 +204,9 @@ def _row_of(manifest: RunManifest, state: str, updated_at: float | None, **shown
 
 
 def top_reasons(reasons: dict[str, int]) -> dict[str, int]:
-    """The `TOP_REASONS` most frequent mask reasons, most frequent first (ties by name)."""
-    ranked = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))
-    return dict(ranked[:TOP_REASONS])
+    """The `TOP_REASONS` most frequent kinds of mask reason, in the plain words `tokcap
+    status` and the report use (`mask_reasons.kinds_of`), most frequent first."""
+    return {kind.title: count for kind, count in kinds_of(reasons)[:TOP_REASONS]}
 
 
 def _incomplete_note(summary: RunSummary) -> str:
@@ -267,6 +273,17 @@ def read_row(dest: ByteStore, run_id: str) -> RunRow | None:
     found = dest.get_many([f"{run_id}/{MANIFEST}", f"{run_id}/{SUMMARY}"])
     first = _first_look(dest, run_id, found[f"{run_id}/{MANIFEST}"], found[f"{run_id}/{SUMMARY}"])
     return None if first is None else _complete_row(dest, *first)
+
+
+def closest_run_id(dest: ByteStore, run_id: str) -> str | None:
+    """The run id at `dest` that `run_id` most likely meant (a typo), or `None`: a hint for
+    the message that names an unknown run id, so a listing that fails gives none."""
+    try:
+        names = [name for name in dest.list_children("") if _is_run_id(name)]
+    except Exception:  # the hint is optional; the caller names the run id either way
+        return None
+    found = difflib.get_close_matches(run_id, [n for n in names if n != run_id], n=1)
+    return found[0] if found else None
 
 
 def _is_run_id(name: str) -> bool:

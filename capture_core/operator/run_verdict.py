@@ -96,6 +96,8 @@ class ClaimFacts(BaseModel):
     attempts: int = 0
     holder: str | None = None
     renewed_at: float | None = None
+    max_attempts: int | None = None
+    """The limit the latest claim's pass gives the file up at (`None`: not recorded)."""
 
 
 class FlowFacts(BaseModel):
@@ -319,6 +321,12 @@ def _claims_verdict(claims: ClaimFacts) -> Verdict:
     attempts that all ended before the run recorded its manifest (`needs-attention`)."""
     if claims.holder is not None:
         reason = f"{claims.holder} claimed its inbox file and is starting the run"
+        return _verdict("queued", reason)
+    if claims.max_attempts is not None and claims.attempts < claims.max_attempts:
+        reason = (
+            f"{claims.attempts} of {claims.max_attempts} inbox attempts on its file ended before "
+            f"the run started (no manifest): the inbox's next pass tries it again"
+        )
         return _verdict("queued", reason)
     reason = (
         f"{claims.attempts} inbox attempt(s) on its file ended before the run started (no "

@@ -103,6 +103,9 @@ class Claim(BaseModel):
     token: str
     lease_seconds: float
     claimed_at: float
+    max_attempts: int | None = None
+    """The attempts the claiming pass allows the file before giving it up; `None` on claims
+    recorded before the limit was, so a reader cannot tell whether another pass will come."""
 
 
 class ClaimDecision(BaseModel):
@@ -176,6 +179,7 @@ def take_claim(
         token=token,
         lease_seconds=lease_seconds,
         claimed_at=now,
+        max_attempts=max_attempts,
     )
     if not RunLayout(dest, run_id).create_attempt(claim.number, "claim", claim.model_dump()):
         winner = read_claim(dest, run_id, claim.number)

@@ -6,15 +6,18 @@ completed, every rollout masked: tokcap would write its layout into a folder tha
 capture store, and the run id would be used up. So a run looks for the capture of each input
 rollout, in input order, and stops at the first it finds: one listing for a store that
 holds the run's captures. A store without any is refused by name, before anything is
-frozen, written or claimed. A NeMo Gym file store (recognised by its files) and a source
-class are what they say they are and are not checked; a run id already claimed was checked
-when it was claimed, so re-running it stays safe after its tombstones were swept.
+frozen, written or claimed; one that shows the rollouts were cleared (only the dispatch-time
+clear's attempt markers) says so, since a clear run after the rollouts deleted their
+captures. A NeMo Gym file store (recognised by its files) and a source class are what
+they say they are and are not checked; a run id already claimed was checked when it was
+claimed, so re-running it stays safe after its tombstones were swept.
 This module does not import Prefect.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
@@ -27,6 +30,7 @@ from capture_core.run.run_layout import RunLayout
 from capture_core.storage import open_byte_store
 from capture_core.storage.io_pool import io_pool
 from capture_core.store import TokenCaptureStore, open_capture_store
+from capture_core.store.capture_layout import CAPTURED, CLEARED
 
 CHUNK = 64
 """Rollouts looked up at once (one listing each, overlapped on the I/O pool)."""
@@ -65,29 +69,67 @@ def check_store_holds_captures(
     if not isinstance(source, TokenCaptureStore):
         return
     try:
-        looked, example, found = _look_up(source, _rollout_ids(rollouts, storage_options))
+        found = _look_up(source, _rollout_ids(rollouts, storage_options))
     finally:
         source.close_now()
-    if looked and not found:
-        raise NotACaptureStoreError(
-            f"store {store} holds no capture of any of the {looked} rollouts of {rollouts} "
-            f"that carry no token ids of their own: it looked for each rollout's folder "
-            f"(such as {example}/) holding captured calls (e/, i/, x/), a freeze (FROZEN) "
-            "or a tombstone (RETIRED), and found none. It is not the capture store the model "
-            "servers wrote these rollouts to. Nothing was frozen, written or claimed; give "
-            "the store they capture into (their token_id_capture location) and finalize again"
-        )
+    if found.looked and not found.captured:
+        raise NotACaptureStoreError(_refusal(store, rollouts, found))
 
 
-def _look_up(source: TokenCaptureStore, ids: Iterator[str]) -> tuple[int, str, bool]:
-    """How many ids were looked up, the first of them, and whether the store holds the
-    capture of any: `CHUNK` at a time, stopping at the chunk that finds one."""
-    looked, first = 0, ""
+@dataclass
+class _Found:
+    """What the lookup saw: how many ids it looked up and the first, whether any had a
+    capture, and how many showed only a dispatch-time clear's attempt marker (and the first)."""
+
+    looked: int = 0
+    example: str = ""
+    captured: bool = False
+    cleared: int = 0
+    cleared_example: str = ""
+
+
+def _look_up(source: TokenCaptureStore, ids: Iterator[str]) -> _Found:
+    """Each id's folder state, `CHUNK` at a time (one listing each), stopping at the chunk
+    that finds a capture."""
+    found = _Found()
     while chunk := list(islice(ids, CHUNK)):
-        looked, first = looked + len(chunk), first or chunk[0]
-        if any(io_pool().map(source.holds_capture, chunk)):
-            return looked, first, True
-    return looked, first, False
+        found.looked, found.example = found.looked + len(chunk), found.example or chunk[0]
+        states = list(io_pool().map(source.capture_state, chunk))
+        if CAPTURED in states:
+            found.captured = True
+            return found
+        cleared = [rid for rid, state in zip(chunk, states, strict=True) if state == CLEARED]
+        found.cleared += len(cleared)
+        found.cleared_example = found.cleared_example or next(iter(cleared), "")
+    return found
+
+
+def _refusal(store: str, rollouts: str, found: _Found) -> str:
+    """Why the store is refused: cleared for these rollouts (`tokcap clear` deleted their
+    captures, or nothing reached the store since), or no trace of them at all."""
+    opening = (
+        f"store {store} holds no capture of any of the {found.looked} rollouts of {rollouts} "
+        "that carry no token ids of their own"
+    )
+    if found.cleared:
+        share = f"all {found.looked}" if found.cleared == found.looked else str(found.cleared)
+        return (
+            f"{opening}, but it was cleared for {share} of them: their folders "
+            f"(such as {found.cleared_example}/) hold only the attempt marker (ATTEMPT) "
+            "`tokcap clear` leaves, and no captured call since. `tokcap clear` deletes the "
+            "captures of the rollouts it names: it runs before the rollouts are dispatched, "
+            "never after they finish. If it ran after these rollouts finished, their captures "
+            "are gone: clear their ids, dispatch the rollouts again and finalize the new file. "
+            "If it ran before, none of their calls reached this store: check that the model "
+            "servers capture into it. Nothing was frozen, written or claimed"
+        )
+    return (
+        f"{opening}: it looked for each rollout's folder (such as {found.example}/) holding "
+        "captured calls (e/, i/, x/), a freeze (FROZEN) or a tombstone (RETIRED), and found "
+        "none. It is not the capture store the model servers wrote these rollouts to. Nothing "
+        "was frozen, written or claimed; give the store they capture into (their "
+        "token_id_capture location) and finalize again"
+    )
 
 
 def carries_own_tokens(record: dict[str, Any]) -> bool:

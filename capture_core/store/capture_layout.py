@@ -21,6 +21,9 @@ MAX_PLAIN_CALL_KEY = 160
 CAPTURE_NAMES = frozenset((*EVENT_KINDS, FROZEN, RETIRED))
 """What a rollout's folder holds once anything of its capture exists: events, its freeze
 claim or its tombstone. The dispatch-time clear's attempt marker alone is no capture."""
+CAPTURED, CLEARED, ABSENT = "captured", "cleared", "absent"
+"""What a rollout's folder shows (`folder_state`): a capture, only the attempt marker of a
+dispatch-time clear (nothing captured since), or nothing."""
 
 
 def call_key(model_call_id: str) -> str:
@@ -67,6 +70,13 @@ def retired_key(rollout_id: str) -> str:
 def attempt_key(rollout_id: str) -> str:
     """The attempt marker: the dispatch-time clear ran, and every object was written after it."""
     return f"{rollout_id}/{ATTEMPT}"
+
+
+def folder_state(children: list[str]) -> str:
+    """`CAPTURED`, `CLEARED` or `ABSENT`, from the names a rollout's folder lists."""
+    if not CAPTURE_NAMES.isdisjoint(children):
+        return CAPTURED
+    return CLEARED if ATTEMPT in children else ABSENT
 
 
 def group_events(rollout_id: str, keys: list[str]) -> dict[str, list[str]]:

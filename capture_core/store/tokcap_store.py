@@ -143,8 +143,13 @@ class TokenCaptureStore(TokcapWrites, TokcapRemoval):
     def holds_capture(self, rollout_id: str) -> bool:
         """Whether the root holds anything of the rollout's capture (`CAPTURE_NAMES`): one
         listing of its folder, for telling a capture store from another folder."""
+        return self.capture_state(rollout_id) == layout.CAPTURED
+
+    def capture_state(self, rollout_id: str) -> str:
+        """What the rollout's folder shows (`capture_layout.folder_state`): a capture, only a
+        dispatch-time clear's attempt marker, or nothing. One listing of its folder."""
         validate_rollout_id(rollout_id)
-        return not layout.CAPTURE_NAMES.isdisjoint(self._bytes.list_children(rollout_id))
+        return layout.folder_state(self._bytes.list_children(rollout_id))
 
     def read_entries(self, rollout_id: str) -> list[TokenEntry]:
         """Read a rollout's entries without freezing it (diagnostics; no consistency promise)."""

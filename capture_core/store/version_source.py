@@ -28,16 +28,22 @@ URL_REFRESH_SECONDS = 1.0
 """A URL source is fetched at most once per this many seconds per store object."""
 _MAX_BYTES = 64
 """A version file holds one integer: anything longer is not one (and is not read whole)."""
+SINK_UNSET = "remove weight_version_source from the sink's settings"
+"""How a sink goes without a version source, for the message naming an unreadable one."""
 
 
 class WeightVersionSource:
     """The current version at `location`: a local path (plain or `file://`) or an fsspec URL
-    (`s3://`, `http(s)://`); `storage_options` go to the URL's filesystem. Thread-safe."""
+    (`s3://`, `http(s)://`); `storage_options` go to the URL's filesystem. Thread-safe.
+    `unset` says how its user goes without a source (a sink setting, a gateway option)."""
 
     def __init__(
-        self, location: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+        self,
+        location: str | os.PathLike[str],
+        storage_options: Mapping[str, Any] | None = None,
+        unset: str = SINK_UNSET,
     ) -> None:
-        self.location = os.fspath(location)
+        self.location, self._unset = os.fspath(location), unset
         self._path = local_path(self.location)
         if self._path is not None and not os.path.isabs(self._path):
             raise InvalidInputError(
@@ -115,8 +121,8 @@ class WeightVersionSource:
     def _unreadable(self, exc: BaseException) -> InvalidRecordError:
         return InvalidRecordError(
             f"the weight version source {self.location} cannot be read "
-            f"({type(exc).__name__}: {exc}); make it readable, or remove weight_version_source "
-            "from the sink's settings to store calls without a version"
+            f"({type(exc).__name__}: {exc}); make it readable, or {self._unset} to store "
+            "calls without a version"
         )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from capture_core.config import public_storage_options
 from capture_core.errors import OverlappingLocationsError, is_transient
+from capture_core.operator.run_index import closest_run_id
 from capture_core.operator.run_report import RunSummary
 from capture_core.operator.run_status import RunStatus, ledger_summary, run_status
 from capture_core.rows.row_cursor import validate_consumer_name
@@ -36,7 +37,7 @@ from capture_core.run.run_layout import (
     validate_run_id,
 )
 from capture_core.run.store_check import check_store_for_run
-from capture_core.storage import location_problem, open_byte_store, url_scheme
+from capture_core.storage import ByteStore, location_problem, open_byte_store, url_scheme
 
 
 class UsageError(ValueError):
@@ -125,7 +126,7 @@ def check_dest(args: argparse.Namespace, must_exist: bool = False) -> None:
     if not is_local(args.dest):
         return
     if must_exist and not os.path.isdir(args.dest):
-        raise UsageError(f"--dest {args.dest} is not a directory; give the run's destination")
+        raise UsageError(missing_dest(args.dest))
     check_directory_can_exist("--dest", args.dest, "a directory for the finalized records")
 
 
@@ -231,10 +232,19 @@ def check_cron(expression: str) -> None:
         ) from None
 
 
-def unknown_run(dest: str, run_id: str) -> str:
+def missing_dest(dest: str) -> str:
+    """The words for a local `--dest` that is no directory (`runs`, `status`)."""
+    return f"--dest {dest} is not a directory; give the run's destination"
+
+
+def unknown_run(dest: str, run_id: str, store: ByteStore | None = None) -> str:
+    """The words for a run id `dest` has no manifest of, with the run id of `store` (the
+    destination, when given) it most likely meant."""
+    close = None if store is None else closest_run_id(store, run_id)
+    meant = f"did you mean --run-id {close}? " if close else ""
     return (
         f"unknown run id {run_id} at {dest}: no manifest (never started, or stopped before it "
-        "recorded one); check --dest and --run-id"
+        f"recorded one); {meant}check --dest and --run-id"
     )
 
 
@@ -247,7 +257,7 @@ def known_run(
     manifest = layout.read_manifest()
     ledger = layout.read_ledger()
     if manifest is None:
-        raise UsageError(unknown_run(dest, run_id))
+        raise UsageError(unknown_run(dest, run_id, layout.dest))
     if need_ledger and ledger is None:
         raise UsageError(f"run {run_id} at {dest} has no ledger yet: it has not ended")
     if ledger is None:
@@ -273,9 +283,10 @@ def check_consumer(args: Any) -> None:
 
 def status_of_run(dest: str, run_id: str, options: dict[str, Any]) -> RunStatus:
     """The run as its destination shows it now; `UsageError` when `dest` has no such run."""
-    status = run_status(RunLayout(open_byte_store(dest, options), run_id), dest)
+    layout = RunLayout(open_byte_store(dest, options), run_id)
+    status = run_status(layout, dest)
     if status is None:
-        raise UsageError(unknown_run(dest, run_id))
+        raise UsageError(unknown_run(dest, run_id, layout.dest))
     return status
 
 

@@ -99,6 +99,7 @@ def cmd_deployments(args: argparse.Namespace) -> int:
     from tokcap.flows.serve import outdated_deployments, prefect_file
 
     if args.check:
+        check_configured_api()
         outdated = outdated_deployments()
         print("\n".join(outdated) or "no deployment uses an entrypoint this tokcap lacks")
         return 1 if outdated else 0
@@ -108,6 +109,17 @@ def cmd_deployments(args: argparse.Namespace) -> int:
     else:
         print(path)
     return 0
+
+
+def check_configured_api() -> None:
+    """An unreachable `PREFECT_API_URL` is one line naming it and what to check (exit 3),
+    as for the commands that run a flow, not Prefect's bare connection error."""
+    from tokcap.flows.cli.flow_facts import api_url
+    from tokcap.flows.runners import check_reachable
+
+    url = api_url()
+    if url is not None:
+        check_reachable(url)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -64,15 +64,27 @@ def add_gateway_command(commands: Any, add_storage: Callable[..., None], store_h
     gateway = commands.add_parser(
         "gateway", help="capture every call a harness makes to an engine (OpenAI-compatible)"
     )
-    gateway.add_argument("--engine", required=True, help="the engine's base URL (vLLM's shape)")
-    gateway.add_argument("--store", required=True, help="capture store: a path or an s3:// URL")
     gateway.add_argument(
-        "--host", default=DEFAULT_HOST, help=f"default {DEFAULT_HOST}; another host needs --api-key"
+        "--engine",
+        required=True,
+        metavar="URL",
+        help=f"the engine's base URL (vLLM's shape); the engine's own key, if any: set "
+        f"{ENGINE_API_KEY_ENV}",
+    )
+    gateway.add_argument(
+        "--store", required=True, metavar="URL", help="capture store: a path or an s3:// URL"
+    )
+    gateway.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        metavar="H",
+        help=f"default {DEFAULT_HOST}; another host needs --api-key",
     )
     gateway.add_argument(
         "--port",
         type=port_number,
         default=DEFAULT_PORT,
+        metavar="P",
         help=f"default {DEFAULT_PORT}; 0 picks a free one",
     )
     gateway.add_argument(
@@ -82,10 +94,13 @@ def add_gateway_command(commands: Any, add_storage: Callable[..., None], store_h
         help="where the trainer publishes its weight version (a file or URL): read at admission "
         "(start_weight_version) and completion (end_weight_version)",
     )
-    gateway.add_argument("--replica", default=None, help="replica name (default: the engine URL)")
+    gateway.add_argument(
+        "--replica", default=None, metavar="NAME", help="replica name (default: the engine URL)"
+    )
     gateway.add_argument(
         "--api-key",
         default=None,
+        metavar="KEY",
         help=f"key every call must send as Authorization: Bearer (or set {API_KEY_ENV})",
     )
     gateway.add_argument(
@@ -97,24 +112,28 @@ def add_gateway_command(commands: Any, add_storage: Callable[..., None], store_h
         "--max-body-bytes",
         type=positive_int,
         default=DEFAULT_MAX_BODY_BYTES,
+        metavar="N",
         help=f"largest request body (default {DEFAULT_MAX_BODY_BYTES})",
     )
     gateway.add_argument(
         "--max-answer-bytes",
         type=positive_int,
         default=DEFAULT_MAX_ANSWER_BYTES,
+        metavar="N",
         help=f"largest engine answer (default {DEFAULT_MAX_ANSWER_BYTES})",
     )
     gateway.add_argument(
         "--engine-timeout",
         type=seconds,
         default=DEFAULT_ENGINE_TIMEOUT,
+        metavar="S",
         help=f"seconds an engine may be silent (default {DEFAULT_ENGINE_TIMEOUT:g})",
     )
     gateway.add_argument(
         "--shutdown-grace",
         type=seconds,
         default=DEFAULT_SHUTDOWN_GRACE,
+        metavar="S",
         help="seconds calls in flight may finish after SIGTERM before they are cut and recorded "
         f"lost (default {DEFAULT_SHUTDOWN_GRACE:g})",
     )
@@ -149,17 +168,50 @@ def check_gateway_args(args: argparse.Namespace) -> None:
     except InvalidInputError as exc:
         flag = "--engine" if str(exc).startswith("engine") else "--host"
         raise UsageError(f"{flag}: {exc}") from None
-    check_location("--store", lambda: _usable_store(args))
     if args.weight_version_source is not None:
         check_location("--weight-version-source", lambda: _version_now(args))
+    check_location("--store", lambda: _usable_store(args))
 
 
 def _usable_store(args: argparse.Namespace) -> None:
-    """A local store is made now when missing (the gateway writes there); any store must be
-    usable and writable before the gateway says it listens."""
-    if is_local(args.store):
-        os.makedirs(args.store, exist_ok=True)
-    _store(args).probe(must_exist=True)
+    """Any store must be usable and writable before the gateway says it listens. A local
+    one missing is made to try it and removed again: the gateway makes it when it serves,
+    so a refused command leaves nothing behind (the store is checked last)."""
+    made = _make_folder(args.store) if is_local(args.store) else []
+    try:
+        _store(args).probe(must_exist=True)
+    finally:
+        _remove_made(made)
+
+
+def _make_folder(path: str) -> list[str]:
+    """Make the folder `path` and its missing parents; the folders made, outermost first.
+    A folder that cannot be made is named with what to do."""
+    missing = []
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        missing.insert(0, path)
+        path = os.path.dirname(path)
+    made: list[str] = []
+    for folder in missing:
+        try:
+            os.mkdir(folder)
+        except OSError as exc:
+            _remove_made(made)
+            raise UsageError(
+                f"the folder {missing[-1]} cannot be made ({exc.strerror or exc}: {folder}); "
+                "give a folder this user can create and write to, or create it first"
+            ) from None
+        made.append(folder)
+    return made
+
+
+def _remove_made(made: list[str]) -> None:
+    """Remove the folders `_make_folder` made, innermost first, while they are empty."""
+    for folder in reversed(made):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
 
 
 def _store(args: argparse.Namespace) -> Any:
@@ -186,9 +238,11 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     def listening(url: str) -> None:
         print(f"{LISTENING} {url}", flush=True)
 
+    made = _make_folder(args.store) if is_local(args.store) else []
     try:
         serve(args.settings, _store(args), listening)
     except OSError as exc:
+        _remove_made(made)  # nothing was served: leave no store behind
         raise UsageError(
             f"--host/--port: cannot listen on {args.host}:{args.port} ({exc})"
         ) from None

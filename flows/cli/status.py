@@ -10,6 +10,7 @@ and exit code, reading the destination again before it calls a person.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import orjson
@@ -22,11 +23,12 @@ from capture_core.operator.run_verdict import (
     Verdict,
     judge,
 )
-from capture_core.run.inbox import claim_numbers, held_claim, run_id_for_file
+from capture_core.run.inbox import claim_numbers, held_claim, read_claim, run_id_for_file
 from capture_core.run.run_layout import RunLayout
 from capture_core.storage import filesystem_for, open_byte_store, url_scheme
-from tokcap.flows.cli.checks import UsageError, unknown_run
+from tokcap.flows.cli.checks import UsageError, is_local, missing_dest, unknown_run
 from tokcap.flows.cli.flow_facts import flow_facts
+from tokcap.flows.runners import ApiUnreachableError
 
 DEST_STATES: dict[str, DestState] = {"ok": "ok", "failed": "failed", "started": "started"}
 
@@ -52,11 +54,17 @@ def dest_state(status: RunStatus | None, placed: str | None) -> DestState:
 def claim_facts(layout: RunLayout) -> ClaimFacts:
     """The inbox claims on the run's file: how many, and the live one's holder."""
     numbers = claim_numbers(layout.dest, layout.run_id)
-    held = held_claim(layout.dest, layout.run_id) if numbers else None
+    if not numbers:
+        return ClaimFacts()
+    latest = read_claim(layout.dest, layout.run_id, numbers[-1])
+    limit = latest.max_attempts if latest is not None else None
+    held = held_claim(layout.dest, layout.run_id)
     if held is None:
-        return ClaimFacts(attempts=len(numbers))
+        return ClaimFacts(attempts=len(numbers), max_attempts=limit)
     holder = f"attempt {held.number + 1} ({held.owner})"
-    return ClaimFacts(attempts=len(numbers), holder=holder, renewed_at=held.renewed_at)
+    return ClaimFacts(
+        attempts=len(numbers), holder=holder, renewed_at=held.renewed_at, max_attempts=limit
+    )
 
 
 def read_status(args: argparse.Namespace) -> tuple[RunStatus | None, str | None, Verdict]:
@@ -73,16 +81,37 @@ def read_status(args: argparse.Namespace) -> tuple[RunStatus | None, str | None,
         read["status"] = run_status(layout, args.dest)
         return dest_state(read["status"], placed)
 
+    asked: list[FlowFacts | None] = []
+
     def read_facts() -> FlowFacts | None:
         found = flow_facts([args.run_id])
-        return None if found is None else found[args.run_id]
+        asked.append(None if found is None else found[args.run_id])
+        return asked[-1]
 
     verdict = judge(read_dest, read_facts, claim_facts(layout))
-    status = read["status"]
     if verdict is None:
-        hint = "" if getattr(args, "inbox", None) else "; for a submitted file add --inbox"
-        raise UsageError(unknown_run(args.dest, args.run_id) + hint)
-    return status, placed, verdict
+        refuse_unknown(args, layout, asked[-1] if asked else None)
+    return read["status"], placed, verdict
+
+
+def refuse_unknown(args: argparse.Namespace, layout: RunLayout, facts: FlowFacts | None) -> None:
+    """Raise for a run nothing knows: a local destination that does not exist, or a run id
+    without a manifest (or inbox file), named with its close match (`UsageError`, exit 2).
+    When the Prefect API could not be asked, the run may exist only as a flow run (queued
+    by a deployment), so the argument is not known to be bad: `ApiUnreachableError`, exit 3,
+    as for every command an unreachable `PREFECT_API_URL` stops."""
+    if is_local(args.dest) and not os.path.isdir(args.dest):
+        unknown = missing_dest(args.dest)
+    else:
+        unknown = unknown_run(args.dest, args.run_id, layout.dest)
+    if facts is not None and not facts.reachable:
+        raise ApiUnreachableError(
+            f"{unknown}; {facts.why_not}, so whether a flow run carries run {args.run_id} "
+            "(a queued or submitted run has nothing else yet) is unknown: check that the Prefect "
+            "server PREFECT_API_URL names is running, then ask again"
+        )
+    hint = "" if getattr(args, "inbox", None) else "; for a submitted file add --inbox"
+    raise UsageError(unknown + hint)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

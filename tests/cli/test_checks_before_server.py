@@ -228,3 +228,16 @@ def test_an_unreachable_prefect_api_url_is_one_line_naming_it_and_what_to_check(
     assert "RuntimeError" not in result.stderr
     assert not os.path.exists(run_inputs["dest"]), "nothing ran"
     assert not os.path.exists(os.path.join(home, LOG_NAME)), "no temporary server either"
+
+
+def test_deployments_check_against_an_unreachable_api_is_one_line_naming_it(tmp_path) -> None:
+    """It was `tokcap deployments failed: ConnectError: ...`, exit 1."""
+    api_url = f"http://127.0.0.1:{free_port()}/api"
+    result = run_cli(["deployments", "--check"], api_url, env={"PREFECT_HOME": str(tmp_path)})
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert len(lines) == 1 and result.stdout == "", result.stderr[-2000:]
+    assert lines[0].startswith(
+        f"tokcap deployments: the Prefect API at {api_url} (PREFECT_API_URL) cannot be reached ("
+    ), lines[0]
+    assert "ConnectError" not in lines[0]

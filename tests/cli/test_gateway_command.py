@@ -58,3 +58,53 @@ def test_another_host_needs_a_key(capsys: Any, tmp_path: Any, monkeypatch: Any) 
     monkeypatch.delenv("TOKCAP_GATEWAY_API_KEY", raising=False)
     code, err = run(capsys, "--engine", ENGINE, "--store", str(tmp_path), "--host", "10.1.2.3")
     assert code == 2 and "--host" in err and "--api-key" in err
+
+
+@pytest.mark.integrity
+def test_an_unreadable_version_source_names_the_option_and_makes_no_store(
+    capsys: Any, tmp_path: Any
+) -> None:
+    """It told a gateway user to edit "the sink's settings" (a gateway has none), and it had
+    made the store folder before it refused the command."""
+    store = tmp_path / "new" / "store"
+    code, err = run(
+        capsys, "--engine", ENGINE, "--store", str(store),
+        "--weight-version-source", str(tmp_path / "nope"),
+    )  # fmt: skip
+    assert code == 2 and "cannot be read" in err, err
+    assert "sink's settings" not in err
+    assert "start the gateway without --weight-version-source" in err, err
+    assert not (tmp_path / "new").exists(), "a refused gateway made its store folder"
+
+
+def test_a_store_folder_that_cannot_be_made_says_what_to_fix(capsys: Any, tmp_path: Any) -> None:
+    """It was only `--store: [Errno 2] No such file or directory: '/proc/x'`."""
+    code, err = run(capsys, "--engine", ENGINE, "--store", "/proc/tokcap-store")
+    assert code == 2, err
+    assert err.startswith("tokcap gateway: --store: the folder /proc/tokcap-store cannot be made")
+    assert "create it first" in err, err
+
+
+def test_a_port_in_use_leaves_no_store_folder(capsys: Any, tmp_path: Any) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        store = tmp_path / "store"
+        code, err = run(capsys, "--engine", ENGINE, "--store", str(store), "--port", port)
+    assert code == 2 and "--host/--port" in err, err
+    assert not store.exists()
+
+
+def test_the_help_uses_the_documented_placeholders_and_names_the_engine_key(capsys: Any) -> None:
+    with pytest.raises(SystemExit):
+        main(["gateway", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    for shown in (
+        "--engine URL", "--store URL", "--replica NAME", "--api-key KEY", "--max-body-bytes N",
+        "--engine-timeout S", "--shutdown-grace S",
+    ):  # fmt: skip
+        assert shown in usage, shown
+    assert "TOKCAP_ENGINE_API_KEY" in usage

@@ -118,3 +118,23 @@ def test_a_rerun_after_the_tombstones_were_swept_is_not_refused(
     again = run_cli(args, prefect_api)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "already handed off (earlier run)  4" in again.stdout
+
+
+@pytest.mark.integrity
+def test_finalize_after_a_clear_of_its_rollouts_says_they_were_cleared(
+    tmp_path: Path, prefect_api: str
+) -> None:
+    """`tokcap clear` run after the rollouts finished (a newcomer's wrong order) deletes their
+    captures and leaves the attempt markers: finalize says the store was cleared for them,
+    not that it is another store, and that the clear belongs before dispatch."""
+    _data, rollouts, store = rollouts_beside_their_captures(tmp_path)
+    cleared = run_cli(["clear", "--rollouts", rollouts, "--store", store], prefect_api)
+    assert cleared.returncode == 0, cleared.stderr[-2000:]
+    dest = str(tmp_path / "dest")
+    result = run_cli(finalize_args(rollouts, store, dest, "after-clear"), prefect_api)
+    assert result.returncode == 2, (result.stdout, result.stderr[-2000:])
+    assert "It is not the capture store" not in result.stderr
+    assert "was cleared for all 4 of them" in result.stderr, result.stderr[-2000:]
+    assert "before the rollouts are dispatched" in result.stderr
+    assert "dispatch the rollouts again" in result.stderr
+    assert not os.path.exists(dest) or read_manifest(open_byte_store(dest), "after-clear") is None

@@ -83,3 +83,17 @@ def test_the_names_tokcap_reads_are_the_ones_its_sources_use() -> None:
 def test_the_test_suites_own_names_are_exactly_those_let_through() -> None:
     helpers = names_in("tests/support", "tests/packaging", "tests/api", "bench", ".ci")
     assert helpers - set(READ_VARIABLES) == set(TEST_SUITE_VARIABLES)
+
+
+def test_the_error_names_no_test_hook_and_says_what_the_pool_variable_sets(capsys) -> None:
+    """`TOKCAP_CRASH_AT` kills the process at a named step (crash tests only); it was listed
+    among the variables a user may set, and `TOKCAP_POOL` was named with no word of its use."""
+    with pytest.raises(SettingVariableError) as refused:
+        deployed_settings({"TOKCAP_ROWZ": "parquet"})
+    message = str(refused.value)
+    assert "did you mean TOKCAP_ROWS?" in message
+    assert "TOKCAP_CRASH_AT" not in message and "CRASH" not in message
+    assert "TOKCAP_POOL (the work pool the shipped worker image serves)" in message
+    with pytest.raises(SettingVariableError) as crash:
+        deployed_settings({"TOKCAP_CRASH_AFTER": "x"})  # a hook is never the suggestion
+    assert "CRASH_AT" not in str(crash.value), crash.value

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from capture_core.operator.mask_reasons import kind_counts
 from capture_core.operator.run_index import (
     COMPLETE,
     INCOMPLETE,
@@ -76,7 +77,7 @@ def test_runs_are_listed_newest_first_with_state_counts_and_rate(dest: ByteStore
     ]
     done = rows["complete-run"]
     assert (done.rollouts, done.masked, done.retired, done.complete) == (4, 1, 3, True)
-    assert done.mask_rate == 0.25 and done.mask_reasons == {"capture incomplete": 1}
+    assert done.mask_rate == 0.25 and done.mask_reasons == {"lost call": 1}, "status's words"
     assert done.rollouts_per_second == 2.0 and done.updated_at == 200.0
     assert rows["waiting-run"].awaiting_consumer == 1
     assert rows["failed-run"].note == "1 rollout not handed off"
@@ -93,20 +94,31 @@ def test_runs_are_listed_newest_first_with_state_counts_and_rate(dest: ByteStore
         "retired": "3",
         "waiting": "0",
         "rollouts/s": "2.0",
-        "details": "capture incomplete (1)",
+        "details": "lost call (1)",
     }
 
 
 def test_the_top_three_mask_reasons_are_the_most_frequent(dest: ByteStore) -> None:
+    """Counted by kind, in the words `tokcap status` and the report use (`kind_counts`)."""
     layout = claim(dest, "reasons", started_at=1.0)
-    counts = {"a rare one": 1, "b common": 5, "c middling": 3, "d frequent": 4}
+    counts = {
+        "capture contains no token records": 1,
+        "unresolved retries: r": 2,
+        "capture incomplete: lost": 3,
+        "recorded parents missing": 1,
+        "terminal not attributable": 4,
+        "something new": 3,
+    }
     ledger = [
         line(n, **{**MASKED, "mask_reason": reason})
         for n, reason in enumerate(r for r, count in counts.items() for _ in range(count))
     ]
     finish(layout, ledger, seconds=1.0, at=2.0)
     (row,) = list_runs(dest).runs
-    assert row.mask_reasons == {"b common": 5, "d frequent": 4, "c middling": 3}
+    assert row.mask_reasons == {"lost call": 4, "scored call not found": 4, "other reason": 3}
+    assert row.cells()["details"] == kind_counts(
+        {"lost call": 4, "scored call not found": 4, "other reason": 3}
+    )
 
 
 def test_a_run_with_a_summary_is_listed_without_reading_its_ledger(dest: ByteStore) -> None:

@@ -171,6 +171,11 @@ FIXED_CASES = [
     ("absent", api(), GIVEN_UP, "needs-attention"),
     ("placed", api(), STARTING, "queued"),
     ("placed", api(), ClaimFacts(), "queued"),
+    # an ended attempt with attempts left: the inbox's next pass takes the file
+    ("placed", api(), ClaimFacts(attempts=1, max_attempts=3), "queued"),
+    ("placed", None, ClaimFacts(attempts=2, max_attempts=3), "queued"),
+    ("absent", DOWN, ClaimFacts(attempts=1, max_attempts=3), "queued"),
+    ("placed", api(), ClaimFacts(attempts=3, max_attempts=3), "needs-attention"),
     # 3: the shipped automations are about to act on a deployment's run
     ("started", api(DYING), None, "retrigger-scheduled"),
     ("started", api(DEAD_LONG), None, "interrupted"),
