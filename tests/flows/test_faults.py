@@ -145,8 +145,7 @@ def test_racing_writers_and_finalizer_never_let_a_late_write_go_unnoticed(
             silent.append(rollout_id)
     assert silent == [], "a write accepted after freeze went unnoticed"
     assert sum(kinds.values()) == len(builds) == 8 * per_writer
-    if backend == "s3":
-        assert kinds["late write refused"] + kinds["retirement refused"] > 0, kinds
+    assert kinds["late write refused"] + kinds["retirement refused"] > 0, kinds
     record_figure("racing_rollouts_checked", len(builds))
     record_figure(
         "racing_late_writes_caught", kinds["late write refused"] + kinds["retirement refused"]
