@@ -23,6 +23,7 @@ from capture_core.builder.trace_envelope import DELIVERIES
 from capture_core.gateway.settings import API_KEY_ENV, ENGINE_API_KEY_ENV
 from capture_core.run.concurrency import STORE_CONCURRENCY_ENV
 from capture_core.run.crash_points import CRASH_ENV
+from capture_core.run.retry_delays import RETRY_DELAYS_ENV
 from capture_core.run.run_layout import ROW_FORMATS
 from capture_core.run.task_groups import GROUP_BY
 from tokcap.flows.file_settings import LEASE_ALLOWED, LEASE_WHY, FileSettings
@@ -54,6 +55,7 @@ READ_VARIABLES = (
     *SETTING_VARIABLES,
     *LOCATIONS,
     STORE_CONCURRENCY_ENV,
+    RETRY_DELAYS_ENV,
     API_KEY_ENV,
     ENGINE_API_KEY_ENV,
     "TOKCAP_POOL",

@@ -13,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 
 from capture_core.errors import is_transient
 from capture_core.run.inbox import Claim, check_claim
+from capture_core.run.retry_delays import transient_retry_delays
 from capture_core.storage import open_byte_store
 
 T = TypeVar("T")
@@ -63,9 +64,10 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
+_DELAYS = transient_retry_delays()  # read once, when the tasks are imported
 TRANSIENT_RETRIES: dict[str, Any] = {
-    "retries": 3,
-    "retry_delay_seconds": [1, 4, 10],
+    "retries": len(_DELAYS),
+    "retry_delay_seconds": _DELAYS,
     "retry_condition_fn": retry_transient,
 }
 

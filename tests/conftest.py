@@ -20,6 +20,10 @@ for _name, _value in {
     "PREFECT_LOGGING_LEVEL": "WARNING",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+    # Transient failures are still retried three times, each one real, but without the
+    # shipped 15 s of waits (1, 4, 10): the fault tests' outages outlast every retry anyway.
+    # tests/flows/test_retry_delays.py pins the shipped waits. Subprocesses inherit it.
+    "TOKCAP_RETRY_DELAYS": "0.2,0.5,1",
 }.items():
     os.environ[_name] = _value
 

@@ -55,6 +55,7 @@ RUN_MAY_IMPORT: dict[str, set[str]] = {
     "__init__": set(),
     "crash_points": set(),
     "concurrency": set(),
+    "retry_delays": set(),
     "finalize": set(),
     "ledger_versions": set(),
     "task_groups": set(),
