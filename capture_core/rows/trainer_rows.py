@@ -451,13 +451,12 @@ def read_rows(
 def _read_arrow(
     data: bytes, use_threads: bool, names: list[str] | None, skip: Sequence[str]
 ) -> pa.Table:
-    """An Arrow rows part as a table: one chunk per record batch, only the columns asked for."""
+    """An Arrow rows part as a table: one chunk per record batch, only the columns asked for.
+    A name the part has no column for is left out, as Parquet's reader leaves it out."""
     schema = ipc.open_file(pa.BufferReader(data)).schema
     if names is None:
         names = [n for n in schema.names if n not in skip]
-    missing = [n for n in names if n not in schema.names]
-    if missing:
-        raise KeyError(f"the rows part has no column {missing[0]!r}")
+    names = [n for n in dict.fromkeys(names) if n in schema.names]
     indices = sorted(schema.get_field_index(n) for n in names)
     threads = use_threads and len(data) >= SMALL_PART_BYTES
     options = ipc.IpcReadOptions(use_threads=threads, included_fields=indices)
