@@ -49,17 +49,24 @@ def test_a_stream_follows_runs_as_they_land_and_resumes_what_was_not_acknowledge
     )
     reader = stream(locations, follow=True, poll_seconds=0.05)
     seen: list[tuple[str | None, str]] = []
-    deadline = time.monotonic() + DEADLINE
-    landing.start()
-    for part in reader:
-        seen.append((part.run_id, part.key))
-        assert part.key.startswith(f"{part.run_id}/rows/")
-        assert part.key.endswith(".arrow" if part.run_id == "run-b" else ".parquet")
-        if len(seen) <= 5:  # the last part stays unacknowledged: a crash before its ack
-            reader.ack(part.key)
-        if len(seen) == 6 or time.monotonic() > deadline:
-            break
+
+    def read_six() -> None:
+        for part in reader:
+            seen.append((part.run_id, part.key))
+            if len(seen) <= 5:  # the last part stays unacknowledged: a crash before its ack
+                reader.ack(part.key)
+            if len(seen) == 6:
+                break
+
+    reading = threading.Thread(target=read_six, daemon=True)  # a stream that misses a run
+    landing.start()  # would follow forever: the test waits for it until a deadline only
+    reading.start()
+    reading.join(DEADLINE)
     landing.join(DEADLINE)
+    assert not reading.is_alive(), f"the stream yielded {len(seen)} of 6 parts in {DEADLINE} s"
+    for run_id, key in seen:
+        assert key.startswith(f"{run_id}/rows/")
+        assert key.endswith(".arrow" if run_id == "run-b" else ".parquet")
     assert [key for _, key in seen[:2]] == first, "run-a was there first, in batch order"
     assert sorted(key for _, key in seen) == sorted(first + later), "every part, once"
     for run in ("run-a", "run-b", "run-c"):
