@@ -49,9 +49,20 @@ def page(reference: str) -> str:
     return text if not section else _section(text, topic, section)
 
 
+def _headings(lines: list[str]) -> list[tuple[int, re.Match[str]]]:
+    """Each heading's line and match; a `#` line inside a fenced code block is code."""
+    found, fenced = [], False
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and (match := _HEADING.match(line)):
+            found.append((i, match))
+    return found
+
+
 def _section(text: str, topic: str, section: str) -> str:
     lines = text.splitlines()
-    starts = [(i, m) for i, line in enumerate(lines) if (m := _HEADING.match(line))]
+    starts = _headings(lines)
     for at, (i, found) in enumerate(starts):
         if anchor(found.group(2)) != section:
             continue

@@ -92,3 +92,14 @@ def test_docs_lists_the_pages_and_refuses_an_unknown_one_naming_the_close_match(
     assert "did you mean mask-reasons?" in wrong.stderr
     with pytest.raises(UsageError, match="no section 'nowhere'; its sections: .*version-skew"):
         page("mask-reasons#nowhere")
+
+
+def test_a_section_runs_past_comments_in_its_code_blocks() -> None:
+    """A `# comment` line in a fenced code block is code, not a heading that ends a section."""
+    text = page("dataset#rowstream-every-run-of-a-destination-across-ranks")
+    assert "# One reader feeding a single-controller trainer" in text
+    assert "# N data-parallel ranks, each reading its own share directly:" in text
+    assert text.count("\n## ") == 0, "the section stops at the next heading of its level"
+    with pytest.raises(UsageError) as unknown:
+        page("dataset#no-such-section")
+    assert "one-reader-feeding" not in str(unknown.value), "code comments are not sections"
