@@ -419,8 +419,13 @@ def read_rows(
     use_threads: bool = True,
     columns: Sequence[str] | None = None,
     skip: Sequence[str] = (),
+    fmt: str | None = None,
 ) -> pa.Table:
     """A rows part's bytes as a table (the caller has verified them).
+
+    `fmt` is the format the part's key names: bytes of the other format raise
+    `InvalidInputError` before any decoder sees them, so bytes that only claim to be an
+    Arrow file never reach the Arrow reader from a Parquet key. Without it the magic decides.
 
     By default decoded as `pyarrow.parquet.read_table` decodes: row groups and columns in
     parallel on pyarrow's thread pools (`pyarrow.set_cpu_count` sizes the CPU pool), at
@@ -435,7 +440,10 @@ def read_rows(
     An Arrow part is read by pyarrow's IPC file reader, which decompresses only the columns
     asked for, with threads when asked and the part is not small (as Parquet's scanner).
     """
-    if is_arrow_part(data):
+    arrow = is_arrow_part(data)
+    if fmt is not None and arrow != (fmt == "arrow"):
+        raise InvalidInputError(f"the rows part is not a {fmt} file, as its name says")
+    if arrow:
         return _read_arrow(data, use_threads, columns, skip)
     scanned = use_threads and len(data) >= SMALL_PART_BYTES
     if scanned:

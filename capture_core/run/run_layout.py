@@ -72,6 +72,14 @@ def is_rows_key(key: str, run_id: str, index: int, sha256: str) -> bool:
     return any(key == rows_key(run_id, index, sha256, rows) for rows in ROW_SUFFIXES)
 
 
+def row_format(key: str) -> str:
+    """The format a rows part's key names by its suffix (`parquet` or `arrow`)."""
+    for rows, suffix in ROW_SUFFIXES.items():
+        if key.endswith(suffix):
+            return rows
+    raise InvalidInputError(f"{key!r} is not a rows part: its name ends in none of {ROW_SUFFIXES}")
+
+
 def ack_key(run_id: str, consumer: str, rows_part: str) -> str:
     """Consumer `consumer`'s acknowledgement of the rows part whose key is `rows_part`."""
     name = rows_part.rsplit("/", 1)[-1]

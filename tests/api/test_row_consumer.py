@@ -253,6 +253,40 @@ def test_a_part_is_refused_as_the_mismatch_whatever_was_edited(locations, fmt) -
     assert part.key == first and part.table.num_rows == 1  # 7-1 of batch 0 is masked
 
 
+@pytest.mark.integrity
+def test_a_parquet_part_swapped_for_arrow_bytes_never_reaches_the_arrow_reader(
+    locations, monkeypatch
+) -> None:
+    """A `.parquet` part whose bytes were replaced (same size) by ones that open as an Arrow
+    file is refused as the mismatch, and the Arrow reader never sees them: a Parquet part
+    is decoded beside its digest, which only Parquet's bounded decoder may be given."""
+    from capture_core.rows import trainer_rows
+    from capture_core.run import verified_read
+
+    finalized(locations, "swapped")
+    dest = open_byte_store(locations["dest"], locations["options"])
+    first = rows_keys(locations, "swapped")[0]
+    original = dest.get(first) or b""
+    dest.delete([first])
+    dest.create(first, trainer_rows.ARROW_MAGIC + original[len(trainer_rows.ARROW_MAGIC) :])
+    monkeypatch.setattr(verified_read, "DIGEST_BESIDE_BYTES", 0)  # decode beside the digest
+    reached: list[int] = []
+    read_arrow = trainer_rows._read_arrow
+
+    def spy(data: bytes, *args: object) -> object:
+        reached.append(len(data))
+        return read_arrow(data, *args)
+
+    monkeypatch.setattr(trainer_rows, "_read_arrow", spy)
+    for use_threads in (True, False):
+        reader = RowConsumer(
+            locations["dest"], "swapped", "t", locations["options"], use_threads=use_threads
+        )
+        with pytest.raises(PartMismatchError, match="not yielded"):
+            next(iter(reader))
+    assert reached == [], "unverified bytes reached the Arrow reader"
+
+
 WORKER = [sys.executable, "-m", "tests.support.row_consumer_worker"]
 LIFETIMES = [
     {"TOKCAP_KILL_BETWEEN": "1"},
