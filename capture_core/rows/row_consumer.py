@@ -168,9 +168,16 @@ class RowConsumer:
         """Record that this consumer consumed part `key` (a yielded `RowPart.key`).
 
         Durable and create-only: `AlreadyAcknowledgedError` when it was acknowledged before
-        by another lifetime or process of this name (count it once).
+        by another lifetime or process of this name (count it once). A key that is not the
+        rows part its batch's receipt certifies (say, the other format's suffix) is refused:
+        both suffixes share one ack object.
         """
         receipt = read_stored_receipt(self.layout, receipt_key_of_part(self.layout, key))
+        if receipt.rows is not None and receipt.rows.key != key:
+            raise InvalidInputError(
+                f"{key!r} is not a rows part of run {self.layout.run_id} (its batch's part is "
+                f"{receipt.rows.key}); acknowledge the `.key` of a part the consumer yielded"
+            )
         return self.cursor.ack(receipt)
 
     def _acknowledged(self, receipt: HandoffReceipt) -> bool:

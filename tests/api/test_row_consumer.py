@@ -287,6 +287,25 @@ def test_a_parquet_part_swapped_for_arrow_bytes_never_reaches_the_arrow_reader(
     assert reached == [], "unverified bytes reached the Arrow reader"
 
 
+@pytest.mark.integrity
+def test_an_ack_of_the_other_formats_key_acknowledges_nothing(locations) -> None:
+    """Acknowledging `part-….arrow` of a run whose parts are `.parquet` (a key no consumer
+    yielded) is refused by name and writes no acknowledgement: the ack object is shared by
+    both suffixes, so accepting it would acknowledge (and let retire) a part never read."""
+    from capture_core.errors import InvalidInputError
+
+    finalized(locations, "suffix")
+    reader = consumer(locations, "suffix")
+    first = next(iter(reader)).key
+    other = first.removesuffix(".parquet") + ".arrow"
+    with pytest.raises(InvalidInputError, match="not a rows part of run suffix"):
+        reader.ack(other)
+    dest = open_byte_store(locations["dest"], locations["options"])
+    assert dest.list_prefix("suffix/consumers") == []
+    reader.ack(first)
+    assert len(dest.list_prefix("suffix/consumers")) == 1
+
+
 WORKER = [sys.executable, "-m", "tests.support.row_consumer_worker"]
 LIFETIMES = [
     {"TOKCAP_KILL_BETWEEN": "1"},
