@@ -398,10 +398,11 @@ def retire_command(locations: dict, run_id: str) -> str:
     return f"tokcap retire --dest {dest} --run-id {run_id} --store {store}{also}"
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
 def test_retirement_after_consumption_retires_exactly_the_acknowledged_batches(
-    locations, capsys
+    locations, capsys, fmt
 ) -> None:
-    finalized(locations, "after", retire_after_consumer="trainer")
+    finalized(locations, "after", retire_after_consumer="trainer", rows=fmt)
     everything = [f"7-{i}" for i in range(ROLLOUTS)]
     assert captured(locations) == everything, "nothing is retired at handoff"
     assert status_lines(locations, "after", capsys) == [
@@ -458,13 +459,14 @@ def test_an_acknowledgement_of_other_bytes_retires_nothing(locations) -> None:
     record_case("an acknowledgement edited to name other bytes")
 
 
-def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(locations, capsys) -> None:
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(
+    locations, capsys, fmt
+) -> None:
     options = locations["options"]
     records = make_batch(TokenCaptureStore(locations["store"], options), 4)
     inbox_file = write_rollouts(f"{locations['inbox']}/a.jsonl", records, options)
-    settings = locations_inbox(
-        locations, batch_size=2, rows="parquet", retire_after_consumer="trainer"
-    )
+    settings = locations_inbox(locations, batch_size=2, rows=fmt, retire_after_consumer="trainer")
     finalize_inbox(settings)
     run_id = run_id_for_file(inbox_file)
     assert len(captured(locations)) == 4, "nothing retired before acknowledgement"
@@ -491,14 +493,18 @@ def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(locatio
     record_case("the inbox calls a run done while its consumer has not acknowledged it")
 
 
-def test_tokcap_finalize_with_rows_then_retire_after_the_consumer(run_inputs, prefect_api) -> None:
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_tokcap_finalize_with_rows_then_retire_after_the_consumer(
+    run_inputs, prefect_api, fmt
+) -> None:
     run = ("--dest", run_inputs["dest"], "--run-id", "cli-rows")
-    extra = ("--rows", "parquet", "--retire-after-consumer", "trainer", "--batch-size", "2")
+    extra = ("--rows", fmt, "--retire-after-consumer", "trainer", "--batch-size", "2")
     done = run_cli(finalize_args_for(run_inputs, "cli-rows", *extra), prefect_api)
     assert done.returncode == 0, done.stderr
     assert re.search(r"^retirement waiting for consumer\s+3$", done.stdout, re.M), done.stdout
     reader = RowConsumer(run_inputs["dest"], "cli-rows", "trainer")
     first = next(iter(reader))
+    assert first.key.endswith(f".{fmt}") and first.table.num_rows > 0
     reader.ack(first.key)
     status = run_cli(["status", *run], prefect_api)
     assert status.returncode == 0, status.stderr
