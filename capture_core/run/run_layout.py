@@ -2,12 +2,12 @@
 
 Under `<dest>/<run_id>/`: `run.json` (the manifest), `ledger.jsonl` (each rollout's fate),
 `summary.json` (the ledger's counts, so runs are listed without reading ledgers),
-`records/` (the handed-off part files), `rows/` (their trainer rows, Parquet, when the run
-writes them), `consumers/<name>/` (each row consumer's acknowledgements), `receipts/` (the
-upload task's persisted results), `attempts/` (the inbox claims), `input-seen.json` (the
-last input fingerprint the inbox found with the manifest's digest) and `set-aside/`
-(evidence of handoffs that were never recorded). This module is the only one that spells
-those names.
+`records/` (the handed-off part files), `rows/` (their trainer rows, Parquet or Arrow,
+when the run writes them), `consumers/<name>/` (each row consumer's acknowledgements),
+`receipts/` (the upload task's persisted results), `attempts/` (the inbox claims),
+`input-seen.json` (the last input fingerprint the inbox found with the manifest's digest)
+and `set-aside/` (evidence of handoffs that were never recorded). This module is the only
+one that spells those names.
 The manifest binds a run id to one input (by digest) and its settings, create-only, so a run
 id cannot silently mix two inputs; retrigger and status read it back. It never holds storage
 options or credentials. This module does not import Prefect.
