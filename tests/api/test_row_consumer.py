@@ -188,8 +188,9 @@ def test_a_made_up_envelope_on_the_input_never_reaches_the_consumer(
     record_case(f"a made-up envelope on the input never reaches the consumer ({delivery})")
 
 
-def test_a_rows_part_edited_after_its_receipt_is_never_yielded(locations) -> None:
-    finalized(locations, "edited", retire_after_consumer="trainer")
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_a_rows_part_edited_after_its_receipt_is_never_yielded(locations, fmt) -> None:
+    finalized(locations, "edited", retire_after_consumer="trainer", rows=fmt)
     dest = open_byte_store(locations["dest"], locations["options"])
     edited = rows_keys(locations, "edited")[1]
     original = dest.get(edited) or b""
