@@ -54,7 +54,7 @@ from capture_core.rows.row_cursor import (
 )
 from capture_core.rows.trainer_rows import read_rows
 from capture_core.run.receipt import HandoffReceipt
-from capture_core.run.run_layout import ROW_SUFFIXES, RunLayout
+from capture_core.run.run_layout import RunLayout, row_format
 from capture_core.run.verified_read import verified_bytes, verified_decode
 from capture_core.storage import open_byte_store
 
@@ -168,9 +168,16 @@ class RowConsumer:
         """Record that this consumer consumed part `key` (a yielded `RowPart.key`).
 
         Durable and create-only: `AlreadyAcknowledgedError` when it was acknowledged before
-        by another lifetime or process of this name (count it once).
+        by another lifetime or process of this name (count it once). A key that is not the
+        rows part its batch's receipt certifies (say, the other format's suffix) is refused:
+        both suffixes share one ack object.
         """
         receipt = read_stored_receipt(self.layout, receipt_key_of_part(self.layout, key))
+        if receipt.rows is not None and receipt.rows.key != key:
+            raise InvalidInputError(
+                f"{key!r} is not a rows part of run {self.layout.run_id} (its batch's part is "
+                f"{receipt.rows.key}); acknowledge the `.key` of a part the consumer yielded"
+            )
         return self.cursor.ack(receipt)
 
     def _acknowledged(self, receipt: HandoffReceipt) -> bool:
@@ -194,17 +201,19 @@ class RowConsumer:
 
         A Parquet part may be decoded while its digest is checked (a decoder that bounds
         every read); an Arrow part's buffers are taken as they are, so only verified bytes
-        reach its reader."""
+        reach its reader. The key's suffix, not the bytes, picks the decoder."""
         rows = receipt.rows
         assert rows is not None
         dest = self.layout.dest
         if columns is not None and self.staleness is not None:
             columns = [*columns, *(c for c in STALENESS_COLUMNS if c not in columns)]
 
-        def decode(data: bytes) -> pa.Table:
-            return read_rows(data, use_threads=self.use_threads, columns=columns, skip=skip)
+        fmt = row_format(rows.key)
 
-        if self.use_threads and not rows.key.endswith(ROW_SUFFIXES["arrow"]):
+        def decode(data: bytes) -> pa.Table:
+            return read_rows(data, self.use_threads, columns, skip, fmt)
+
+        if self.use_threads and fmt == "parquet":
             table = verified_decode(
                 dest, receipt, rows.key, rows.bytes, rows.sha256, decode, NOT_YIELDED
             )

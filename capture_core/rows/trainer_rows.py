@@ -419,8 +419,13 @@ def read_rows(
     use_threads: bool = True,
     columns: Sequence[str] | None = None,
     skip: Sequence[str] = (),
+    fmt: str | None = None,
 ) -> pa.Table:
     """A rows part's bytes as a table (the caller has verified them).
+
+    `fmt` is the format the part's key names: bytes of the other format raise
+    `InvalidInputError` before any decoder sees them, so bytes that only claim to be an
+    Arrow file never reach the Arrow reader from a Parquet key. Without it the magic decides.
 
     By default decoded as `pyarrow.parquet.read_table` decodes: row groups and columns in
     parallel on pyarrow's thread pools (`pyarrow.set_cpu_count` sizes the CPU pool), at
@@ -429,36 +434,53 @@ def read_rows(
     reader, since the scanner under `read_table` uses pyarrow's threads even then.
     A part smaller than `SMALL_PART_BYTES` is read by the file reader alone (with threads
     when asked): the scanner's set-up costs such a part more than it saves. `columns`
-    decodes only those (a projection: the others are never decompressed); `skip` leaves
-    those out of every column the part has. The file reader parses the footer once for both.
+    decodes only those, each once (a projection: the others are never decompressed; a column
+    the part lacks raises `InvalidInputError`); `skip` leaves those out of every column the
+    part has. The file reader parses the footer once for both.
     An Arrow part is read by pyarrow's IPC file reader, which decompresses only the columns
     asked for, with threads when asked and the part is not small (as Parquet's scanner).
     """
-    names = None if columns is None else list(columns)
-    if is_arrow_part(data):
-        return _read_arrow(data, use_threads, names, skip)
+    arrow = is_arrow_part(data)
+    if fmt is not None and arrow != (fmt == "arrow"):
+        raise InvalidInputError(f"the rows part is not a {fmt} file, as its name says")
+    if arrow:
+        return _read_arrow(data, use_threads, columns, skip)
     scanned = use_threads and len(data) >= SMALL_PART_BYTES
     if scanned:
-        if names is None and skip:
-            names = [n for n in pq.read_schema(pa.BufferReader(data)).names if n not in skip]
+        names = _projection(pq.read_schema(pa.BufferReader(data)).names, columns, skip)
         return pq.read_table(pa.BufferReader(data), columns=names)
     reader = pq.ParquetFile(pa.BufferReader(data))  # the footer, parsed once
-    if names is None and skip:
-        names = [n for n in reader.schema_arrow.names if n not in skip]
+    names = _projection(reader.schema_arrow.names, columns, skip)
     return reader.read(columns=names, use_threads=use_threads)
 
 
 def _read_arrow(
-    data: bytes, use_threads: bool, names: list[str] | None, skip: Sequence[str]
+    data: bytes, use_threads: bool, columns: Sequence[str] | None, skip: Sequence[str]
 ) -> pa.Table:
-    """An Arrow rows part as a table: one chunk per record batch, only the columns asked for.
-    A name the part has no column for is left out, as Parquet's reader leaves it out."""
+    """An Arrow rows part as a table: one chunk per record batch, only the columns asked for."""
     schema = ipc.open_file(pa.BufferReader(data)).schema
+    names = _projection(schema.names, columns, skip)
     if names is None:
-        names = [n for n in schema.names if n not in skip]
-    names = [n for n in dict.fromkeys(names) if n in schema.names]
+        names = list(schema.names)
     indices = sorted(schema.get_field_index(n) for n in names)
     threads = use_threads and len(data) >= SMALL_PART_BYTES
     options = ipc.IpcReadOptions(use_threads=threads, included_fields=indices)
     table = ipc.open_file(pa.BufferReader(data), options=options).read_all()
     return table.select(names)
+
+
+def _projection(
+    have: Sequence[str], columns: Sequence[str] | None, skip: Sequence[str]
+) -> list[str] | None:
+    """The columns to read of a part holding `have` (`None`: all): `columns` each once, in
+    the order first named, or every column but `skip`. One rule for both formats, every
+    size and mode; a column the part lacks is refused by name, never dropped silently."""
+    if columns is None:
+        return [n for n in have if n not in skip] if skip else None
+    missing = [n for n in columns if n not in have]
+    if missing:
+        raise InvalidInputError(
+            f"the rows part has no column {missing[0]!r}; its columns are "
+            f"{', '.join(have)}. Name only those in `columns`"
+        )
+    return list(dict.fromkeys(columns))

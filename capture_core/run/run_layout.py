@@ -2,12 +2,12 @@
 
 Under `<dest>/<run_id>/`: `run.json` (the manifest), `ledger.jsonl` (each rollout's fate),
 `summary.json` (the ledger's counts, so runs are listed without reading ledgers),
-`records/` (the handed-off part files), `rows/` (their trainer rows, Parquet, when the run
-writes them), `consumers/<name>/` (each row consumer's acknowledgements), `receipts/` (the
-upload task's persisted results), `attempts/` (the inbox claims), `input-seen.json` (the
-last input fingerprint the inbox found with the manifest's digest) and `set-aside/`
-(evidence of handoffs that were never recorded). This module is the only one that spells
-those names.
+`records/` (the handed-off part files), `rows/` (their trainer rows, Parquet or Arrow,
+when the run writes them), `consumers/<name>/` (each row consumer's acknowledgements),
+`receipts/` (the upload task's persisted results), `attempts/` (the inbox claims),
+`input-seen.json` (the last input fingerprint the inbox found with the manifest's digest)
+and `set-aside/` (evidence of handoffs that were never recorded). This module is the only
+one that spells those names.
 The manifest binds a run id to one input (by digest) and its settings, create-only, so a run
 id cannot silently mix two inputs; retrigger and status read it back. It never holds storage
 options or credentials. This module does not import Prefect.
@@ -70,6 +70,14 @@ def rows_key(run_id: str, index: int, sha256: str, rows: str = "parquet") -> str
 def is_rows_key(key: str, run_id: str, index: int, sha256: str) -> bool:
     """Whether `key` is the rows part of batch `index`, in any format that writes one."""
     return any(key == rows_key(run_id, index, sha256, rows) for rows in ROW_SUFFIXES)
+
+
+def row_format(key: str) -> str:
+    """The format a rows part's key names by its suffix (`parquet` or `arrow`)."""
+    for rows, suffix in ROW_SUFFIXES.items():
+        if key.endswith(suffix):
+            return rows
+    raise InvalidInputError(f"{key!r} is not a rows part: its name ends in none of {ROW_SUFFIXES}")
 
 
 def ack_key(run_id: str, consumer: str, rows_part: str) -> str:

@@ -188,8 +188,9 @@ def test_a_made_up_envelope_on_the_input_never_reaches_the_consumer(
     record_case(f"a made-up envelope on the input never reaches the consumer ({delivery})")
 
 
-def test_a_rows_part_edited_after_its_receipt_is_never_yielded(locations) -> None:
-    finalized(locations, "edited", retire_after_consumer="trainer")
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_a_rows_part_edited_after_its_receipt_is_never_yielded(locations, fmt) -> None:
+    finalized(locations, "edited", retire_after_consumer="trainer", rows=fmt)
     dest = open_byte_store(locations["dest"], locations["options"])
     edited = rows_keys(locations, "edited")[1]
     original = dest.get(edited) or b""
@@ -251,6 +252,59 @@ def test_a_part_is_refused_as_the_mismatch_whatever_was_edited(locations, fmt) -
     dest.create(first, original)
     part = next(iter(consumer(locations, "edits")))
     assert part.key == first and part.table.num_rows == 1  # 7-1 of batch 0 is masked
+
+
+@pytest.mark.integrity
+def test_a_parquet_part_swapped_for_arrow_bytes_never_reaches_the_arrow_reader(
+    locations, monkeypatch
+) -> None:
+    """A `.parquet` part whose bytes were replaced (same size) by ones that open as an Arrow
+    file is refused as the mismatch, and the Arrow reader never sees them: a Parquet part
+    is decoded beside its digest, which only Parquet's bounded decoder may be given."""
+    from capture_core.rows import trainer_rows
+    from capture_core.run import verified_read
+
+    finalized(locations, "swapped")
+    dest = open_byte_store(locations["dest"], locations["options"])
+    first = rows_keys(locations, "swapped")[0]
+    original = dest.get(first) or b""
+    dest.delete([first])
+    dest.create(first, trainer_rows.ARROW_MAGIC + original[len(trainer_rows.ARROW_MAGIC) :])
+    monkeypatch.setattr(verified_read, "DIGEST_BESIDE_BYTES", 0)  # decode beside the digest
+    reached: list[int] = []
+    read_arrow = trainer_rows._read_arrow
+
+    def spy(data: bytes, *args: object) -> object:
+        reached.append(len(data))
+        return read_arrow(data, *args)
+
+    monkeypatch.setattr(trainer_rows, "_read_arrow", spy)
+    for use_threads in (True, False):
+        reader = RowConsumer(
+            locations["dest"], "swapped", "t", locations["options"], use_threads=use_threads
+        )
+        with pytest.raises(PartMismatchError, match="not yielded"):
+            next(iter(reader))
+    assert reached == [], "unverified bytes reached the Arrow reader"
+
+
+@pytest.mark.integrity
+def test_an_ack_of_the_other_formats_key_acknowledges_nothing(locations) -> None:
+    """Acknowledging `part-….arrow` of a run whose parts are `.parquet` (a key no consumer
+    yielded) is refused by name and writes no acknowledgement: the ack object is shared by
+    both suffixes, so accepting it would acknowledge (and let retire) a part never read."""
+    from capture_core.errors import InvalidInputError
+
+    finalized(locations, "suffix")
+    reader = consumer(locations, "suffix")
+    first = next(iter(reader)).key
+    other = first.removesuffix(".parquet") + ".arrow"
+    with pytest.raises(InvalidInputError, match="not a rows part of run suffix"):
+        reader.ack(other)
+    dest = open_byte_store(locations["dest"], locations["options"])
+    assert dest.list_prefix("suffix/consumers") == []
+    reader.ack(first)
+    assert len(dest.list_prefix("suffix/consumers")) == 1
 
 
 WORKER = [sys.executable, "-m", "tests.support.row_consumer_worker"]
@@ -345,10 +399,11 @@ def retire_command(locations: dict, run_id: str) -> str:
     return f"tokcap retire --dest {dest} --run-id {run_id} --store {store}{also}"
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
 def test_retirement_after_consumption_retires_exactly_the_acknowledged_batches(
-    locations, capsys
+    locations, capsys, fmt
 ) -> None:
-    finalized(locations, "after", retire_after_consumer="trainer")
+    finalized(locations, "after", retire_after_consumer="trainer", rows=fmt)
     everything = [f"7-{i}" for i in range(ROLLOUTS)]
     assert captured(locations) == everything, "nothing is retired at handoff"
     assert status_lines(locations, "after", capsys) == [
@@ -405,13 +460,14 @@ def test_an_acknowledgement_of_other_bytes_retires_nothing(locations) -> None:
     record_case("an acknowledgement edited to name other bytes")
 
 
-def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(locations, capsys) -> None:
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(
+    locations, capsys, fmt
+) -> None:
     options = locations["options"]
     records = make_batch(TokenCaptureStore(locations["store"], options), 4)
     inbox_file = write_rollouts(f"{locations['inbox']}/a.jsonl", records, options)
-    settings = locations_inbox(
-        locations, batch_size=2, rows="parquet", retire_after_consumer="trainer"
-    )
+    settings = locations_inbox(locations, batch_size=2, rows=fmt, retire_after_consumer="trainer")
     finalize_inbox(settings)
     run_id = run_id_for_file(inbox_file)
     assert len(captured(locations)) == 4, "nothing retired before acknowledgement"
@@ -438,14 +494,18 @@ def test_the_scheduled_inbox_pass_retires_what_the_consumer_acknowledged(locatio
     record_case("the inbox calls a run done while its consumer has not acknowledged it")
 
 
-def test_tokcap_finalize_with_rows_then_retire_after_the_consumer(run_inputs, prefect_api) -> None:
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_tokcap_finalize_with_rows_then_retire_after_the_consumer(
+    run_inputs, prefect_api, fmt
+) -> None:
     run = ("--dest", run_inputs["dest"], "--run-id", "cli-rows")
-    extra = ("--rows", "parquet", "--retire-after-consumer", "trainer", "--batch-size", "2")
+    extra = ("--rows", fmt, "--retire-after-consumer", "trainer", "--batch-size", "2")
     done = run_cli(finalize_args_for(run_inputs, "cli-rows", *extra), prefect_api)
     assert done.returncode == 0, done.stderr
     assert re.search(r"^retirement waiting for consumer\s+3$", done.stdout, re.M), done.stdout
     reader = RowConsumer(run_inputs["dest"], "cli-rows", "trainer")
     first = next(iter(reader))
+    assert first.key.endswith(f".{fmt}") and first.table.num_rows > 0
     reader.ack(first.key)
     status = run_cli(["status", *run], prefect_api)
     assert status.returncode == 0, status.stderr

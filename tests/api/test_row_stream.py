@@ -207,3 +207,23 @@ def test_a_part_that_does_not_verify_stops_the_stream_by_name_or_is_held_never_s
     dest.replace(bad[0], original)
     again = stream(locations, follow=False, on_unverified="hold")
     assert [part.key for part in again] == [bad[0]] and again.held == {}, "restored: read"
+
+
+@pytest.mark.integrity
+def test_a_projection_reads_alike_on_parquet_and_arrow_runs(locations) -> None:
+    """A stream over a Parquet run and an Arrow run gives every part the same columns for
+    one projection (a column named twice once), and a misspelt column is refused by name
+    on either, never dropped silently from the parts a trainer reads."""
+    from capture_core.errors import InvalidInputError
+
+    land_run(locations, "run-p", task=1)
+    land_run(locations, "run-a", task=2, rows="arrow")
+    parts = list(stream(locations, follow=False, columns=["token_ids", "loss_mask", "token_ids"]))
+    assert {p.key.rsplit(".", 1)[-1] for p in parts} == {"parquet", "arrow"}
+    assert {tuple(p.table.column_names) for p in parts} == {("token_ids", "loss_mask")}
+    for run_id in ("run-p", "run-a"):
+        one = RowConsumer(
+            locations["dest"], run_id, "t", locations["options"], columns=["loss_masks"]
+        )
+        with pytest.raises(InvalidInputError, match="no column 'loss_masks'"):
+            next(iter(one))

@@ -45,12 +45,14 @@ def no_setting_variables(monkeypatch) -> None:
 def test_every_setting_variable_reaches_its_setting_typed() -> None:
     assert deployed_settings(GIVEN) == SET
     assert set(GIVEN) == set(SETTING_VARIABLES)
+    arrow = {**GIVEN, "TOKCAP_ROWS": "arrow"}
+    assert deployed_settings(arrow) == {**SET, "rows": "arrow"}, "arrow rows gate retirement too"
 
 
 @pytest.mark.parametrize(
     ("variable", "text", "allowed"),
     [
-        ("TOKCAP_ROWS", "parquett", "none or parquet"),
+        ("TOKCAP_ROWS", "parquett", "none or parquet or arrow"),
         ("TOKCAP_DELIVERY", "all", "main_chain or all_traces"),
         ("TOKCAP_GROUP_BY", "tasks", "none or task"),
         ("TOKCAP_BATCH_SIZE", "0", "a whole number above 0"),

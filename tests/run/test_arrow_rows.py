@@ -11,7 +11,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.ipc as ipc
+import pytest
 
+from capture_core.errors import InvalidInputError
 from capture_core.rows import trainer_rows
 from capture_core.rows.trainer_rows import batch_rows, count_rows, is_arrow_part, read_rows
 from capture_core.run.run_layout import ack_key, is_rows_key, rows_key
@@ -41,8 +43,8 @@ def test_an_arrow_part_holds_the_parquet_parts_rows(monkeypatch) -> None:
     skipped = read_rows(arrow, skip=("weight_version",))
     assert "weight_version" not in skipped.column_names
     assert skipped.num_columns == read_rows(parquet).num_columns - 1
-    for part in (arrow, parquet):  # a name without a column is left out, in both formats
-        assert read_rows(part, columns=["no_such_column", "reward"]).column_names == ["reward"]
+    with pytest.raises(InvalidInputError, match="no_such_column"):
+        read_rows(arrow, columns=["no_such_column"])
 
 
 def test_an_arrow_part_is_a_plain_lz4_arrow_file_any_reader_opens(tmp_path) -> None:
@@ -81,3 +83,19 @@ def test_rows_keys_name_their_format_and_share_one_acknowledgement() -> None:
         == ack_key("r", "t", parquet)
         == ("r/consumers/t/part-00003-abababababababab.ack")
     )
+
+
+@pytest.mark.integrity
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+@pytest.mark.parametrize("big", [False, True], ids=["small", "large"])
+def test_a_projection_reads_alike_in_every_format_size_and_mode(monkeypatch, fmt, big) -> None:
+    """A projection gives the same table whatever the part's format, size or threads: a
+    column named twice is read once, and a column the part lacks is refused by name (never
+    dropped silently, so a trainer's misspelt column cannot pass unseen)."""
+    monkeypatch.setattr(trainer_rows, "SMALL_PART_BYTES", 0 if big else 1 << 40)
+    data = batch_rows(emitted(), fmt=fmt)
+    for use_threads in (True, False):
+        twice = read_rows(data, use_threads, columns=["reward", "line", "reward"])
+        assert twice.column_names == ["reward", "line"], (fmt, use_threads)
+        with pytest.raises(InvalidInputError, match="'loss_masks'.*columns are"):
+            read_rows(data, use_threads, columns=["loss_masks", "line"])
