@@ -16,7 +16,8 @@ The part is zstd-compressed Parquet (`parquet`, what every table tool reads, the
 or an Arrow IPC file with LZ4-compressed buffers (`arrow`, what a trainer reads fastest: its
 buffers are the arrays, no page decoding), in row groups (record batches) of at most
 `ROW_GROUP_TOKENS` tokens, so a reader streams it a group at a time. Both hold the same
-schema and values; a reader tells them apart by their magic bytes. Token ids are int32
+schema and values; the part's key names its format, and bytes of the other format are
+refused before any decoder sees them. Token ids are int32
 unless an id of the part needs int64. Encoding is deterministic for a pyarrow version: a
 re-run of a batch writes the same bytes, so its create-only upload is accepted. This is the
 only module that writes or reads rows; it imports pyarrow, so the handoff imports it only
@@ -409,8 +410,7 @@ def is_arrow_part(data: bytes) -> bool:
 def count_rows(data: bytes) -> int:
     """The number of rows of a rows part, from its footer (an Arrow part's batch headers)."""
     if is_arrow_part(data):
-        reader = ipc.open_file(pa.BufferReader(data))
-        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+        return ipc.open_file(pa.BufferReader(data)).count_rows()
     return pq.read_metadata(pa.BufferReader(data)).num_rows
 
 

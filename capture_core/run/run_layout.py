@@ -77,7 +77,8 @@ def row_format(key: str) -> str:
     for rows, suffix in ROW_SUFFIXES.items():
         if key.endswith(suffix):
             return rows
-    raise InvalidInputError(f"{key!r} is not a rows part: its name ends in none of {ROW_SUFFIXES}")
+    suffixes = ", ".join(ROW_SUFFIXES.values())
+    raise InvalidInputError(f"{key!r} is not a rows part: its name ends in none of {suffixes}")
 
 
 def ack_key(run_id: str, consumer: str, rows_part: str) -> str:
