@@ -32,11 +32,18 @@ from capture_core.errors import (
 from capture_core.ids import validate_rollout_id
 from capture_core.run.crash_points import crash_point
 from capture_core.run.receipt import RECEIPT_KEY, HandoffReceipt, marked_retirable
-from capture_core.run.run_layout import RunLayout, ack_key, consumers_prefix, is_rows_key
+from capture_core.run.run_layout import (
+    ROW_SUFFIXES,
+    RunLayout,
+    ack_key,
+    consumers_prefix,
+    is_rows_key,
+)
 from capture_core.storage import ByteStore
 
 ACK_CRASH_POINTS = ("before-ack", "after-ack")
-_ROWS_PART = re.compile(r"part-([0-9]{5,})-([0-9a-f]{16})\.(?:parquet|arrow)")
+_SUFFIXES = "|".join(re.escape(suffix) for suffix in ROW_SUFFIXES.values())
+_ROWS_PART = re.compile(rf"part-([0-9]{{5,}})-([0-9a-f]{{16}})(?:{_SUFFIXES})")
 
 
 class Acknowledgement(BaseModel):
