@@ -57,10 +57,15 @@ def test_an_arrow_part_is_a_plain_lz4_arrow_file_any_reader_opens(tmp_path) -> N
     assert table.schema.field("generation_logprobs").type.value_type == pa.float32()
     reader = ipc.open_file(pa.BufferReader(data))
     assert reader.num_record_batches == 1
-    uncompressed = pa.BufferOutputStream()
-    with ipc.new_file(uncompressed, table.schema) as writer:
+    long = batch_rows(
+        [(1, record([item([7] * 4000, [8] * 4000, [-0.5] * 4000)]), False)], fmt="arrow"
+    )
+    table = read_rows(long)
+    plain = pa.BufferOutputStream()
+    with ipc.new_file(plain, table.schema) as writer:
         writer.write_table(table)
-    assert len(data) != len(uncompressed.getvalue()), "the buffers are compressed"
+    assert len(long) < len(plain.getvalue()) / 4, "the buffers are compressed (LZ4)"
+    assert read_rows(long).equals(table)
 
 
 def test_arrow_encoding_is_deterministic_and_an_empty_batch_is_a_readable_part() -> None:
