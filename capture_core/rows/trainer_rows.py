@@ -447,7 +447,9 @@ def read_rows(
         return _read_arrow(data, use_threads, columns, skip)
     scanned = use_threads and len(data) >= SMALL_PART_BYTES
     if scanned:
-        names = _projection(pq.read_schema(pa.BufferReader(data)).names, columns, skip)
+        names = None  # the whole part: no schema to read first
+        if columns is not None or skip:
+            names = _projection(pq.read_schema(pa.BufferReader(data)).names, columns, skip)
         return pq.read_table(pa.BufferReader(data), columns=names)
     reader = pq.ParquetFile(pa.BufferReader(data))  # the footer, parsed once
     names = _projection(reader.schema_arrow.names, columns, skip)
