@@ -447,13 +447,26 @@ def read_rows(
         return _read_arrow(data, use_threads, columns, skip)
     scanned = use_threads and len(data) >= SMALL_PART_BYTES
     if scanned:
-        names = None  # the whole part: no schema to read first
-        if columns is not None or skip:
-            names = _projection(pq.read_schema(pa.BufferReader(data)).names, columns, skip)
-        return pq.read_table(pa.BufferReader(data), columns=names)
+        return _scan_parquet(data, columns, skip)
     reader = pq.ParquetFile(pa.BufferReader(data))  # the footer, parsed once
     names = _projection(reader.schema_arrow.names, columns, skip)
     return reader.read(columns=names, use_threads=use_threads)
+
+
+def _scan_parquet(data: bytes, columns: Sequence[str] | None, skip: Sequence[str]) -> pa.Table:
+    """A large Parquet part through pyarrow's scanner. Its schema is read first only for a
+    skip: the scanner refuses a projected column the part lacks, and only then is the
+    schema read, to name it."""
+    if columns is None:
+        names = (
+            _projection(pq.read_schema(pa.BufferReader(data)).names, None, skip) if skip else None
+        )
+        return pq.read_table(pa.BufferReader(data), columns=names)
+    try:
+        return pq.read_table(pa.BufferReader(data), columns=list(dict.fromkeys(columns)))
+    except pa.ArrowInvalid:
+        _projection(pq.read_schema(pa.BufferReader(data)).names, columns, skip)  # names it
+        raise
 
 
 def _read_arrow(
