@@ -34,8 +34,15 @@ The same batch's Arrow part (`rows="arrow"`) is measured beside the Parquet one:
 its read by `RowConsumer` (every column, trained columns) and its write.
 The trainer's read is measured on a large part and on a small one (`--small-rollouts`, about
 34k tokens), where a part's fixed costs weigh most, followed by the CPU seconds of each
-step of its read alone (listing, receipt, ack, bytes, digest, footer, decode, arrays).
+step of its read alone (listing, receipt, ack, bytes, digest, footer, decode, arrays; the
+Arrow part's digest and decode beside).
+With `--against REV`, only the trainer's read of the Arrow parts (small and large, every column
+and trained columns) is measured, by this tree and by `REV`'s `capture_core`, each in a
+long-lived process of its own reading the same destinations, alternated in one run; per tree,
+the read's wall and CPU ratio to the JSON lines file read in that process, and the ratio of the
+trees' ratios (`--against .`: this tree against itself, the A/A spread).
 Usage: .venv/bin/python -m bench.rows_bench [--rollouts N] [--turns T] [--repetitions R]
+       [--against REV]
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import hashlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -59,7 +67,20 @@ import pyarrow.parquet as pq
 from prefect.results import ResultRecord, ResultRecordMetadata
 from prefect.serializers import JSONSerializer
 
-from bench.ratios import alternate_sides, describe_seconds, median
+from bench.ratios import (
+    Sample,
+    Stopwatch,
+    TreeSides,
+    against,
+    alternate_sides,
+    composed_root,
+    describe_seconds,
+    median,
+    ratios_of,
+    serve,
+    spread,
+    verdict,
+)
 from capture_core.dataset import RowConsumer
 from capture_core.rows.row_cursor import read_stored_receipt, receipt_keys
 from capture_core.rows.trainer_rows import batch_rows, read_rows, record_rows
@@ -290,12 +311,12 @@ def small_read(work: str, rollouts: int, shape: RolloutShape, pairs: int) -> Non
     tokens = len(read_rows(finalized.rows or b"").column("token_ids").combine_chunks().flatten())
     trainer = trainer_reads(finalized, arrow, json_rows(finalized), f"{work}/small-read", pairs)
     print_trainer_read(f"small part ({tokens:,} tokens)", trainer)
-    print_stages(f"{work}/small-read", pairs)
+    print_stages(f"{work}/small-read", arrow.rows or b"", pairs)
 
 
-def read_stages(dest: str) -> dict[str, Callable[[], object]]:
+def read_stages(dest: str, arrow: bytes) -> dict[str, Callable[[], object]]:
     """Each step of the consumer's read of the run's one part, alone, on the calling thread:
-    where a small part's read time goes."""
+    where a small part's read time goes; the same batch's Arrow part (`arrow`) beside."""
     consumer = RowConsumer(dest, "bench", "bench")
     layout = consumer.layout
     (key,) = receipt_keys(layout)
@@ -316,13 +337,18 @@ def read_stages(dest: str) -> dict[str, Callable[[], object]]:
         ),
         "decode the trained columns": lambda: read_rows(data, use_threads=False, columns=COLUMNS),
         "trained columns as numpy arrays": lambda: table_tokens(table),
+        "sha256 of the Arrow part": lambda: hashlib.sha256(arrow).hexdigest(),
+        "decode every column of the Arrow part": lambda: read_rows(arrow, use_threads=False),
+        "decode the trained columns of the Arrow part": lambda: read_rows(
+            arrow, use_threads=False, columns=COLUMNS
+        ),
     }
 
 
-def print_stages(dest: str, repetitions: int) -> None:
+def print_stages(dest: str, arrow: bytes, repetitions: int) -> None:
     """The CPU seconds of each step of a part's read (`read_stages`), the calling thread's."""
     clocks = Clocks(time.thread_time)
-    stages = read_stages(dest)
+    stages = read_stages(dest, arrow)
     alternate_sides({s: clocks.timed(s, fn, warm=True) for s, fn in stages.items()}, repetitions)
     for stage in stages:
         cpu = [seconds * 1e3 for seconds in clocks.cpu[stage]]
@@ -334,18 +360,112 @@ def load() -> str:
     return ", ".join(f"{n:.2f}" for n in os.getloadavg())
 
 
+SIZES = ("small", "large")
+ARROW_SIDES = ("Arrow part, consumer", "Arrow part, consumer, trained columns")
+
+
+def arrow_read_sides(root: str) -> dict[str, Callable[[], Sample]]:
+    """A served child's sides: per part size under `root` (an Arrow part handed off to
+    `<size>-dest`, the same rows as JSON lines in `<size>.jsonl`), the JSON lines file read
+    and the consumer's read of every column and of the trained columns, each timed (wall,
+    process CPU) right after an untimed call of its own."""
+
+    def warm_timed(fn: Callable[[], object]) -> Callable[[], Sample]:
+        def run() -> Sample:
+            fn()
+            with Stopwatch() as watch:
+                kept = fn()
+            del kept
+            return watch.sample
+
+        return run
+
+    sides = {}
+    for size in SIZES:
+        dest, path = f"{root}/{size}-dest", f"{root}/{size}.jsonl"
+        every = RowConsumer(dest, "bench", "bench")
+        trained = RowConsumer(dest, "bench", "bench", columns=COLUMNS)
+        sides[f"{size} JSON lines file"] = warm_timed(lambda path=path: json_file_tokens(path))
+        sides[f"{size} {ARROW_SIDES[0]}"] = warm_timed(lambda c=every: consumer_tokens(c))
+        sides[f"{size} {ARROW_SIDES[1]}"] = warm_timed(lambda c=trained: consumer_tokens(c))
+    return sides
+
+
+def run_against(rev: str, args: argparse.Namespace, shape: RolloutShape) -> None:
+    """The Arrow parts' trainer reads by this tree and by `rev`'s `capture_core`, each tree
+    in its own process over the same parts, alternated in one run."""
+    work = tempfile.mkdtemp(prefix="tokcap-rows-against-")
+    names = {"this tree": ".", rev if rev != "." else "this tree again": rev}
+    trees: dict[str, TreeSides] = {}
+    try:
+        for size, rollouts in (("small", args.small_rollouts), ("large", args.rollouts)):
+            store, path = f"{work}/{size}-store", f"{work}/{size}-rollouts.jsonl"
+            with open(path, "wb") as f:
+                f.writelines(orjson.dumps(r) + b"\n" for r in capture(store, rollouts, shape))
+            arrow = finalize(path, store, f"{work}/{size}-warm", "arrow")
+            handed_off(arrow, f"{work}/{size}-dest")
+            with open(f"{work}/{size}.jsonl", "wb") as f:
+                f.write(json_rows(arrow))
+        for name, tree in names.items():
+            root = composed_root(tree, f"{work}/trees")
+            trees[name] = TreeSides(root, "bench.rows_bench", ["--read-root", work])
+        new, old = names
+        for size in SIZES:
+            for side in ARROW_SIDES:
+                before = load()
+                samples = against(
+                    trees, f"{size} JSON lines file", f"{size} {side}", 3 * args.repetitions
+                )
+                print(f"\n== {size} part, {side}: load {before} before, {load()} after")
+                for line in against_lines(samples, new, old):
+                    print(line)
+    finally:
+        for tree in trees.values():
+            tree.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def against_lines(
+    samples: dict[str, tuple[list[Sample], list[Sample]]], new: str, old: str
+) -> list[str]:
+    """Per tree, how many times faster than the JSON lines file its read is (wall, CPU),
+    and the trees' speed-ups divided, new by old, with the interval of that median."""
+    faster = {}
+    lines = []
+    for name, (json_lines, read) in samples.items():
+        wall, cpu = ([1 / r for r in ratios] for ratios in ratios_of(read, json_lines))
+        faster[name] = wall, cpu
+        lines.append(f"  {name}: faster than JSON lines: wall {spread(wall)}; CPU {spread(cpu)}")
+    for i, kind in enumerate(("wall", "CPU")):
+        gain = [n / o for n, o in zip(faster[new][i], faster[old][i], strict=True)]
+        lines.append(f"  {kind} speed-up {new} / {old}: {spread(gain)}")
+        lines.append(f"    read time, {new} / {old}: {verdict([1 / g for g in gain])}")
+    return lines
+
+
 def main() -> None:
+    serving = sys.argv[1:2] == ["--serve"]
+    if serving:
+        sys.argv.pop(1)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rollouts", type=int, default=100)
     parser.add_argument("--turns", type=int, default=16)
     parser.add_argument("--repetitions", type=int, default=7)
     parser.add_argument("--small-rollouts", type=int, default=3, help="rollouts of the small part")
+    parser.add_argument("--against", help="compare with this revision's capture_core ('.': A/A)")
+    parser.add_argument("--read-root", help=argparse.SUPPRESS)  # a served child's parts
     args = parser.parse_args()
     logging.disable(logging.WARNING)
+    if serving:
+        serve(arrow_read_sides(args.read_root))
+        return
     shape = RolloutShape(
         turns=args.turns, prompt_tokens=1024, generated_tokens=512, tool_tokens=256
     )
     print(f"load {load()}")
+    if args.against:
+        run_against(args.against, args, shape)
+        return
     work = tempfile.mkdtemp(prefix="tokcap-rows-bench-")
     try:
         store, rollouts = f"{work}/store", f"{work}/rollouts.jsonl"

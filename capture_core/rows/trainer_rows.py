@@ -293,6 +293,11 @@ def _required_list(name: str, value_type: pa.DataType) -> pa.Field:
     return pa.field(name, pa.list_(element), nullable=False)
 
 
+ROW_COLUMNS = tuple(row_schema(pa.int32()).names)
+"""The columns of a rows part tokcap writes today, in order (older parts hold fewer)."""
+_ROW_PLACES = {name: index for index, name in enumerate(ROW_COLUMNS)}
+
+
 def rows_table(rows: Sequence[TrainerRow]) -> pa.Table:
     """The rows as one table; token ids int64 only when an id of these rows needs it."""
     lengths = np.fromiter((len(r.token_ids) for r in rows), dtype=np.int64, count=len(rows))
@@ -472,16 +477,49 @@ def _scan_parquet(data: bytes, columns: Sequence[str] | None, skip: Sequence[str
 def _read_arrow(
     data: bytes, use_threads: bool, columns: Sequence[str] | None, skip: Sequence[str]
 ) -> pa.Table:
-    """An Arrow rows part as a table: one chunk per record batch, only the columns asked for."""
+    """An Arrow rows part as a table: one chunk per record batch, only the columns asked for.
+
+    The file is opened once when it can be: every column, or a projection of columns a
+    tokcap part holds at their usual places (`ROW_COLUMNS`), then selected by the names
+    the part gives the columns read. Otherwise (a part of another layout, a column it
+    lacks, a skip) its schema is read first and the projection named from it, as a
+    Parquet part's is."""
+    threads = use_threads and len(data) >= SMALL_PART_BYTES
+    if columns is None and not skip:
+        options = ipc.IpcReadOptions(use_threads=threads)
+        return ipc.open_file(pa.BufferReader(data), options=options).read_all()
+    if columns is not None:
+        table = _read_arrow_in_place(data, threads, columns)
+        if table is not None:
+            return table
     schema = ipc.open_file(pa.BufferReader(data)).schema
     names = _projection(schema.names, columns, skip)
     if names is None:
         names = list(schema.names)
-    indices = sorted(schema.get_field_index(n) for n in names)
-    threads = use_threads and len(data) >= SMALL_PART_BYTES
-    options = ipc.IpcReadOptions(use_threads=threads, included_fields=indices)
+    return _read_arrow_fields(data, threads, [schema.get_field_index(n) for n in names], names)
+
+
+def _read_arrow_in_place(data: bytes, threads: bool, columns: Sequence[str]) -> pa.Table | None:
+    """The part's `columns` read from the places `ROW_COLUMNS` gives them, in one open;
+    `None` when one is not a row column or the part holds another column there."""
+    names = list(dict.fromkeys(columns))
+    if not set(names) <= _ROW_PLACES.keys():
+        return None
+    try:
+        return _read_arrow_fields(data, threads, [_ROW_PLACES[n] for n in names], names)
+    except (pa.ArrowInvalid, KeyError):  # fewer columns than that, or others in their places
+        return None
+
+
+def _read_arrow_fields(
+    data: bytes, threads: bool, indices: Sequence[int], names: list[str]
+) -> pa.Table:
+    """The part's fields at `indices` as the columns `names`, in that order, selected by
+    the names the part gives them (`KeyError` when one is not among the fields read). No
+    index at all reads every field, then keeps none."""
+    options = ipc.IpcReadOptions(use_threads=threads, included_fields=sorted(indices))
     table = ipc.open_file(pa.BufferReader(data), options=options).read_all()
-    return table.select(names)
+    return table if table.column_names == names else table.select(names)
 
 
 def _projection(

@@ -104,3 +104,30 @@ def test_a_projection_reads_alike_in_every_format_size_and_mode(monkeypatch, fmt
         assert twice.column_names == ["reward", "line"], (fmt, use_threads)
         with pytest.raises(InvalidInputError, match="'loss_masks'.*columns are"):
             read_rows(data, use_threads, columns=["loss_masks", "line"])
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["small", "large"])
+def test_a_projection_of_an_arrow_part_of_another_layout_reads_its_columns_by_name(
+    monkeypatch, big
+) -> None:
+    """An Arrow part is opened once for a projection, at the places today's parts hold the
+    columns; a part holding its columns elsewhere (reordered, or an older part with fewer)
+    still gives each named column, never the one at the usual place, and one it lacks is
+    refused by name."""
+    monkeypatch.setattr(trainer_rows, "SMALL_PART_BYTES", 0 if big else 1 << 40)
+    table = read_rows(batch_rows(emitted(), fmt="arrow"))
+    assert list(table.column_names) == list(trainer_rows.ROW_COLUMNS)
+    for layout in (table.column_names[::-1], ["line", "token_ids", "reward", "loss_mask"]):
+        other = table.select(layout)
+        sink = pa.BufferOutputStream()
+        with ipc.new_file(sink, other.schema, options=trainer_rows.ARROW_WRITE_OPTIONS) as w:
+            w.write_table(other)
+        data = sink.getvalue().to_pybytes()
+        for use_threads in (True, False):
+            for columns in (["token_ids", "loss_mask"], ["loss_mask", "line", "token_ids"]):
+                got = read_rows(data, use_threads, columns=columns)
+                assert got.column_names == columns, (layout, columns)
+                assert got.to_pylist() == table.select(columns).to_pylist(), (layout, columns)
+        if "weight_version" not in layout:
+            with pytest.raises(InvalidInputError, match="no column 'weight_version'"):
+                read_rows(data, columns=["token_ids", "weight_version"])
