@@ -28,6 +28,15 @@ for _name, _value in {
     os.environ[_name] = _value
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Schedule a test file as one unit on one pytest-xdist worker (`--dist loadgroup` in
+    pyproject.toml), so its module fixtures (workers, servers) start once; a file already in
+    a named group (the real vLLM engine's, `ENGINE_GROUP`) stays in it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(autouse=True)
 def _integrity_marker(request: pytest.FixtureRequest) -> Iterator[None]:
     """Let `record_case` refuse an attack case recorded by a test without the integrity mark."""

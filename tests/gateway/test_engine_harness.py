@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from tests.support.vllm_engine import VllmEngine, build_atomically
+from tests.support.vllm_engine import ENGINE_GROUP, VllmEngine, build_atomically
+
+pytestmark = ENGINE_GROUP
 
 EXACT = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
 

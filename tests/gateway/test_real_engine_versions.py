@@ -13,7 +13,9 @@ import pytest
 
 from capture_core.store import TokenCaptureStore
 from tests.support.gateway_process import GatewayProcess, post
-from tests.support.vllm_engine import VllmEngine
+from tests.support.vllm_engine import ENGINE_GROUP, VllmEngine
+
+pytestmark = ENGINE_GROUP
 
 
 def generate_through(gateway: GatewayProcess, rollout: str) -> dict[str, Any]:
