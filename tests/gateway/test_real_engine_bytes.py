@@ -16,9 +16,7 @@ import orjson
 
 from tests.support.gateway_process import GatewayProcess
 from tests.support.openai_rollouts import single_token_words
-from tests.support.vllm_engine import ENGINE_GROUP, VllmEngine
-
-pytestmark = ENGINE_GROUP
+from tests.support.vllm_engine import VllmEngine
 
 TURNS, TOKENS = 4, 64
 MOST_STORED = 1.41

@@ -23,9 +23,9 @@ import pytest
 from tests.support.gateway_process import GatewayProcess
 from tests.support.openai_rollouts import Call, Rollout, run_rollout, single_token_words
 from tests.support.pipeline_helpers import dest_records, finalize_args, run_cli
-from tests.support.vllm_engine import ENGINE_GROUP, VllmEngine
+from tests.support.vllm_engine import VllmEngine
 
-pytestmark = [pytest.mark.usefixtures("prefect_api"), ENGINE_GROUP]
+pytestmark = pytest.mark.usefixtures("prefect_api")
 
 LOGPROB_TOLERANCE = 1e-4
 SEEDS = {"plain-0": 11, "plain-1": 23, "streamed-0": 11, "streamed-1": 23}

@@ -13,9 +13,7 @@ import pytest
 
 from capture_core.store import TokenCaptureStore
 from tests.support.gateway_process import GatewayProcess, post
-from tests.support.vllm_engine import ENGINE_GROUP, VllmEngine
-
-pytestmark = ENGINE_GROUP
+from tests.support.vllm_engine import VllmEngine
 
 
 def generate_through(gateway: GatewayProcess, rollout: str) -> dict[str, Any]:

@@ -26,8 +26,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import pytest
-
 from tests.support.servers import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,8 +36,6 @@ CACHE_ENV = "TOKCAP_ENGINE_CACHE"
 # A running engine started by `vllm_engine` elsewhere (a developer's, between test runs).
 RUNNING_ENV = "TOKCAP_TEST_ENGINE_URL"
 SERVED_MODEL = "tokcap-toy"
-# Every test file of the real engine runs on one pytest-xdist worker, so one engine serves them.
-ENGINE_GROUP = pytest.mark.xdist_group("vllm-engine")
 READY_TIMEOUT = 420.0
 ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",

@@ -7,9 +7,7 @@ import os
 
 import pytest
 
-from tests.support.vllm_engine import ENGINE_GROUP, VllmEngine, build_atomically
-
-pytestmark = ENGINE_GROUP
+from tests.support.vllm_engine import VllmEngine, build_atomically
 
 EXACT = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
 
