@@ -28,6 +28,23 @@ for _name, _value in {
     os.environ[_name] = _value
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Send each test file to one pytest-xdist worker as a unit, so its module fixtures
+    (workers, servers) start once, and every `test_real_engine*` file to the same worker,
+    so one vLLM engine (about 3 GiB, a minute to start) serves them all."""
+    if config.getvalue("dist") != "load":  # the default under `-n`; another `--dist` wins
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "real-engine" if os.path.basename(path).startswith("test_real_engine") else path
+
+    return ByFile(config, log)
+
+
 @pytest.fixture(autouse=True)
 def _integrity_marker(request: pytest.FixtureRequest) -> Iterator[None]:
     """Let `record_case` refuse an attack case recorded by a test without the integrity mark."""
