@@ -121,6 +121,12 @@ class _Remover:
     """
 
     def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        """A fresh, idle remover: also in a forked child, which has no thread of its own and
+        leaves what its parent queued to the parent."""
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._queue: deque[tuple[str, str]] = deque()
