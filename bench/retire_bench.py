@@ -3,20 +3,24 @@ removal of the same files, in the same run.
 
 Workloads as in finalize_bench: 200 rollouts x 16 turns, and 1 rollout x 1,000 turns; the
 part holds their finalized records (retirement re-reads and decides from them).
-Four sides, alternated over the repetitions: retirement from tokcap's store (its two-phase
-`drop_many`); the same store retired one `drop` per rollout (`drop_each`, what retirement
-did before `drop_many`); the same retirement from a store in NeMo Gym's file-store layout
-(`NemoGymFileStore`, the reference: its protocol under its per-rollout lock); raw removal:
-unlink every file the
-capture holds, then fsync each rollout folder once (no decision, no tombstone, no
-verification), with as many threads as retirement's concurrency. Prints each side's median
-and range and tokcap's ratio to both. Asserts nothing.
+Five sides, alternated over the repetitions: retirement from tokcap's store (its two-phase
+`drop_many`), timed until it returns; the same, timed until the background removal of the
+event folders it moved aside is done too (on local disk a retirement renames them into the
+store's temporaries and unlinks their files off its path; the first side awaits that removal
+after its timed region, so it never runs into another side's time); the same store retired
+one `drop` per rollout (`drop_each`, what retirement did before `drop_many`); the same
+retirement from a store in NeMo Gym's file-store layout (`NemoGymFileStore`, the reference:
+its protocol under its per-rollout lock); raw removal: unlink every file the capture holds,
+then fsync each rollout folder once (no decision, no tombstone, no verification), with as
+many threads as retirement's concurrency. Prints each side's median and range and tokcap's
+ratio to both. Asserts nothing.
 Every side is timed in wall and CPU seconds (`bench.ratios`); both ratios print with their
 spread. With `--against REV`, each tree (this one and `REV`'s `capture_core`) runs in its own
 long-lived process, its retirement alternated with NeMo Gym's store's in that process, and
 the ratio of the trees' ratios prints (`--against .`: this tree against itself, the A/A spread).
 Usage: .venv/bin/python -m bench.retire_bench [--repetitions R] [--preset many|long|all]
-       [--against REV]
+       [--against REV [--cleanup]]
+`--cleanup` times each tree's retirement with its background removal awaited.
 """
 
 from __future__ import annotations
@@ -63,6 +67,15 @@ except ImportError:  # a tree before the run layer was split (`--against` an old
         store_concurrency,
     )
 from capture_core.storage import ByteStore, open_byte_store
+
+try:
+    from capture_core.storage.local.temporaries import wait_removed
+except ImportError:  # a tree whose retirement unlinks in place (`--against` an older revision)
+
+    def wait_removed(timeout: float | None = None) -> bool:
+        return True
+
+
 from capture_core.store import TokenCaptureStore
 from capture_core.store.nemo_gym_store import NemoGymFileStore
 from capture_core.testing.synthetic import rollout_record, synthetic_rollout
@@ -122,8 +135,11 @@ class OneByOne:
 
 
 def retire_seconds(
-    key: str, rollouts: int, layout: str = "tokcap", one_by_one: bool = False
+    key: str, rollouts: int, layout: str = "tokcap", one_by_one: bool = False, cleanup: bool = False
 ) -> Sample:
+    """One retirement of the preset from a fresh store. `cleanup`: the time also covers the
+    background removal of what the retirement moved aside (`wait_removed`); otherwise that
+    removal is awaited after the timed region, so it never runs into another side's time."""
     root, snapshots = captured(key, rollouts, layout)
     store = STORES[layout](root)
     receipt = HandoffReceipt(
@@ -151,6 +167,9 @@ def retire_seconds(
             dest = handed_off(receipt, part)
             source = OneByOne(store) if one_by_one else store
             outcome = asyncio.run(retire_receipt(receipt, source, dest))
+            if cleanup:
+                wait_removed()
+        wait_removed()  # never into the next side's time
         assert len(outcome.retired) == rollouts, outcome
         return watch.sample
     finally:
@@ -179,8 +198,9 @@ def raw_seconds(key: str, rollouts: int) -> Sample:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run_against(rev: str, key: str, repetitions: int) -> None:
-    """This tree's retire / NeMo Gym's store against `rev`'s, alternated in one run."""
+def run_against(rev: str, key: str, repetitions: int, cleanup: bool = False) -> None:
+    """This tree's retire / NeMo Gym's store against `rev`'s, alternated in one run;
+    `cleanup`: each tree's retirement timed with its background removal awaited."""
     work = tempfile.mkdtemp(prefix="tokcap-retire-against-")
     names = {"this tree": ".", rev if rev != "." else "this tree again": rev}
     trees = {}
@@ -190,9 +210,11 @@ def run_against(rev: str, key: str, repetitions: int) -> None:
                 composed_root(tree, work), "bench.retire_bench", ["--preset", key]
             )
         before = load()
-        samples = against(trees, "nemo_gym", "tokcap", repetitions)
+        side = "tokcap_cleanup" if cleanup else "tokcap"
+        samples = against(trees, "nemo_gym", side, repetitions)
         print(
-            f"\n== retire {PRESETS[key].name}: tokcap / NeMo Gym's store per tree, load "
+            f"\n== retire {PRESETS[key].name}{' with its background removal' * cleanup}: "
+            f"tokcap / NeMo Gym's store per tree, load "
             f"{before:.1f} before, {load():.1f} after"
         )
         for line in report_against(samples, *names):
@@ -211,6 +233,11 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--preset", choices=["many", "long", "all"], default="all")
     parser.add_argument("--against", help="compare with this revision's capture_core ('.': A/A)")
+    parser.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="with --against: time tokcap's retirement with its background removal awaited",
+    )
     args = parser.parse_args()
     logging.getLogger("capture_core").setLevel(logging.ERROR)
     if serving:
@@ -218,13 +245,14 @@ def main() -> None:
         serve(
             {
                 "tokcap": lambda: retire_seconds(args.preset, n),
+                "tokcap_cleanup": lambda: retire_seconds(args.preset, n, cleanup=True),
                 "nemo_gym": lambda: retire_seconds(args.preset, n, "nemo_gym"),
             }
         )
         return
     for key in ("many", "long") if args.preset == "all" else (args.preset,):
         if args.against:
-            run_against(args.against, key, args.repetitions)
+            run_against(args.against, key, args.repetitions, args.cleanup)
             continue
         preset = PRESETS[key]
         n = preset.rollouts
@@ -232,6 +260,7 @@ def main() -> None:
         seconds = alternate_samples(
             {
                 "tokcap": lambda key=key, n=n: retire_seconds(key, n),
+                "cleanup": lambda key=key, n=n: retire_seconds(key, n, cleanup=True),
                 "one_by_one": lambda key=key, n=n: retire_seconds(key, n, one_by_one=True),
                 "nemo_gym": lambda key=key, n=n: retire_seconds(key, n, "nemo_gym"),
                 "raw": lambda key=key, n=n: raw_seconds(key, n),
@@ -240,7 +269,8 @@ def main() -> None:
         )
         print(f"\n== retire {preset.name}, load {before:.1f} before, {load():.1f} after")
         for side, name in (
-            ("tokcap", "tokcap"),
+            ("tokcap", "tokcap (until retirement returns)"),
+            ("cleanup", "tokcap with its background removal"),
             ("one_by_one", "tokcap one drop per rollout"),
             ("nemo_gym", "NeMo Gym's file store"),
             ("raw", "raw unlink"),
@@ -249,6 +279,10 @@ def main() -> None:
         print(
             f"tokcap / NeMo Gym (goal <= 0.8x): "
             f"{describe_ratio(seconds['tokcap'], seconds['nemo_gym'])}"
+        )
+        print(
+            f"tokcap with its background removal / NeMo Gym: "
+            f"{describe_ratio(seconds['cleanup'], seconds['nemo_gym'])}"
         )
         print(
             f"one by one / NeMo Gym: {describe_ratio(seconds['one_by_one'], seconds['nemo_gym'])}"

@@ -220,6 +220,17 @@ class ByteStore(ABC):
         is deleted."""
         return self.delete_prefix(prefix)
 
+    def move_aside(self, prefix: str, names: Sequence[str]) -> list[str]:
+        """Move the folders `<prefix>/<name>` out of the store's keys, one atomic step each, for
+        `remove_moved` to delete off the caller's path; return what was moved. What is not
+        moved stays where it was, for the caller to delete. Object stores have no folders to
+        rename: nothing is moved."""
+        return []
+
+    def remove_moved(self, moved: Sequence[str]) -> None:  # noqa: B027 - nothing moved here
+        """Delete what `move_aside` moved, in the background; a process killed first leaves it
+        to `remove_stale_temporaries`."""
+
     def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
         """Delete temporaries crashed writers left, older than `older_than_seconds`; return how
         many. Backends whose writes leave no temporaries have none to remove."""

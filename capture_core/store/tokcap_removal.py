@@ -47,7 +47,7 @@ class TokcapRemoval(CaptureStore):
         with TombstoneGroups(self._bytes, [request]) as tombstones:
             listed = self._decide_drop(request, tombstones)
         if listed is not None:
-            self._delete_payloads(rollout_id, listed)
+            self._bytes.remove_moved(self._delete_payloads(rollout_id, listed))
         return listed is not None
 
     async def drop_many(
@@ -68,11 +68,12 @@ class TokcapRemoval(CaptureStore):
         if own != (TokcapRemoval.drop_now, CaptureStore.drop):
             return await super().drop_many(drops, concurrency=concurrency, checkpoint=checkpoint)
         tombstones = TombstoneGroups(self._bytes, drops)
+        moved: list[str] = []
         try:
             return await drop_in_phases(
                 drops,
                 lambda d: self._decide_drop(d, tombstones),
-                self._delete_retired,
+                lambda d, listed: self._delete_retired(d, listed, moved),
                 concurrency=concurrency,
                 decide_concurrency=None if self._bytes.round_trips else LOCAL_DECISIONS_AT_ONCE,
                 checkpoint=checkpoint,
@@ -80,6 +81,7 @@ class TokcapRemoval(CaptureStore):
             )
         finally:
             await run_blocking(tombstones.release)
+            self._bytes.remove_moved(moved)
 
     def _decide_drop(self, request: DropRequest, tombstones: TombstoneGroups) -> list[str] | None:
         """Take the retirement decision durably, proposing the request's tombstone; the
@@ -104,33 +106,42 @@ class TokcapRemoval(CaptureStore):
         self._parents.forget(rollout_id)
         return listed
 
-    def _delete_retired(self, request: DropRequest, listed: Sequence[str]) -> bool:
+    def _delete_retired(
+        self, request: DropRequest, listed: Sequence[str], moved: list[str]
+    ) -> bool:
         """Phase two of `drop_many` for one rollout: delete its payloads if its tombstone still
-        retires the snapshot. A clear that removed the tombstone while the batch was deciding
-        (the id dispatched again) leaves the new rollout's capture alone: False."""
+        retires the snapshot, adding what was moved aside to `moved` (removed once the batch
+        is done). A clear that removed the tombstone while the batch was deciding (the id
+        dispatched again) leaves the new rollout's capture alone: False."""
         decision = retirement.read_decision(self._bytes, request.rollout_id)
         if decision is None or not retirement.retires(
             decision, request.snapshot_id, request.version
         ):
             return False
-        self._delete_payloads(request.rollout_id, listed)
+        moved.extend(self._delete_payloads(request.rollout_id, listed))
         return True
 
-    def _delete_payloads(self, rollout_id: str, listed: Sequence[str] = ()) -> None:
-        """Delete every event object, then verify by listing; late objects go too.
+    def _delete_payloads(self, rollout_id: str, listed: Sequence[str] = ()) -> list[str]:
+        """Take every event object out of the capture, then verify by listing; late objects
+        go too. Return what was moved aside, for `ByteStore.remove_moved`.
 
-        `listed` is the listing the decision was taken from: its objects go without listing
-        again (a retry or a second drop passes none and lists). FROZEN and RETIRED stay:
-        together they are the tombstone that fences late writers. The deletions need no
-        fsync: the tombstone is durable, and a payload that reappears after a crash lies
+        On local disk each event folder (`e/`, `i/`, `x/`) is moved into the store's
+        temporaries with one rename, so the unlinks of its objects run off the retirement's
+        path (each freed file can cost a synchronous discard); elsewhere, or for what could
+        not be moved, `listed` (the listing the decision was taken from) is deleted without
+        listing again (a retry or a second drop passes none and lists). FROZEN and RETIRED
+        stay: together they are the tombstone that fences late writers. Neither step needs
+        an fsync: the tombstone is durable, and a payload that reappears after a crash lies
         beneath it (a repeated drop or the sweep removes it).
         """
         keep = (layout.retired_key(rollout_id), layout.frozen_key(rollout_id))
-        doomed = [key for key in listed if key not in keep]
+        moved = self._bytes.move_aside(rollout_id, layout.EVENT_KINDS)
+        doomed = [] if moved else [key for key in listed if key not in keep]
         if doomed:
             self._bytes.delete(doomed, durable=False)
         if self._bytes.delete_prefix(rollout_id, keep, durable=False):
-            return
+            return moved
+        self._bytes.remove_moved(moved)
         raise CaptureStoreError(
             f"rollout {rollout_id}: retired, but some payloads could not be deleted; "
             "retry the drop (it resumes safely) or check delete permissions"

@@ -12,6 +12,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 
 import orjson
 import pytest
@@ -22,6 +23,7 @@ from capture_core.run.crash_points import CRASH_ENV
 from capture_core.run.receipt import HandoffReceipt
 from capture_core.run.retirement import retire_receipt
 from capture_core.storage import ByteStore, open_byte_store
+from capture_core.storage.local.temporaries import TMP_DIR, wait_removed
 from capture_core.store import TokenCaptureStore, retirement
 from capture_core.store.nemo_gym_store import NemoGymFileStore
 from tests.run.test_batch_concurrency import finalized_part, receipt_for
@@ -212,3 +214,47 @@ def test_a_rollout_cleared_and_captured_again_while_its_batch_decides_keeps_the_
     assert len(store.read_entries(reused)) == 3, "the new capture is whole"
     assert store.freeze_now(reused).version == 3
     assert all(not payloads(store, d.rollout_id) for d in drops[1:])
+
+
+@pytest.mark.integrity
+def test_a_retirement_killed_after_moving_folders_aside_leaves_them_to_the_sweep_unread(
+    tmp_path,
+) -> None:
+    """Killed at `mid-retire` on local disk, after the first rollout's event folders were
+    renamed into the temporaries and before anything removed them: no rollout reads them
+    as its capture, the id dispatched again captures afresh, the re-run finishes the batch,
+    and the temporaries' sweep removes the moved folders."""
+    record_case("batch retirement killed between moving folders aside and removing them")
+    locations = {"store": str(tmp_path / "store"), "dest": str(tmp_path / "dest"), "options": None}
+    store = TokenCaptureStore(locations["store"])
+    receipt = receipt_for(store, COUNT)
+    dest = open_byte_store(locations["dest"])
+    handed_off_to(dest, store, receipt)
+    temporaries = tmp_path / "store" / TMP_DIR
+
+    retire_killed_at(locations, receipt, "mid-retire")
+
+    moved = [p for p in temporaries.iterdir() if p.name.startswith("set-aside-")]
+    assert moved and all(p.is_dir() for p in moved), "a rollout's folders were moved aside"
+    assert sorted(store.byte_store.list_children("")) == [f"r{i}" for i in range(COUNT)]
+    emptied = [f"r{i}" for i in range(COUNT) if not payloads(store, f"r{i}")]
+    assert emptied, "killed after a rollout's deletion"
+    reused = emptied[0]
+    store.clear_for_dispatch(reused)  # the id dispatched again, a new attempt
+    assert store.read_entries(reused) == []
+    for item in turns(reused, 2):
+        store.put_now(item)
+    assert [e.model_call_id for e in store.read_entries(reused)] == ["turn-0", "turn-1"]
+    assert store.freeze_now(reused).version == 2, "only the new attempt's calls count"
+
+    rerun = asyncio.run(retire_receipt(receipt, TokenCaptureStore(locations["store"]), dest))
+    assert not rerun.failed, rerun
+    assert reused in rerun.kept and sorted(rerun.retired) == sorted(
+        f"r{i}" for i in range(COUNT) if f"r{i}" != reused
+    ), "the re-dispatched rollout's new capture is no longer the receipt's snapshot"
+    assert all(not payloads(store, f"r{i}") for i in range(COUNT) if f"r{i}" != reused)
+    assert wait_removed(120)
+    assert all(p.exists() for p in moved), "the killed process's moved folders await the sweep"
+    store.byte_store.remove_stale_temporaries(3600, time.time() + 7200)  # an hour on
+    assert not [p for p in temporaries.iterdir() if p.name.startswith("set-aside-")]
+    assert len(store.read_entries(reused)) == 2, "the new attempt's capture is untouched"

@@ -39,10 +39,10 @@ class OneDeleteFailsStore(TokenCaptureStore):
     """A source that cannot delete rollout `7-0`'s payloads: its retirement is decided (the
     tombstone is durable) but fails, while the other rollouts of its batch retire."""
 
-    def _delete_payloads(self, rollout_id: str, listed: Sequence[str] = ()) -> None:
+    def _delete_payloads(self, rollout_id: str, listed: Sequence[str] = ()) -> list[str]:
         if rollout_id == "7-0":
             raise PermissionError("deleting 7-0 is not allowed in this test")
-        super()._delete_payloads(rollout_id, listed)
+        return super()._delete_payloads(rollout_id, listed)
 
 
 ONE_DELETE_FAILS_SOURCE = "tests.support.pipeline_helpers:OneDeleteFailsStore"

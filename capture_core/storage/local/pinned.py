@@ -16,6 +16,7 @@ import contextlib
 import errno
 import logging
 import os
+import stat
 import time
 from collections.abc import Iterable, Iterator
 
@@ -200,6 +201,48 @@ class PinnedFolder:
             for fd, _, _ in stack:
                 os.close(fd)
             os.close(temporaries)
+
+    def move_aside(self, names: Iterable[str]) -> list[str]:
+        """Move each folder `name` directly below the pinned one into the store's temporaries
+        with one rename, under a fresh set-aside name; return those names. An entry that is
+        missing or no folder (a planted link stays, for the listing to refuse by name) is not
+        moved. A rename the filesystem refuses (`EXDEV`: the temporaries on another
+        filesystem) stops the moves with a warning naming why; the caller deletes the rest."""
+        moved: list[str] = []
+        if self._fd is None:
+            return moved
+        try:
+            temporaries = self._temporaries.open()
+        except OSError as exc:
+            self._warn_not_moved(exc)
+            return moved
+        try:
+            for name in names:
+                try:
+                    info = os.stat(name, dir_fd=self._fd, follow_symlinks=False)
+                    if not stat.S_ISDIR(info.st_mode):
+                        continue
+                    aside = set_aside_name(time.time())
+                    os.rename(name, aside, src_dir_fd=self._fd, dst_dir_fd=temporaries)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    self._warn_not_moved(exc)
+                    break
+                moved.append(aside)
+                self._known.forget(self._path(f"{self._prefix}/{name}"))
+        finally:
+            os.close(temporaries)
+        return moved
+
+    def _warn_not_moved(self, exc: OSError) -> None:
+        logger.warning(
+            "folders of %s in the store root %s not moved into the temporaries (%s); they are "
+            "deleted object by object instead",
+            self._prefix,
+            self._root,
+            exc,
+        )
 
     def _set_aside_in(self, fd: int, where: str, temporaries: int) -> list[str]:
         """Set aside the reserved entries of one folder; return its subfolders' names."""

@@ -49,7 +49,7 @@ from capture_core.storage.local.reading import (
     list_tree,
     names_in,
 )
-from capture_core.storage.local.temporaries import Temporaries
+from capture_core.storage.local.temporaries import Temporaries, remove_later
 
 
 class LocalStore(ByteStore):
@@ -166,7 +166,12 @@ class LocalStore(ByteStore):
                 self._forget_dir(folder)  # removed by a concurrent delete; recreate it
                 continue
             write_and_sync(fd, data, target)
-            self._dir_sync.sync(folder)
+            try:
+                self._dir_sync.sync(folder)
+            except FileNotFoundError:
+                # A retirement moved the folder aside, or a delete removed it, after the
+                # create: the create happened first, and its writer checks the fence next.
+                self._forget_dir(folder)
             return True
         raise CaptureStoreError(
             f"could not create {target}: its folder keeps disappearing (a concurrent "
@@ -298,6 +303,19 @@ class LocalStore(ByteStore):
             except OSError as exc:
                 raise access_error(exc, f"remove the emptied folders of {prefix}") from exc
         return True
+
+    def move_aside(self, prefix: str, names: Sequence[str]) -> list[str]:
+        """`ByteStore.move_aside`: each folder is renamed into `<root>/.tmp/` under a fresh
+        set-aside name, through the folder `prefix` pinned by its descriptor (a link is never
+        followed). The temporaries are on the root's filesystem unless a mount is planted
+        below it; a rename refused so (`EXDEV`) leaves the rest to be deleted in place."""
+        with self._pin(prefix) as folder:
+            return folder.move_aside(names)
+
+    def remove_moved(self, moved: Sequence[str]) -> None:
+        """`ByteStore.remove_moved`: on this process's background remover (`remove_later`)."""
+        if moved:
+            remove_later(self._temporaries.folder, moved)
 
     def remove_stale_temporaries(self, older_than_seconds: float, now: float) -> int:
         """`ByteStore.remove_stale_temporaries`: crashed writers' files and what a clear set

@@ -2,8 +2,11 @@
 
 A writer's data goes first into a fresh temporary file there, written and fsynced, which the
 store then links or renames to its name. A clear moves entries of reserved names into the
-folder (set aside), so their folders can go. The sweep removes what crashed writers left and
-what a clear set aside, once older than it is told; one that cannot go yet stays for later.
+folder (set aside), so their folders can go; a retirement moves a retired rollout's event
+folders there, one rename each, and `remove_later` removes them on a background thread, off
+the retirement's path. The sweep removes what crashed writers left and whatever was set aside
+and not removed (a process killed first), once older than it is told; one that cannot go yet
+stays for later. Nothing in the folder is ever read as a capture: its name is reserved.
 This module imports only the standard library, `durability` and `reading`.
 """
 
@@ -14,7 +17,11 @@ import itertools
 import logging
 import os
 import shutil
+import stat
+import threading
 import uuid
+from collections import deque
+from collections.abc import Iterable
 
 from capture_core.storage.local.durability import write_and_sync
 from capture_core.storage.local.reading import FOLDER
@@ -23,7 +30,8 @@ TMP_DIR = ".tmp"
 logger = logging.getLogger(__name__)
 
 _SET_ASIDE = "set-aside"
-"""Entries a clear moved into the temporaries are named `set-aside-<unix seconds>-<hex>`."""
+"""Entries a clear or a retirement moved into the temporaries are named
+`set-aside-<unix seconds>-<hex>`."""
 
 
 class Temporaries:
@@ -87,7 +95,7 @@ class Temporaries:
 
 
 def set_aside_name(now: float) -> str:
-    """A fresh name for an entry a clear sets aside at `now`."""
+    """A fresh name for an entry a clear or a retirement sets aside at `now`."""
     return f"{_SET_ASIDE}-{int(now)}-{uuid.uuid4().hex}"
 
 
@@ -102,3 +110,80 @@ def _born(item: os.DirEntry[str]) -> float:
         if stamp.isascii() and stamp.isdigit() and len(stamp) <= 12:
             return max(touched, float(stamp))
     return touched
+
+
+class _Remover:
+    """One background thread per process removing set-aside entries, in the order handed.
+
+    The thread is started when work arrives and ends when none is left; it is not a daemon,
+    so a process that exits normally removes everything first. A process killed meanwhile
+    leaves the entries to the sweep (`Temporaries.remove_stale`).
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        """A fresh, idle remover: also in a forked child, which has no thread of its own and
+        leaves what its parent queued to the parent."""
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._queue: deque[tuple[str, str]] = deque()
+        self._running = False
+
+    def add(self, folder: str, names: Iterable[str]) -> None:
+        with self._lock:
+            self._queue.extend((folder, name) for name in names)
+            if self._queue and not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="tokcap-set-aside-remover").start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._running = False
+                    self._idle.notify_all()
+                    return
+                folder, name = self._queue.popleft()
+            _remove_entry(folder, name)
+
+    def wait(self, timeout: float | None) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._running, timeout)
+
+
+_REMOVER = _Remover()
+
+
+def remove_later(folder: str, names: Iterable[str]) -> None:
+    """Remove the set-aside entries `names` of the temporaries' `folder` in the background."""
+    _REMOVER.add(folder, names)
+
+
+def wait_removed(timeout: float | None = None) -> bool:
+    """Wait until every entry handed to `remove_later` in this process was removed (or left
+    to the sweep with a warning); whether that happened within `timeout` seconds."""
+    return _REMOVER.wait(timeout)
+
+
+def _remove_entry(folder: str, name: str) -> None:
+    """Remove one set-aside entry through the temporaries' folder, never following a link;
+    one that cannot go is logged and left to the sweep."""
+    try:
+        fd = os.open(folder, FOLDER)
+    except OSError as exc:
+        logger.warning("set-aside %s/%s left for the sweep: %s", folder, name, exc)
+        return
+    try:
+        if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+            shutil.rmtree(name, dir_fd=fd)
+        else:
+            os.unlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        pass  # the sweep took it first
+    except OSError as exc:
+        logger.warning("set-aside %s/%s left for the sweep: %s", folder, name, exc)
+    finally:
+        os.close(fd)
