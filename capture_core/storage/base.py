@@ -79,13 +79,15 @@ class StagedObject:
 
 
 class FolderView(Protocol):
-    """What `ByteStore.pinned` yields: reads, listings and deletes below one folder."""
+    """What `ByteStore.pinned` yields: reads, listings, deletes and moves below one folder."""
 
     def get(self, key: str) -> bytes | None: ...
 
     def list_prefix(self, prefix: str) -> list[str]: ...
 
     def delete_each(self, keys: Iterable[str], *, durable: bool = True) -> dict[str, str]: ...
+
+    def move_aside(self, prefix: str, names: Sequence[str]) -> list[str]: ...
 
 
 class ByteStore(ABC):

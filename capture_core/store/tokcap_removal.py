@@ -46,9 +46,9 @@ class TokcapRemoval(CaptureStore):
         request = DropRequest(rollout_id, snapshot_id=snapshot_id, version=version)
         with TombstoneGroups(self._bytes, [request]) as tombstones:
             listed = self._decide_drop(request, tombstones)
-        if listed is not None:
-            self._bytes.remove_moved(self._delete_payloads(rollout_id, listed))
-        return listed is not None
+        moved = None if listed is None else self._delete_payloads(request, listed)
+        self._bytes.remove_moved(moved or [])
+        return moved is not None
 
     async def drop_many(
         self, drops: Sequence[DropRequest], *, concurrency: int, checkpoint: DropCheckpoint = None
@@ -113,34 +113,48 @@ class TokcapRemoval(CaptureStore):
         retires the snapshot, adding what was moved aside to `moved` (removed once the batch
         is done). A clear that removed the tombstone while the batch was deciding (the id
         dispatched again) leaves the new rollout's capture alone: False."""
-        decision = retirement.read_decision(self._bytes, request.rollout_id)
-        if decision is None or not retirement.retires(
-            decision, request.snapshot_id, request.version
-        ):
+        taken = self._delete_payloads(request, listed)
+        if taken is None:
             return False
-        moved.extend(self._delete_payloads(request.rollout_id, listed))
+        moved.extend(taken)
         return True
 
-    def _delete_payloads(self, rollout_id: str, listed: Sequence[str] = ()) -> list[str]:
-        """Take every event object out of the capture, then verify by listing; late objects
-        go too. Return what was moved aside, for `ByteStore.remove_moved`.
+    def _delete_payloads(
+        self, request: DropRequest, listed: Sequence[str] = ()
+    ) -> list[str] | None:
+        """Take every event object out of the capture if its tombstone retires the request's
+        snapshot, then verify by listing; late objects go too. Return what was moved aside,
+        for `ByteStore.remove_moved`, or `None` when the tombstone is gone (a clear: the id
+        was dispatched again) or names another snapshot, deleting nothing.
 
-        On local disk each event folder (`e/`, `i/`, `x/`) is moved into the store's
-        temporaries with one rename, so the unlinks of its objects run off the retirement's
-        path (each freed file can cost a synchronous discard); elsewhere, or for what could
-        not be moved, `listed` (the listing the decision was taken from) is deleted without
-        listing again (a retry or a second drop passes none and lists). FROZEN and RETIRED
-        stay: together they are the tombstone that fences late writers. Neither step needs
-        an fsync: the tombstone is durable, and a payload that reappears after a crash lies
-        beneath it (a repeated drop or the sweep removes it).
+        The tombstone is read, and everything deleted, through the rollout's folder pinned
+        (`ByteStore.pinned`): on local disk a clear landing meanwhile removes that folder
+        and the next attempt writes into a new one, which this never reaches. On local disk
+        each event folder (`e/`, `i/`, `x/`) is moved into the store's temporaries with one
+        rename, so the unlinks of its objects run off the retirement's path (each freed file
+        can cost a synchronous discard); elsewhere, or for what could not be moved, `listed`
+        (the listing the decision was taken from) is deleted without listing again.
+        FROZEN and RETIRED stay: together they are the tombstone that fences late writers.
+        No step needs an fsync: the tombstone is durable, and a payload that reappears after
+        a crash lies beneath it (a repeated drop or the sweep removes it).
         """
+        rollout_id = request.rollout_id
         keep = (layout.retired_key(rollout_id), layout.frozen_key(rollout_id))
-        moved = self._bytes.move_aside(rollout_id, layout.EVENT_KINDS)
-        doomed = [] if moved else [key for key in listed if key not in keep]
-        if doomed:
-            self._bytes.delete(doomed, durable=False)
-        if self._bytes.delete_prefix(rollout_id, keep, durable=False):
-            return moved
+        with self._bytes.pinned(rollout_id) as view:
+            data = view.get(layout.retired_key(rollout_id))
+            decision = None if data is None else retirement.parse_decision(rollout_id, data)
+            if decision is None or not retirement.retires(
+                decision, request.snapshot_id, request.version
+            ):
+                return None
+            moved = view.move_aside(rollout_id, layout.EVENT_KINDS)
+            doomed = [] if moved else [key for key in listed if key not in keep]
+            for _attempt in range(4):
+                if doomed:
+                    view.delete_each(doomed, durable=False)
+                doomed = [key for key in view.list_prefix(rollout_id) if key not in keep]
+                if not doomed:
+                    return moved
         self._bytes.remove_moved(moved)
         raise CaptureStoreError(
             f"rollout {rollout_id}: retired, but some payloads could not be deleted; "

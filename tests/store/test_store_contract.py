@@ -207,8 +207,11 @@ def test_drop_lists_the_capture_twice_and_reads_no_payload(store_location) -> No
     byte_store.list_prefix = lambda prefix: listed.append(prefix) or list_prefix(prefix)
     byte_store.get = lambda key: read.append(key) or get(key)
     assert store.drop_now("r1", snapshot.snapshot_id, snapshot.version)
-    assert listed == ["r1", "r1"]
-    assert read == ["r1/RETIRED", "r1/FROZEN"]
+    # The tombstone is read again, and the capture listed again, through the rollout's folder
+    # pinned: on local disk that is the folder's descriptor, not the store's own calls.
+    pinned_is_store = byte_store.round_trips
+    assert listed == (["r1", "r1"] if pinned_is_store else ["r1"])
+    assert read == ["r1/RETIRED", "r1/FROZEN"] + (["r1/RETIRED"] if pinned_is_store else [])
     assert list_prefix("r1") == ["r1/FROZEN", "r1/RETIRED"]
 
 

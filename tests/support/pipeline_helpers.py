@@ -12,7 +12,7 @@ import orjson
 
 from capture_core.errors import StoreUnavailableError
 from capture_core.operator.run_report import RunSummary
-from capture_core.protocols import TokenCaptureSnapshot
+from capture_core.protocols import DropRequest, TokenCaptureSnapshot
 from capture_core.records import TokenEntry
 from capture_core.run.rollout_io import split_lines
 from capture_core.storage import open_byte_store
@@ -39,10 +39,12 @@ class OneDeleteFailsStore(TokenCaptureStore):
     """A source that cannot delete rollout `7-0`'s payloads: its retirement is decided (the
     tombstone is durable) but fails, while the other rollouts of its batch retire."""
 
-    def _delete_payloads(self, rollout_id: str, listed: Sequence[str] = ()) -> list[str]:
-        if rollout_id == "7-0":
+    def _delete_payloads(
+        self, request: DropRequest, listed: Sequence[str] = ()
+    ) -> list[str] | None:
+        if request.rollout_id == "7-0":
             raise PermissionError("deleting 7-0 is not allowed in this test")
-        return super()._delete_payloads(rollout_id, listed)
+        return super()._delete_payloads(request, listed)
 
 
 ONE_DELETE_FAILS_SOURCE = "tests.support.pipeline_helpers:OneDeleteFailsStore"

@@ -202,13 +202,15 @@ class PinnedFolder:
                 os.close(fd)
             os.close(temporaries)
 
-    def move_aside(self, names: Iterable[str]) -> list[str]:
-        """Move each folder `name` directly below the pinned one into the store's temporaries
-        with one rename, under a fresh set-aside name; return those names. An entry that is
-        missing or no folder (a planted link stays, for the listing to refuse by name) is not
-        moved. A rename the filesystem refuses (`EXDEV`: the temporaries on another
+    def move_aside(self, prefix: str, names: Iterable[str]) -> list[str]:
+        """Move each folder `name` directly below the pinned one (`prefix`) into the store's
+        temporaries with one rename, under a fresh set-aside name; return those names. An
+        entry that is missing or no folder (a planted link stays, for the listing to refuse by
+        name) is not moved. A rename the filesystem refuses (`EXDEV`: the temporaries on another
         filesystem) stops the moves with a warning naming why; the caller deletes the rest."""
         moved: list[str] = []
+        if self._relative(prefix) != ".":
+            raise InvalidInputError(f"{prefix} is not the pinned folder {self._prefix}")
         if self._fd is None:
             return moved
         try:

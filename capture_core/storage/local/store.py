@@ -310,7 +310,7 @@ class LocalStore(ByteStore):
         followed). The temporaries are on the root's filesystem unless a mount is planted
         below it; a rename refused so (`EXDEV`) leaves the rest to be deleted in place."""
         with self._pin(prefix) as folder:
-            return folder.move_aside(names)
+            return folder.move_aside(prefix, names)
 
     def remove_moved(self, moved: Sequence[str]) -> None:
         """`ByteStore.remove_moved`: on this process's background remover (`remove_later`)."""

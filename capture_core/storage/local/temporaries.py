@@ -147,7 +147,10 @@ class _Remover:
                     self._idle.notify_all()
                     return
                 folder, name = self._queue.popleft()
-            _remove_entry(folder, name)
+            try:
+                _remove_entry(folder, name)
+            except Exception:  # never stop the queue: the sweep removes what is left
+                logger.exception("set-aside %s/%s left for the sweep", folder, name)
 
     def wait(self, timeout: float | None) -> bool:
         with self._idle:
