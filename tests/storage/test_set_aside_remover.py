@@ -39,6 +39,23 @@ def _deep_tree(tmp: str, depth: int) -> str:
     return name
 
 
+def _remove_deep_tree(tmp: str, name: str) -> None:
+    """Remove a tree `_deep_tree` made, without recursion (pytest's own cleanup of `tmp_path`
+    recurses and would fail on it at the end of the session)."""
+    fd, depth = os.open(os.path.join(tmp, name), os.O_RDONLY | os.O_DIRECTORY), 0
+    while "d" in os.listdir(fd):
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd, depth = inner, depth + 1
+    for _ in range(depth):
+        parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        os.rmdir("d", dir_fd=parent)
+        fd = parent
+    os.close(fd)
+    os.rmdir(os.path.join(tmp, name))
+
+
 def test_a_link_planted_in_a_moved_folder_is_removed_never_followed(tmp_path) -> None:
     tmp, outside = tmp_path / TMP_DIR, tmp_path / "outside"
     tmp.mkdir()
@@ -58,10 +75,13 @@ def test_an_entry_that_cannot_be_removed_never_stops_the_remover(tmp_path) -> No
     tmp = tmp_path / TMP_DIR
     tmp.mkdir()
     deep = _deep_tree(str(tmp), sys.getrecursionlimit() + 200)
-    after = _set_aside_folder(str(tmp), 2)
-    remove_later(str(tmp), [deep, after])
-    assert wait_removed(120), "the remover went on after the entry it could not remove"
-    later = _set_aside_folder(str(tmp), 2)
-    remove_later(str(tmp), [later])
-    assert wait_removed(120)
-    assert sorted(os.listdir(tmp)) == [deep], "the rest was removed; the deep one waits"
+    try:
+        after = _set_aside_folder(str(tmp), 2)
+        remove_later(str(tmp), [deep, after])
+        assert wait_removed(120), "the remover went on after the entry it could not remove"
+        later = _set_aside_folder(str(tmp), 2)
+        remove_later(str(tmp), [later])
+        assert wait_removed(120)
+        assert sorted(os.listdir(tmp)) == [deep], "the rest was removed; the deep one waits"
+    finally:
+        _remove_deep_tree(str(tmp), deep)
